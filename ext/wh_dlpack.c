@@ -1,0 +1,250 @@
+/* DLPack producer: one allocation per exported tensor, holding a reference
+ * to the C buffer; deleters touch no Python object so they are safe from
+ * any thread and after interpreter shutdown. */
+#define PY_SSIZE_T_CLEAN
+#include "wh_dlpack.h"
+
+#include <dlpack/dlpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* DLPack 1.0 versioned struct, as the published spec defines it (Debian
+ * ships the 0.6 header, which lacks it). */
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} wh__dlversion_t;
+
+typedef struct wh__mtv {
+    wh__dlversion_t version;
+    void *manager_ctx;
+    void (*deleter)(struct wh__mtv *self);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} wh__managed_versioned_t;
+
+#define WH__DL_BOOL 6 /* kDLBool, DLPack >= 0.8 */
+
+wh_buf_t *wh_buf_new(size_t size) {
+    wh_buf_t *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->data = aligned_alloc(WH_ALIGN, WH_ALIGN_UP(size ? size : 1));
+    if (!b->data) {
+        free(b);
+        return NULL;
+    }
+    b->size = size;
+    b->refs = 1;
+    b->device_type = kDLCPU;
+    return b;
+}
+
+void wh_buf_ref(wh_buf_t *b) { __atomic_fetch_add(&b->refs, 1, __ATOMIC_RELAXED); }
+
+void wh_buf_unref(wh_buf_t *b) {
+    if (!b || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    if (b->release) {
+        b->release(b);
+        return;
+    }
+    free(b->data);
+    free(b);
+}
+
+typedef struct {
+    PyObject_HEAD
+    wh_buf_t *buf;
+    size_t offset;
+    int dtype;
+    int ndim;
+    int64_t shape[WH_MAX_NDIM];
+    int64_t strides[WH_MAX_NDIM]; /* in elements, C order */
+} wh__array_t;
+
+static PyTypeObject *wh__array_type;
+
+PyObject *wh_array_new(wh_buf_t *buf, size_t offset, int dtype, int ndim,
+                       const int64_t *shape) {
+    wh__array_t *a = PyObject_New(wh__array_t, wh__array_type);
+    if (!a) return NULL;
+    wh_buf_ref(buf);
+    a->buf = buf;
+    a->offset = offset;
+    a->dtype = dtype;
+    a->ndim = ndim;
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        a->shape[d] = shape[d];
+        a->strides[d] = st;
+        st *= shape[d];
+    }
+    return (PyObject *)a;
+}
+
+static void wh__array_dealloc(wh__array_t *a) {
+    PyTypeObject *tp = Py_TYPE(a);
+    wh_buf_unref(a->buf);
+    PyObject_Free(a);
+    Py_DECREF(tp);
+}
+
+static DLDataType wh__dl_dtype(int dtype, bool versioned) {
+    DLDataType t = {kDLUInt, 8, 1};
+    size_t bits = wh_dtype_size(dtype) * 8;
+    t.bits = (uint8_t)bits;
+    switch (dtype) {
+    case WH_DT_BOOL: t.code = versioned ? WH__DL_BOOL : kDLUInt; break;
+    case WH_DT_U8: case WH_DT_U16: case WH_DT_U32: case WH_DT_U64: t.code = kDLUInt; break;
+    case WH_DT_I8: case WH_DT_I16: case WH_DT_I32: case WH_DT_I64: t.code = kDLInt; break;
+    case WH_DT_F16: case WH_DT_F32: case WH_DT_F64: t.code = kDLFloat; break;
+    case WH_DT_BF16: t.code = kDLBfloat; break;
+    default: t.code = kDLComplex; break;
+    }
+    return t;
+}
+
+/* One allocation: the managed tensor plus its shape and strides. */
+typedef struct {
+    union {
+        DLManagedTensor v0;
+        wh__managed_versioned_t v1;
+    } m;
+    wh_buf_t *buf;
+    int64_t shape[WH_MAX_NDIM];
+    int64_t strides[WH_MAX_NDIM];
+} wh__export_t;
+
+static void wh__export_free(wh__export_t *e) {
+    wh_buf_unref(e->buf);
+    free(e);
+}
+static void wh__deleter_v0(DLManagedTensor *m) { wh__export_free(m->manager_ctx); }
+static void wh__deleter_v1(wh__managed_versioned_t *m) { wh__export_free(m->manager_ctx); }
+
+static void wh__capsule_v0(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (m && m->deleter) m->deleter(m);
+    }
+}
+static void wh__capsule_v1(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        wh__managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m && m->deleter) m->deleter(m);
+    }
+}
+
+static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
+        return NULL;
+    if (copy == Py_True) {
+        PyErr_SetString(PyExc_BufferError, "wirehead_torch.Array: copy=True is not supported");
+        return NULL;
+    }
+    bool versioned = false;
+    if (max_version != Py_None) {
+        long major = -1;
+        if (PyTuple_Check(max_version) && PyTuple_GET_SIZE(max_version) >= 1)
+            major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
+        if (major == -1 && PyErr_Occurred()) return NULL;
+        versioned = major >= 1;
+    }
+    wh__export_t *e = calloc(1, sizeof *e);
+    if (!e) return PyErr_NoMemory();
+    e->buf = a->buf;
+    wh_buf_ref(a->buf);
+    memcpy(e->shape, a->shape, sizeof e->shape);
+    memcpy(e->strides, a->strides, sizeof e->strides);
+    DLTensor *t = versioned ? &e->m.v1.dl_tensor : &e->m.v0.dl_tensor;
+    t->data = a->buf->data;
+    t->byte_offset = a->offset;
+    t->device.device_type = (DLDeviceType)a->buf->device_type;
+    t->device.device_id = a->buf->device_id;
+    t->ndim = a->ndim;
+    t->dtype = wh__dl_dtype(a->dtype, versioned);
+    t->shape = e->shape;
+    t->strides = e->strides;
+    PyObject *cap;
+    if (versioned) {
+        e->m.v1.version.major = 1;
+        e->m.v1.version.minor = 0;
+        e->m.v1.manager_ctx = e;
+        e->m.v1.deleter = wh__deleter_v1;
+        cap = PyCapsule_New(&e->m.v1, "dltensor_versioned", wh__capsule_v1);
+    } else {
+        e->m.v0.manager_ctx = e;
+        e->m.v0.deleter = wh__deleter_v0;
+        cap = PyCapsule_New(&e->m.v0, "dltensor", wh__capsule_v0);
+    }
+    if (!cap) wh__export_free(e);
+    return cap;
+}
+
+static PyObject *wh__array_device(wh__array_t *a, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("(ii)", a->buf->device_type, a->buf->device_id);
+}
+
+static PyObject *wh__array_get_dtype(wh__array_t *a, void *c) {
+    (void)c;
+    return PyUnicode_FromString(wh_dtype_name(a->dtype));
+}
+
+static PyObject *wh__array_get_shape(wh__array_t *a, void *c) {
+    (void)c;
+    PyObject *t = PyTuple_New(a->ndim);
+    for (int d = 0; t && d < a->ndim; d++)
+        PyTuple_SET_ITEM(t, d, PyLong_FromLongLong(a->shape[d]));
+    return t;
+}
+
+static PyObject *wh__array_get_ptr(wh__array_t *a, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr((char *)a->buf->data + a->offset);
+}
+
+static PyObject *wh__array_get_buf(wh__array_t *a, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr(a->buf);
+}
+
+static PyMethodDef wh__array_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))wh__array_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "DLPack capsule sharing this buffer (versioned if max_version >= (1, 0))."},
+    {"__dlpack_device__", (PyCFunction)wh__array_device, METH_NOARGS, "(device_type, device_id)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef wh__array_getset[] = {
+    {"dtype", (getter)wh__array_get_dtype, NULL, "stored dtype name", NULL},
+    {"shape", (getter)wh__array_get_shape, NULL, "shape", NULL},
+    {"data_ptr", (getter)wh__array_get_ptr, NULL, "address of element 0", NULL},
+    {"buffer_id", (getter)wh__array_get_buf, NULL, "identity of the C buffer", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot wh__array_slots[] = {
+    {Py_tp_dealloc, wh__array_dealloc},
+    {Py_tp_methods, wh__array_methods},
+    {Py_tp_getset, wh__array_getset},
+    {Py_tp_doc, "A C buffer exported through DLPack (torch.from_dlpack / numpy.from_dlpack)."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__array_spec = {
+    "wirehead_torch._C.Array", sizeof(wh__array_t), 0, Py_TPFLAGS_DEFAULT, wh__array_slots,
+};
+
+int wh_dlpack_init(PyObject *module) {
+    wh__array_type = (PyTypeObject *)PyType_FromSpec(&wh__array_spec);
+    if (!wh__array_type) return -1;
+    Py_INCREF(wh__array_type);
+    if (PyModule_AddObject(module, "Array", (PyObject *)wh__array_type) < 0) {
+        Py_DECREF(wh__array_type);
+        return -1;
+    }
+    return 0;
+}

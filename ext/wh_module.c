@@ -1,0 +1,541 @@
+/* wirehead_torch._C: the only file with the module definition. Converts
+ * wh_err_t into Python exceptions; releases the GIL around every store call. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wh_dlpack.h"
+#include "wh_store.h"
+
+typedef struct {
+    PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
+        *unavail, *notfound;
+} wh__exc_t;
+static wh__exc_t wh__exc;
+
+PyObject *wh_module_raise(const wh_err_t *err);
+
+PyObject *wh_module_raise(const wh_err_t *err) {
+    PyObject *cls = wh__exc.base;
+    switch (err->code) {
+    case WH_E_INVALID: cls = wh__exc.value; break;
+    case WH_E_SCHEMA: cls = wh__exc.schema; break;
+    case WH_E_GONE: cls = wh__exc.gone; break;
+    case WH_E_CORRUPT: cls = wh__exc.corrupt; break;
+    case WH_E_NOSPACE: cls = wh__exc.nospace; break;
+    case WH_E_TOOBIG: cls = wh__exc.toobig; break;
+    case WH_E_TIMEOUT: cls = wh__exc.timeout; break;
+    case WH_E_UNAVAIL: cls = wh__exc.unavail; break;
+    case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
+    default: break;
+    }
+    PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
+    return NULL;
+}
+
+/* ---- store configuration from keyword arguments ---- */
+
+typedef struct {
+    wh_store_config_t cfg;
+    PyObject *keep; /* owns the UTF-8 strings cfg points into */
+} wh__cfgbuf_t;
+
+static const char *wh__opt_str(PyObject *o, PyObject *keep) {
+    if (!o || o == Py_None) return NULL;
+    PyObject *b = PyUnicode_AsUTF8String(o);
+    if (!b) return NULL;
+    PyList_Append(keep, b);
+    Py_DECREF(b);
+    return PyBytes_AS_STRING(b);
+}
+
+static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
+    static char *kwlist[] = {"uri", "swap_cap", "fields", "byte_budget", "chunk_bytes",
+                             "dbname", "prefix", "lease_s", "connect_timeout_s",
+                             "verify_reads", NULL};
+    PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
+    unsigned long swap_cap = 0;
+    unsigned long long byte_budget = 256ull << 20, chunk_bytes = 4ull << 20;
+    double lease_s = 10.0, connect_timeout_s = 10.0;
+    int verify = 1;
+    memset(out, 0, sizeof *out);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddp", kwlist, &uri, &swap_cap, &fields,
+                                     &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
+                                     &connect_timeout_s, &verify))
+        return false;
+    out->keep = PyList_New(0);
+    if (!out->keep) return false;
+    wh_store_config_t *c = &out->cfg;
+    c->uri = wh__opt_str(uri, out->keep);
+    c->dbname = wh__opt_str(dbname, out->keep);
+    c->prefix = wh__opt_str(prefix, out->keep);
+    if (PyErr_Occurred()) goto fail;
+    if (swap_cap == 0 || swap_cap > (1ul << 30)) {
+        PyErr_SetString(wh__exc.value, "SWAP_CAP must be between 1 and 2**30");
+        goto fail;
+    }
+    c->swap_cap = (uint32_t)swap_cap;
+    c->byte_budget = byte_budget;
+    c->chunk_bytes = chunk_bytes;
+    c->lease_s = lease_s;
+    c->connect_timeout_s = connect_timeout_s;
+    c->verify_reads = verify;
+    PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
+    if (!seq) goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char *names[WH_MAX_FIELDS];
+    if (n > WH_MAX_FIELDS) n = WH_MAX_FIELDS + 1; /* let schema_init report it */
+    for (Py_ssize_t i = 0; i < n && i < WH_MAX_FIELDS; i++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(seq, i);
+        names[i] = PyUnicode_Check(s) ? wh__opt_str(s, out->keep) : NULL;
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    wh_err_t err = {0};
+    if (!wh_schema_init(&c->schema, (int)n, names, &err)) {
+        wh_module_raise(&err);
+        goto fail;
+    }
+    return true;
+fail:
+    Py_CLEAR(out->keep);
+    return false;
+}
+
+/* ---- Store ---- */
+
+typedef struct {
+    PyObject_HEAD
+    wh_store_t *st;
+    pthread_mutex_t mu; /* one C call at a time per handle */
+} wh__pystore_t;
+
+static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__cfgbuf_t cb;
+    if (self->st) {
+        PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
+        return -1;
+    }
+    if (!wh__parse_cfg(args, kw, &cb)) return -1;
+    wh_err_t err = {0};
+    wh_store_t *st;
+    Py_BEGIN_ALLOW_THREADS
+    st = wh_store_open(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(cb.keep);
+    if (!st) {
+        wh_module_raise(&err);
+        return -1;
+    }
+    pthread_mutex_init(&self->mu, NULL);
+    self->st = st;
+    return 0;
+}
+
+static void wh__store_dealloc(wh__pystore_t *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->st) {
+        wh_store_destroy(self->st);
+        pthread_mutex_destroy(&self->mu);
+    }
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static bool wh__open(wh__pystore_t *self) {
+    if (!self->st) PyErr_SetString(wh__exc.value, "store is closed");
+    return self->st != NULL;
+}
+
+#define WH__CALL(self, ok, expr)              \
+    do {                                      \
+        Py_BEGIN_ALLOW_THREADS                \
+        pthread_mutex_lock(&(self)->mu);      \
+        ok = (expr);                          \
+        pthread_mutex_unlock(&(self)->mu);    \
+        Py_END_ALLOW_THREADS                  \
+    } while (0)
+
+static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (self->st) {
+        wh_store_t *st = self->st;
+        self->st = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        wh_store_destroy(st);
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+        pthread_mutex_destroy(&self->mu);
+    }
+    Py_RETURN_NONE;
+}
+
+/* put(arrays, wait_ms=100): arrays is a sequence of (buffer, dtype_code). */
+static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"arrays", "wait_ms", NULL};
+    PyObject *arrays;
+    unsigned int wait_ms = 100;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|I", kwlist, &arrays, &wait_ms)) return NULL;
+    if (!wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > WH_MAX_FIELDS) {
+        Py_DECREF(seq);
+        PyErr_Format(wh__exc.value, "sample has %zd fields, at most %d", n, WH_MAX_FIELDS);
+        return NULL;
+    }
+    Py_buffer views[WH_MAX_FIELDS];
+    wh_array_t arr[WH_MAX_FIELDS];
+    int got = 0;
+    PyObject *res = NULL;
+    for (; got < n; got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, got), *obj;
+        int code;
+        if (!PyArg_ParseTuple(item, "Oi;each array must be (buffer, dtype_code)", &obj, &code))
+            goto out;
+        size_t isz = wh_dtype_size(code);
+        if (!isz) {
+            PyErr_Format(wh__exc.value, "field %d: unknown dtype code %d", got, code);
+            goto out;
+        }
+        if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto out;
+        Py_buffer *v = &views[got];
+        if ((size_t)v->itemsize != isz || v->ndim > WH_MAX_NDIM) {
+            PyErr_Format(wh__exc.value, "field %d: itemsize %zd or ndim %d does not fit dtype %s",
+                         got, v->itemsize, v->ndim, wh_dtype_name(code));
+            PyBuffer_Release(v);
+            goto out;
+        }
+        arr[got].dtype = code;
+        arr[got].ndim = v->ndim;
+        arr[got].data = v->buf;
+        for (int d = 0; d < v->ndim; d++) {
+            arr[got].shape[d] = v->shape[d];
+            arr[got].strides[d] = v->strides ? v->strides[d] : 0;
+        }
+        if (!v->strides) { /* C-contiguous exporter */
+            int64_t s = (int64_t)isz;
+            for (int d = v->ndim - 1; d >= 0; d--) {
+                arr[got].strides[d] = s;
+                s *= v->shape[d];
+            }
+        }
+    }
+    {
+        wh_err_t err = {0};
+        wh_put_status_t status = WH_PUT_WAIT;
+        uint64_t gen = 0;
+        bool ok;
+        WH__CALL(self, ok, wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
+        res = ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen)
+                 : wh_module_raise(&err);
+    }
+out:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *wh__store_lead(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    bool ok, leader = false;
+    WH__CALL(self, ok, wh_store_lead(self->st, &leader, &err));
+    if (!ok) return wh_module_raise(&err);
+    return PyBool_FromLong(leader);
+}
+
+static PyObject *wh__store_resign(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    WH__CALL(self, ok, wh_store_resign(self->st, &err));
+    if (!ok) return wh_module_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    wh_seal_info_t info = {0};
+    bool ok, sealed = false;
+    WH__CALL(self, ok, wh_store_seal(self->st, &sealed, &info, &err));
+    if (!ok) return wh_module_raise(&err);
+    if (!sealed) Py_RETURN_NONE;
+    return Py_BuildValue("{sKsKsKsd}", "generation", (unsigned long long)info.generation,
+                         "generated", (unsigned long long)info.generated, "discarded",
+                         (unsigned long long)info.discarded, "seal_s", (double)info.seal_ns / 1e9);
+}
+
+static PyObject *wh__store_current(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t gen = 0;
+    bool ok;
+    WH__CALL(self, ok, wh_store_current(self->st, &gen, &err));
+    if (!ok) return wh_module_raise(&err);
+    return PyLong_FromUnsignedLongLong(gen);
+}
+
+typedef struct {
+    uint32_t want; /* bit i: field i requested */
+    wh_buf_t *bufs[WH_MAX_FIELDS];
+} wh__readctx_t;
+
+static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    wh__readctx_t *c = ctx;
+    for (int i = 0; i < meta->nfields; i++) {
+        if (!(c->want & (1u << i))) continue;
+        c->bufs[i] = wh_buf_new(meta->f[i].nbytes);
+        if (!c->bufs[i]) return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte field",
+                                           (unsigned long long)meta->f[i].nbytes);
+        dst[i] = c->bufs[i]->data;
+    }
+    return true;
+}
+
+/* read(gen, pos, want=None) -> list of Array (None for fields not wanted). */
+static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"gen", "pos", "want", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|O", kwlist, &gen, &pos, &want)) return NULL;
+    if (!wh__open(self)) return NULL;
+    int nf = self->st->cfg.schema.nfields;
+    wh__readctx_t ctx = {0};
+    if (want == Py_None) {
+        ctx.want = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
+    } else {
+        PyObject *seq = PySequence_Fast(want, "want must be a sequence of field indices");
+        if (!seq) return NULL;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+            long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (k < 0 || k >= nf) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
+                return NULL;
+            }
+            ctx.want |= 1u << k;
+        }
+        Py_DECREF(seq);
+    }
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    bool ok;
+    WH__CALL(self, ok, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
+    PyObject *out = NULL;
+    if (!ok) {
+        wh_module_raise(&err);
+        goto done;
+    }
+    out = PyList_New(nf);
+    for (int i = 0; out && i < nf; i++) {
+        PyObject *a = Py_None;
+        if (ctx.bufs[i]) {
+            a = wh_array_new(ctx.bufs[i], 0, meta.f[i].dtype, meta.f[i].ndim, meta.f[i].shape);
+            if (!a) Py_CLEAR(out);
+        } else {
+            Py_INCREF(a);
+        }
+        if (out) PyList_SET_ITEM(out, i, a);
+    }
+done:
+    for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
+    return out;
+}
+
+static PyObject *wh__status_dict(const wh_status_t *s) {
+    PyObject *hist = PyList_New(s->nhistory);
+    for (int i = 0; hist && i < s->nhistory; i++)
+        PyList_SET_ITEM(hist, i,
+                        Py_BuildValue("{sKsdsKsKsd}", "generation",
+                                      (unsigned long long)s->history[i].generation, "time",
+                                      (double)s->history[i].time_ns / 1e9, "generated",
+                                      (unsigned long long)s->history[i].generated, "discarded",
+                                      (unsigned long long)s->history[i].discarded, "seal_s",
+                                      (double)s->history[i].seal_ns / 1e9));
+    if (!hist) return NULL;
+    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsN}", "read_gen",
+                         (unsigned long long)s->read_gen, "write_gen",
+                         (unsigned long long)s->write_gen, "write_fill", s->write_fill,
+                         "swap_cap", s->swap_cap, "write_bytes",
+                         (unsigned long long)s->write_bytes, "byte_budget",
+                         (unsigned long long)s->byte_budget, "generated",
+                         (unsigned long long)s->generated, "discarded",
+                         (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
+                         "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
+                         s->lease_left_s, "history", hist);
+}
+
+static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    wh_status_t s;
+    bool ok;
+    WH__CALL(self, ok, wh_store_status(self->st, &s, &err));
+    if (!ok) return wh_module_raise(&err);
+    return wh__status_dict(&s);
+}
+
+static PyObject *wh__store_get_swap_cap(wh__pystore_t *self, void *c) {
+    (void)c;
+    if (!wh__open(self)) return NULL;
+    return PyLong_FromUnsignedLong(self->st->cfg.swap_cap);
+}
+
+static PyMethodDef wh__store_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))wh__store_put, METH_VARARGS | METH_KEYWORDS,
+     "put(arrays, wait_ms=100) -> (status, generation)"},
+    {"lead", (PyCFunction)wh__store_lead, METH_NOARGS, "acquire or renew the manager lease"},
+    {"resign", (PyCFunction)wh__store_resign, METH_NOARGS, "give the manager lease up"},
+    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS, "seal if full: info dict or None"},
+    {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
+    {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
+     "read(gen, pos, want=None) -> list of Array"},
+    {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
+    {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef wh__store_getset[] = {
+    {"swap_cap", (getter)wh__store_get_swap_cap, NULL, "SWAP_CAP", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot wh__store_slots[] = {
+    {Py_tp_init, wh__store_init},
+    {Py_tp_dealloc, wh__store_dealloc},
+    {Py_tp_methods, wh__store_methods},
+    {Py_tp_getset, wh__store_getset},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A handle on a wirehead store (one per process; open after fork)."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__store_spec = {
+    "wirehead_torch._C.Store", sizeof(wh__pystore_t), 0, Py_TPFLAGS_DEFAULT, wh__store_slots,
+};
+
+/* ---- module functions ---- */
+
+static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    wh__cfgbuf_t cb;
+    if (!wh__parse_cfg(args, kw, &cb)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_store_clean(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(cb.keep);
+    if (!ok) return wh_module_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__counters(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_counters_t c;
+    wh_counters_get(&c);
+    return Py_BuildValue("{sKsKsK}", "bytes_copied_out", (unsigned long long)c.bytes_copied_out,
+                         "bytes_copied_in", (unsigned long long)c.bytes_copied_in, "copies_out",
+                         (unsigned long long)c.copies_out);
+}
+
+static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_counters_reset();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef wh__module_methods[] = {
+    {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
+     "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
+    {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
+    {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int wh__add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases,
+                       const char *doc) {
+    char full[128];
+    snprintf(full, sizeof full, "wirehead_torch.%s", name);
+    *slot = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+    if (!*slot) return -1;
+    Py_INCREF(*slot);
+    return PyModule_AddObject(m, name, *slot);
+}
+
+static int wh__add_excs(PyObject *m) {
+    if (wh__add_exc(m, &wh__exc.base, "WireheadError", NULL, "Base of wirehead_torch errors."))
+        return -1;
+#define WH__SUB(slot, name, extra, doc)                                               \
+    do {                                                                              \
+        PyObject *b = (extra) ? PyTuple_Pack(2, wh__exc.base, (extra))                \
+                              : PyTuple_Pack(1, wh__exc.base);                        \
+        int r = b ? wh__add_exc(m, &wh__exc.slot, name, b, doc) : -1;                \
+        Py_XDECREF(b);                                                                \
+        if (r) return -1;                                                             \
+    } while (0)
+    WH__SUB(value, "InvalidSampleError", PyExc_ValueError, "Bad input (sample, argument).");
+    WH__SUB(schema, "SchemaMismatchError", PyExc_ValueError,
+            "The store was made with another format, SAMPLE or SWAP_CAP.");
+    WH__SUB(gone, "GenerationGoneError", NULL, "The generation was reclaimed during a read.");
+    WH__SUB(corrupt, "CorruptSampleError", NULL, "Stored bytes failed validation.");
+    WH__SUB(nospace, "StoreSpaceError", PyExc_OSError, "Not enough space to create the store.");
+    WH__SUB(toobig, "SampleTooLargeError", PyExc_ValueError,
+            "A sample does not fit the store's byte budget.");
+    WH__SUB(timeout, "StoreTimeoutError", PyExc_TimeoutError, "A bounded wait ran out.");
+    WH__SUB(unavail, "StoreUnavailableError", PyExc_ConnectionError,
+            "The store's server cannot be reached.");
+    WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
+#undef WH__SUB
+    return 0;
+}
+
+static int wh__exec(PyObject *m) {
+    PyObject *t = PyType_FromSpec(&wh__store_spec);
+    if (!t || PyModule_AddObject(m, "Store", t) < 0) return -1;
+    if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0) return -1;
+    PyObject *d = PyDict_New();
+    if (!d) return -1;
+    for (int i = 1; i < WH_DT_MAX_; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (!v || PyDict_SetItemString(d, wh_dtype_name(i), v) < 0) return -1;
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObject(m, "DTYPES", d) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "PUT_ACCEPTED", WH_PUT_ACCEPTED) ||
+        PyModule_AddIntConstant(m, "PUT_DISCARDED", WH_PUT_DISCARDED) ||
+        PyModule_AddIntConstant(m, "PUT_WAIT", WH_PUT_WAIT) ||
+        PyModule_AddIntConstant(m, "FORMAT_VERSION", WH_FORMAT_VERSION) ||
+        PyModule_AddIntConstant(m, "MAX_FIELDS", WH_MAX_FIELDS) ||
+        PyModule_AddIntConstant(m, "MAX_NDIM", WH_MAX_NDIM))
+        return -1;
+    return 0;
+}
+
+static struct PyModuleDef wh__module = {
+    PyModuleDef_HEAD_INIT, "wirehead_torch._C", "wirehead_torch C core", -1,
+    wh__module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void) {
+    PyObject *m = PyModule_Create(&wh__module);
+    if (m && wh__exec(m) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -1,0 +1,629 @@
+/* Embedded backend: three generation areas in one POSIX shared-memory
+ * segment. Slot of generation g is g % 3, so at any time the slots hold the
+ * write, the read and the retiring generation.
+ *
+ * Concurrency: writers reserve bytes and commit positions under the slot's
+ * robust mutex (the commit point is the store of count, after the index
+ * entry); readers take no lock: they check the slot's generation before and
+ * after copying (a seqlock) and report WH_E_GONE if it changed. A slot is
+ * recycled only when no live writer still has a reservation in it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "wh_store.h"
+
+#define WH__SHM_MAGIC 0x314d485344414857ull /* "WHADSHM1" */
+#define WH__SLOTS 3
+#define WH__MAX_WRITERS 256
+#define WH__HIST 16
+#define WH__OPEN_WAIT_MS 5000
+
+typedef struct {
+    int32_t pid; /* 0: free entry */
+    uint32_t pad;
+} wh__writer_t;
+
+typedef struct {
+    pthread_mutex_t lock;
+    uint64_t gen;   /* atomic: generation this slot holds, 0 if none */
+    uint64_t used;  /* bytes reserved */
+    uint32_t count; /* atomic: committed positions */
+    uint32_t nwriters;
+    wh__writer_t writers[WH__MAX_WRITERS];
+} wh__slot_t;
+
+typedef struct {
+    uint64_t off, size;
+} wh__entry_t;
+
+typedef struct {
+    uint64_t magic; /* written last at creation (release) */
+    uint32_t format_version;
+    uint32_t swap_cap;
+    uint64_t schema_hash;
+    uint32_t nfields;
+    uint32_t pad0;
+    char names[WH_MAX_FIELDS][WH_MAX_NAME];
+    uint64_t slot_bytes;   /* data bytes per generation area */
+    uint64_t total_bytes;  /* whole segment */
+    uint64_t index_off, data_off;
+    int64_t creator_pid;
+    uint64_t created_ns;
+
+    pthread_mutex_t lock; /* lease, seal, history */
+    uint64_t read_gen;    /* atomic */
+    uint64_t write_gen;   /* atomic */
+    uint64_t generated, discarded, seals; /* atomic */
+    int64_t leader_pid;
+    uint64_t leader_token;
+    uint64_t lease_expiry_ns;
+    uint32_t hist_n, hist_next;
+    struct {
+        uint64_t generation, time_ns, generated, discarded, seal_ns;
+    } hist[WH__HIST];
+    wh__slot_t slots[WH__SLOTS];
+} wh__hdr_t;
+
+typedef struct {
+    wh_store_t base;
+    char shm_name[256];
+    wh__hdr_t *hdr;
+    size_t map_len;
+    uint64_t token;
+    pid_t pid;
+} wh__shm_t;
+
+static const wh_store_ops_t wh__shm_ops;
+
+static uint64_t wh__ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static bool wh__lock(pthread_mutex_t *m, wh_err_t *err) {
+    int r = pthread_mutex_lock(m);
+    if (r == EOWNERDEAD) {
+        /* The holder died; every update under these locks commits with its
+         * last store, so the protected state is consistent as it is. */
+        pthread_mutex_consistent(m);
+        return true;
+    }
+    if (r != 0) return wh_err_set(err, WH_E_SYS, "shm lock: %s", strerror(r));
+    return true;
+}
+
+static void wh__unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
+
+static bool wh__pid_alive(int64_t pid) {
+    if (pid <= 0) return false;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+static bool wh__init_mutex(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a)) return false;
+    bool ok = !pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) &&
+              !pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) &&
+              !pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return ok;
+}
+
+static uint64_t wh__page_up(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
+
+static wh__entry_t *wh__index(wh__hdr_t *h, int slot) {
+    return (wh__entry_t *)((char *)h + h->index_off) + (size_t)slot * h->swap_cap;
+}
+
+static char *wh__data(wh__hdr_t *h, int slot) {
+    return (char *)h + h->data_off + (size_t)slot * h->slot_bytes;
+}
+
+/* Segment name from the store name: only characters safe in a file name. */
+static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 200)
+        return wh_err_set(err, WH_E_INVALID, "shm store name must be 1..200 characters");
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return wh_err_set(err, WH_E_INVALID,
+                              "shm store name '%s': use only letters, digits, '-', '_', '.'",
+                              name);
+    }
+    snprintf(out, cap, "/wirehead.%s", name);
+    return true;
+}
+
+static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_off,
+                       uint64_t *data_off, uint64_t *total, wh_err_t *err) {
+    uint64_t idx = wh__page_up(sizeof(wh__hdr_t)), idx_bytes, data_bytes, t;
+    if (!wh_mul_ok((uint64_t)swap_cap * WH__SLOTS, sizeof(wh__entry_t), &idx_bytes) ||
+        !wh_mul_ok(slot_bytes, WH__SLOTS, &data_bytes) ||
+        !wh_add_ok(idx + wh__page_up(idx_bytes), data_bytes, &t))
+        return wh_err_set(err, WH_E_INVALID, "shm store size overflows");
+    *index_off = idx;
+    *data_off = idx + wh__page_up(idx_bytes);
+    *total = t;
+    return true;
+}
+
+static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    uint64_t slot_bytes = wh__page_up(c->byte_budget), index_off = 0, data_off = 0, total = 0;
+    if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
+    int r = posix_fallocate(fd, 0, (off_t)total);
+    if (r != 0) {
+        struct statvfs vfs;
+        unsigned long long avail = 0;
+        if (statvfs("/dev/shm", &vfs) == 0)
+            avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        return wh_err_set(err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
+                          "shm store '%s' needs %llu bytes (3 generations of BYTE_BUDGET=%llu) "
+                          "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
+                          "enlarge /dev/shm (docker: --shm-size)",
+                          s->shm_name + 10, (unsigned long long)total,
+                          (unsigned long long)c->byte_budget, avail, strerror(r));
+    }
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+    wh__hdr_t *h = p;
+    s->hdr = h;
+    s->map_len = total;
+    /* fallocate gave zeroed pages; fill in everything but the magic */
+    h->format_version = WH_FORMAT_VERSION;
+    h->swap_cap = c->swap_cap;
+    h->schema_hash = c->schema.hash;
+    h->nfields = (uint32_t)c->schema.nfields;
+    memcpy(h->names, c->schema.names, sizeof h->names);
+    h->slot_bytes = slot_bytes;
+    h->total_bytes = total;
+    h->index_off = index_off;
+    h->data_off = data_off;
+    h->creator_pid = getpid();
+    h->created_ns = wh_now_real_ns();
+    bool ok = wh__init_mutex(&h->lock);
+    for (int i = 0; i < WH__SLOTS && ok; i++) ok = wh__init_mutex(&h->slots[i].lock);
+    if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
+    /* Generation ids start from the wall clock in microseconds, so they keep
+     * increasing even when the store is removed and created again. */
+    uint64_t g0 = wh_now_real_ns() / 1000;
+    h->slots[g0 % WH__SLOTS].gen = g0;
+    h->write_gen = g0;
+    __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* Waits (bounded) for the creator to finish; maps and checks the store. */
+static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    *stale = false;
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)WH__OPEN_WAIT_MS * 1000000ull;
+    struct stat sb;
+    wh__hdr_t *h = NULL;
+    for (;;) {
+        if (fstat(fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
+        if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
+            if (!h) {
+                void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+                h = p;
+            }
+            if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == WH__SHM_MAGIC) break;
+        }
+        if (wh_now_mono_ns() > deadline) {
+            /* creator died before finishing: the segment is stale */
+            int64_t creator = h ? h->creator_pid : 0;
+            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (!creator || !wh__pid_alive(creator)) {
+                *stale = true;
+                return false;
+            }
+            return wh_err_set(err, WH_E_TIMEOUT, "shm store '%s' is still being created by pid %lld",
+                              s->shm_name + 10, (long long)creator);
+        }
+        wh_sleep_ms(1);
+    }
+    uint64_t index_off = 0, data_off = 0, total = 0;
+    bool ok = true;
+    if (h->format_version != WH_FORMAT_VERSION) {
+        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' has format version %u, this build uses %d; "
+                        "remove it with `wirehead-torch clean`", s->shm_name + 10,
+                        h->format_version, WH_FORMAT_VERSION);
+    } else if (h->schema_hash != c->schema.hash || h->nfields != (uint32_t)c->schema.nfields) {
+        char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
+        for (uint32_t i = 0; i < h->nfields && i < WH_MAX_FIELDS; i++) {
+            char nm[WH_MAX_NAME];
+            memcpy(nm, h->names[i], WH_MAX_NAME);
+            nm[WH_MAX_NAME - 1] = 0;
+            if (i) strcat(have, ", ");
+            strcat(have, nm);
+        }
+        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SAMPLE [%s], config "
+                        "says another; use another store name or `wirehead-torch clean`",
+                        s->shm_name + 10, have);
+    } else if (h->swap_cap != c->swap_cap) {
+        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SWAP_CAP=%u, config "
+                        "says %u; use another store name or `wirehead-torch clean`",
+                        s->shm_name + 10, h->swap_cap, c->swap_cap);
+    } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
+               index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
+               (uint64_t)sb.st_size < total) {
+        ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
+                        s->shm_name + 10);
+    }
+    munmap(h, sizeof(wh__hdr_t));
+    if (!ok) return false;
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+    s->hdr = p;
+    s->map_len = total;
+    return true;
+}
+
+wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
+    const char *name = cfg->uri + strlen("shm://");
+    if (cfg->swap_cap < 1)
+        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
+    if (cfg->byte_budget < 4096)
+        return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
+    wh__shm_t *s = calloc(1, sizeof *s);
+    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    s->base.ops = &wh__shm_ops;
+    s->base.cfg = *cfg;
+    s->pid = getpid();
+    if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
+        s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
+    s->token |= 1;
+    if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int fd = shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0) {
+            bool ok = wh__create(s, fd, err);
+            close(fd);
+            if (!ok) {
+                shm_unlink(s->shm_name);
+                goto fail;
+            }
+            return &s->base;
+        }
+        if (errno != EEXIST) {
+            wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
+            goto fail;
+        }
+        fd = shm_open(s->shm_name, O_RDWR, 0600);
+        if (fd < 0) {
+            if (errno == ENOENT) continue; /* removed meanwhile: create it */
+            wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
+            goto fail;
+        }
+        bool stale;
+        bool ok = wh__attach(s, fd, &stale, err);
+        close(fd);
+        if (ok) return &s->base;
+        if (!stale) goto fail;
+        shm_unlink(s->shm_name); /* half-created by a dead process */
+    }
+    wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
+fail:
+    free(s);
+    return NULL;
+}
+
+bool wh_shm_clean(const char *name, wh_err_t *err) {
+    char n[256];
+    if (!wh__shm_name(name, n, sizeof n, err)) return false;
+    if (shm_unlink(n) != 0 && errno != ENOENT)
+        return wh_err_set(err, WH_E_SYS, "shm_unlink %s: %s", n, strerror(errno));
+    return true;
+}
+
+static void wh__shm_destroy(wh_store_t *st) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    if (s->hdr) munmap(s->hdr, s->map_len);
+    free(s);
+}
+
+static bool wh__forked(wh__shm_t *s, wh_err_t *err) {
+    if (getpid() != s->pid)
+        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
+    return false;
+}
+
+/* Drops reservations of processes that no longer exist. Slot lock held. */
+static void wh__prune_writers(wh__slot_t *sl) {
+    for (int i = 0; i < WH__MAX_WRITERS && sl->nwriters; i++) {
+        if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid)) {
+            sl->writers[i].pid = 0;
+            sl->nwriters--;
+        }
+    }
+}
+
+static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < WH__MAX_WRITERS; i++) {
+            if (!sl->writers[i].pid) {
+                sl->writers[i].pid = pid;
+                sl->nwriters++;
+                return i;
+            }
+        }
+        wh__prune_writers(sl);
+    }
+    return -1;
+}
+
+static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
+                        wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    if (getpid() != s->pid) return wh__forked(s, err);
+    wh_sample_meta_t meta;
+    if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
+    uint64_t size = meta.total_size;
+    if (size > h->slot_bytes)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "sample of %llu bytes does not fit a generation's BYTE_BUDGET of %llu "
+                          "bytes; raise BYTE_BUDGET to at least SWAP_CAP x sample size (%llu)",
+                          (unsigned long long)size, (unsigned long long)h->slot_bytes,
+                          (unsigned long long)size * h->swap_cap);
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)wait_ms * 1000000ull;
+    uint64_t gen, off = 0;
+    int slot, wi;
+    for (;;) {
+        gen = wh__ld(&h->write_gen);
+        slot = (int)(gen % WH__SLOTS);
+        wh__slot_t *sl = &h->slots[slot];
+        if (genp) *genp = gen;
+        if (__atomic_load_n(&sl->count, __ATOMIC_ACQUIRE) >= h->swap_cap) {
+            __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+            *status = WH_PUT_DISCARDED;
+            return true;
+        }
+        if (!wh__lock(&sl->lock, err)) return false;
+        if (wh__ld(&sl->gen) != gen) { /* a seal is switching slots */
+            wh__unlock(&sl->lock);
+            continue;
+        }
+        if (sl->count >= h->swap_cap) {
+            wh__unlock(&sl->lock);
+            __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+            *status = WH_PUT_DISCARDED;
+            return true;
+        }
+        bool fits = sl->used + size <= h->slot_bytes;
+        wi = fits ? wh__take_writer(sl, s->pid) : -1;
+        if (wi >= 0) {
+            off = sl->used;
+            sl->used += size;
+            wh__unlock(&sl->lock);
+            break;
+        }
+        if (!fits) wh__prune_writers(sl);
+        uint32_t busy = sl->nwriters, count = sl->count;
+        wh__unlock(&sl->lock);
+        if (!fits && busy == 0)
+            return wh_err_set(err, WH_E_TOOBIG,
+                              "generation %llu filled its BYTE_BUDGET of %llu bytes with only "
+                              "%u of SWAP_CAP=%u samples; raise BYTE_BUDGET to at least "
+                              "SWAP_CAP x sample size (%llu bytes)",
+                              (unsigned long long)gen, (unsigned long long)h->slot_bytes, count,
+                              h->swap_cap, (unsigned long long)size * h->swap_cap);
+        /* Backpressure: wait for in-flight puts to commit or a seal. */
+        if (wh_now_mono_ns() >= deadline) {
+            *status = WH_PUT_WAIT;
+            return true;
+        }
+        wh_sleep_ms(1);
+    }
+    wh__slot_t *sl = &h->slots[slot];
+    char *dst = wh__data(h, slot) + off;
+    bool ok = wh_sample_encode(dst, size, &st->cfg.schema, arr, &meta, true, err);
+    if (!wh__lock(&sl->lock, err)) return false;
+    sl->writers[wi].pid = 0;
+    sl->nwriters--;
+    if (ok && wh__ld(&sl->gen) == gen && sl->count < h->swap_cap) {
+        wh__entry_t *e = &wh__index(h, slot)[sl->count];
+        e->off = off;
+        e->size = size;
+        __atomic_store_n(&sl->count, sl->count + 1, __ATOMIC_RELEASE); /* commit point */
+        __atomic_fetch_add(&h->generated, 1, __ATOMIC_RELAXED);
+        *status = WH_PUT_ACCEPTED;
+    } else if (ok) {
+        __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+        *status = WH_PUT_DISCARDED;
+    }
+    wh__unlock(&sl->lock);
+    return ok;
+}
+
+static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    if (getpid() != s->pid) return wh__forked(s, err);
+    if (!wh__lock(&h->lock, err)) return false;
+    uint64_t now = wh_now_real_ns();
+    bool mine = h->leader_token == s->token;
+    bool free_ = !h->leader_token || !wh__pid_alive(h->leader_pid) || h->lease_expiry_ns < now;
+    if (mine || free_) {
+        h->leader_pid = s->pid;
+        h->leader_token = s->token;
+        h->lease_expiry_ns = now + (uint64_t)(st->cfg.lease_s * 1e9);
+    }
+    *leader = mine || free_;
+    wh__unlock(&h->lock);
+    return true;
+}
+
+static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    if (getpid() != s->pid) return wh__forked(s, err);
+    if (!wh__lock(&h->lock, err)) return false;
+    if (h->leader_token == s->token) {
+        h->leader_token = 0;
+        h->leader_pid = 0;
+        h->lease_expiry_ns = 0;
+    }
+    wh__unlock(&h->lock);
+    return true;
+}
+
+static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    *sealed = false;
+    if (getpid() != s->pid) return wh__forked(s, err);
+    uint64_t t0 = wh_now_mono_ns();
+    if (!wh__lock(&h->lock, err)) return false;
+    if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
+        wh__unlock(&h->lock);
+        return wh_err_set(err, WH_E_INVALID, "seal: this manager does not hold the lease");
+    }
+    uint64_t w = wh__ld(&h->write_gen);
+    wh__slot_t *cur = &h->slots[w % WH__SLOTS];
+    wh__slot_t *next = &h->slots[(w + 1) % WH__SLOTS];
+    bool ok = true;
+    if (__atomic_load_n(&cur->count, __ATOMIC_ACQUIRE) < h->swap_cap) goto out;
+    /* The next write area holds the retiring generation's slot: recycle it
+     * only when no live writer still writes into it. */
+    if (!wh__lock(&next->lock, err)) {
+        ok = false;
+        goto out;
+    }
+    wh__prune_writers(next);
+    if (next->nwriters) {
+        wh__unlock(&next->lock);
+        goto out;
+    }
+    wh__st(&next->gen, w + 1); /* readers of the old generation now see GONE */
+    next->used = 0;
+    __atomic_store_n(&next->count, 0, __ATOMIC_RELEASE);
+    wh__unlock(&next->lock);
+    wh__st(&h->read_gen, w); /* the swap: one atomic store */
+    wh__st(&h->write_gen, w + 1);
+    uint64_t seals = __atomic_add_fetch(&h->seals, 1, __ATOMIC_RELAXED);
+    WH_UNUSED(seals);
+    info->generation = w;
+    info->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
+    info->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
+    info->seal_ns = wh_now_mono_ns() - t0;
+    uint32_t k = h->hist_next % WH__HIST;
+    h->hist[k].generation = w;
+    h->hist[k].time_ns = wh_now_real_ns();
+    h->hist[k].generated = info->generated;
+    h->hist[k].discarded = info->discarded;
+    h->hist[k].seal_ns = info->seal_ns;
+    h->hist_next = (k + 1) % WH__HIST;
+    if (h->hist_n < WH__HIST) h->hist_n++;
+    *sealed = true;
+out:
+    wh__unlock(&h->lock);
+    return ok;
+}
+
+static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
+    WH_UNUSED(err);
+    *gen = wh__ld(&((wh__shm_t *)st)->hdr->read_gen);
+    return true;
+}
+
+static bool wh__gone(uint64_t gen, wh_err_t *err) {
+    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+}
+
+static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                         wh_sample_meta_t *meta_out, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    const wh_schema_t *schema = &st->cfg.schema;
+    if (pos >= h->swap_cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
+                          h->swap_cap);
+    uint64_t rg = wh__ld(&h->read_gen);
+    if (gen == 0 || gen > rg)
+        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
+                          (unsigned long long)gen, (unsigned long long)rg);
+    int slot = (int)(gen % WH__SLOTS);
+    wh__slot_t *sl = &h->slots[slot];
+    if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
+    wh__entry_t e = wh__index(h, slot)[pos];
+    wh_sample_meta_t meta;
+    const char *src = wh__data(h, slot) + (e.off <= h->slot_bytes ? e.off : 0);
+    if (e.off > h->slot_bytes || e.size > h->slot_bytes - e.off ||
+        !wh_sample_decode_meta(src, e.size, schema, &meta, err) || meta.total_size != e.size) {
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
+        if (err && err->code != WH_E_CORRUPT && err->code != WH_E_SCHEMA)
+            wh_err_set(err, WH_E_CORRUPT, "index entry out of bounds");
+        return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
+    }
+    if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
+    void *dst[WH_MAX_FIELDS] = {0};
+    if (fn && !fn(ctx, &meta, dst, err)) return false;
+    bool ok = true;
+    for (int i = 0; i < meta.nfields && ok; i++)
+        if (dst[i]) ok = wh_sample_copy_field(src, schema, &meta, i, dst[i], st->cfg.verify_reads, err);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
+    if (!ok) return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
+    if (meta_out) *meta_out = meta;
+    return true;
+}
+
+static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    memset(o, 0, sizeof *o);
+    if (!wh__lock(&h->lock, err)) return false;
+    o->read_gen = wh__ld(&h->read_gen);
+    o->write_gen = wh__ld(&h->write_gen);
+    wh__slot_t *w = &h->slots[o->write_gen % WH__SLOTS];
+    o->write_fill = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE);
+    o->write_bytes = __atomic_load_n(&w->used, __ATOMIC_RELAXED);
+    o->swap_cap = h->swap_cap;
+    o->byte_budget = h->slot_bytes;
+    o->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
+    o->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
+    o->seals = __atomic_load_n(&h->seals, __ATOMIC_RELAXED);
+    uint64_t now = wh_now_real_ns();
+    if (h->leader_token && wh__pid_alive(h->leader_pid) && h->lease_expiry_ns >= now) {
+        o->leader_pid = (uint64_t)h->leader_pid;
+        o->lease_left_s = (double)(h->lease_expiry_ns - now) / 1e9;
+    }
+    uint32_t n = h->hist_n < WH__HIST ? h->hist_n : WH__HIST;
+    o->nhistory = (int)n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t k = (h->hist_next + WH__HIST - n + i) % WH__HIST;
+        o->history[i].generation = h->hist[k].generation;
+        o->history[i].time_ns = h->hist[k].time_ns;
+        o->history[i].generated = h->hist[k].generated;
+        o->history[i].discarded = h->hist[k].discarded;
+        o->history[i].seal_ns = h->hist[k].seal_ns;
+    }
+    wh__unlock(&h->lock);
+    return true;
+}
+
+static const wh_store_ops_t wh__shm_ops = {
+    .scheme = "shm",
+    .put = wh__shm_put,
+    .lead = wh__shm_lead,
+    .resign = wh__shm_resign,
+    .seal = wh__shm_seal,
+    .current = wh__shm_current,
+    .read = wh__shm_read,
+    .status = wh__shm_status,
+    .destroy = wh__shm_destroy,
+};

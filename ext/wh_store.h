@@ -1,0 +1,143 @@
+/* The store interface both backends implement (shm://, mongodb://).
+ *
+ * Generations are numbered; gen 0 means "none". The write generation takes
+ * the first swap_cap committed samples; a seal makes it the read generation
+ * in one atomic step and opens the next write generation. At most three
+ * generations exist (write, read, retiring). */
+#ifndef WH_STORE_H
+#define WH_STORE_H
+
+#include "wh.h"
+#include "wh_sample.h"
+
+typedef struct wh_store wh_store_t;
+
+/* Strings are borrowed for the duration of wh_store_open only: a backend
+ * copies what it keeps (the handle's cfg.uri is an owned copy; cfg.dbname
+ * and cfg.prefix are NULL after open). */
+typedef struct {
+    const char *uri;          /* "shm://NAME" or "mongodb://..." */
+    uint32_t swap_cap;        /* samples per generation */
+    wh_schema_t schema;
+    uint64_t byte_budget;     /* shm: bytes for each of the 3 generation areas */
+    uint64_t chunk_bytes;     /* mongo: max chunk document payload */
+    const char *dbname;       /* mongo: database when the URI names none */
+    const char *prefix;       /* mongo: collection name prefix */
+    double lease_s;           /* manager lease; a dead leader is replaced after this */
+    double connect_timeout_s; /* mongo: bounded wait for the server */
+    bool verify_reads;        /* check XXH3 of every field read */
+} wh_store_config_t;
+
+typedef enum {
+    WH_PUT_ACCEPTED = 0, /* committed into the write generation */
+    WH_PUT_DISCARDED,    /* write generation already had swap_cap samples */
+    WH_PUT_WAIT          /* byte budget full: nothing stored, call again */
+} wh_put_status_t;
+
+typedef struct {
+    uint64_t generation;   /* the generation just sealed */
+    uint64_t generated;    /* samples accepted into all generations so far */
+    uint64_t discarded;    /* surplus puts discarded so far */
+    uint64_t seal_ns;      /* time the seal itself took */
+} wh_seal_info_t;
+
+typedef struct {
+    uint64_t read_gen;        /* 0 if none yet */
+    uint64_t write_gen;
+    uint32_t write_fill;      /* committed samples in the write generation */
+    uint32_t swap_cap;
+    uint64_t write_bytes;     /* bytes reserved in the write area */
+    uint64_t byte_budget;
+    uint64_t generated;       /* total accepted */
+    uint64_t discarded;       /* total surplus */
+    uint64_t seals;           /* total seals */
+    uint64_t leader_pid;      /* 0 if no live lease (shm: pid; mongo: 0/1) */
+    double lease_left_s;
+    int nhistory;             /* last seals, newest last */
+    struct {
+        uint64_t generation;
+        uint64_t time_ns;     /* CLOCK_REALTIME at seal */
+        uint64_t generated;
+        uint64_t discarded;
+        uint64_t seal_ns;
+    } history[16];
+} wh_status_t;
+
+/* Destination callback for reads: given the validated meta of the sample
+ * at (gen, pos), set dst[i] for each field i to a buffer of at least
+ * meta->f[i].nbytes bytes (or NULL to skip that field). Return false with
+ * err set to refuse (e.g. shape differs from the batch); the read then
+ * fails with that error. Called with no lock held. */
+typedef bool (*wh_dest_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst,
+                           wh_err_t *err);
+
+typedef struct {
+    const char *scheme;
+    bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms,
+                wh_put_status_t *st, uint64_t *gen, wh_err_t *);
+    bool (*lead)(wh_store_t *, bool *leader, wh_err_t *);
+    bool (*resign)(wh_store_t *, wh_err_t *);
+    bool (*seal)(wh_store_t *, bool *sealed, wh_seal_info_t *info, wh_err_t *);
+    bool (*current)(wh_store_t *, uint64_t *gen, wh_err_t *);
+    bool (*read)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                 wh_sample_meta_t *meta, wh_err_t *);
+    bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
+    void (*destroy)(wh_store_t *);
+} wh_store_ops_t;
+
+/* Every backend's handle starts with this. */
+struct wh_store {
+    const wh_store_ops_t *ops;
+    wh_store_config_t cfg;
+    char *uri;  /* owned copy of cfg.uri */
+};
+
+/* Opens (creating on first use) the store named by cfg->uri. The returned
+ * handle is owned by the caller: wh_store_destroy. Not fork-safe: open after
+ * fork. One handle may be used by one thread at a time. */
+wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err);
+void wh_store_destroy(wh_store_t *st);
+
+/* Generator side. Encodes and commits one sample. Never blocks on a full
+ * generation (surplus is discarded and counted); waits up to wait_ms only
+ * when the write area's bytes are exhausted, then returns WH_PUT_WAIT with
+ * nothing stored. *gen receives the write generation (may be NULL). */
+bool wh_store_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
+                  wh_put_status_t *status, uint64_t *gen, wh_err_t *err);
+
+/* Manager side. lead acquires or renews the manager lease (leader=false if
+ * another live manager holds it). seal seals the write generation if it is
+ * full (sealed=false otherwise); only the lease holder may seal. resign
+ * gives the lease up. */
+bool wh_store_lead(wh_store_t *st, bool *leader, wh_err_t *err);
+bool wh_store_resign(wh_store_t *st, wh_err_t *err);
+bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+
+/* Reader side. current gives the read generation (0 if none yet). read
+ * validates the sample at (gen, pos < swap_cap), asks fn for destinations
+ * and copies each field once into them. WH_E_GONE if gen was reclaimed
+ * (before or during the copy: then the destinations hold garbage),
+ * WH_E_CORRUPT if the stored sample fails validation. meta receives the
+ * sample's layout (may be NULL). */
+bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);
+bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                   wh_sample_meta_t *meta, wh_err_t *err);
+bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err);
+
+/* Removes everything this store holds (shm segments or mongo collections);
+ * nothing else. Works whether or not the store exists. */
+bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err);
+
+/* Backends. */
+wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
+bool wh_shm_clean(const char *name, wh_err_t *err);
+wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
+bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
+
+/* Fault injection for tests: when the environment variable
+ * WIREHEAD_FAULT_PUT_PAUSE is set to a number of seconds, a put pauses
+ * after writing half of its bytes (before commit), printing
+ * "wirehead: fault pause in put" to stderr first. */
+void wh_fault_put_midway(void);
+
+#endif
