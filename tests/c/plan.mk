@@ -1,0 +1,23 @@
+# C property tests for the sample order (ext/wh_plan.c).
+# Use from the top-level Makefile with `include tests/c/plan.mk`, or alone:
+#   make -f tests/c/plan.mk ctest-plan
+# ext/util.c (wh_err_set) is linked when present; the test carries a weak
+# fallback so it also links without it.
+PLAN_CC     ?= cc
+PLAN_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
+PLAN_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c $(wildcard ext/util.c)
+PLAN_DEPS   := $(PLAN_SRCS) ext/wh_plan.h ext/wh.h
+
+.PHONY: ctest-plan
+ctest-plan: build/ctest/test_plan build/ctest/test_plan_asan
+	build/ctest/test_plan
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build/ctest/test_plan_asan
+
+build/ctest/test_plan: $(PLAN_DEPS)
+	@mkdir -p $(@D)
+	$(PLAN_CC) $(PLAN_CFLAGS) -o $@ $(PLAN_SRCS) -lm
+
+build/ctest/test_plan_asan: $(PLAN_DEPS)
+	@mkdir -p $(@D)
+	$(PLAN_CC) $(PLAN_CFLAGS) -O1 $(PLAN_SAN) -o $@ $(PLAN_SRCS) -lm
