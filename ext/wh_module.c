@@ -11,7 +11,7 @@
 
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound;
+        *unavail, *notfound, *lease;
 } wh__exc_t;
 static wh__exc_t wh__exc;
 
@@ -29,6 +29,7 @@ PyObject *wh_module_raise(const wh_err_t *err) {
     case WH_E_TIMEOUT: cls = wh__exc.timeout; break;
     case WH_E_UNAVAIL: cls = wh__exc.unavail; break;
     case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
+    case WH_E_LEASE: cls = wh__exc.lease; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
@@ -503,6 +504,7 @@ static int wh__add_excs(PyObject *m) {
     WH__SUB(unavail, "StoreUnavailableError", PyExc_ConnectionError,
             "The store's server cannot be reached.");
     WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
+    WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
 #undef WH__SUB
     return 0;
 }

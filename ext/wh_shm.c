@@ -489,7 +489,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     if (!wh__lock(&h->lock, err)) return false;
     if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
         wh__unlock(&h->lock);
-        return wh_err_set(err, WH_E_INVALID, "seal: this manager does not hold the lease");
+        return wh_err_set(err, WH_E_LEASE, "seal: this manager does not hold the lease");
     }
     uint64_t w = wh__ld(&h->write_gen);
     wh__slot_t *cur = &h->slots[w % WH__SLOTS];

@@ -1,0 +1,99 @@
+# wirehead_torch: `make demo` and `make test` do all set-up on a fresh Debian
+# machine (Debian packages when run as root, the venv, the extension, the
+# MongoDB test server's jars), each step only when missing or out of date.
+SHELL := /bin/bash
+PY     := .venv/bin/python
+PIP    := .venv/bin/pip
+EXT    := wirehead_torch/_C$(shell /usr/bin/python3-config --extension-suffix 2>/dev/null || echo .so)
+CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h)
+PKG    := $(wildcard wirehead_torch/*.py)
+
+DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
+            gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
+            openjdk-17-jdk-headless maven
+
+PYTEST_ARGS ?=
+DEMO_ARGS   ?=
+DDP         ?=
+
+.PHONY: all install deps build test test-c test-py test-asan demo clean-build mongo-jars
+
+all: install
+
+# Debian packages: installed when missing and we are root; otherwise the
+# exact command to run is printed.
+.deps/debian.stamp: Makefile
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || exit 1; \
+	  else \
+	    echo "missing Debian packages; run: sudo apt-get install $$missing" >&2; exit 1; \
+	  fi; \
+	fi
+	@mkdir -p .deps && touch $@
+
+deps: .deps/debian.stamp
+
+.venv/.stamp: .deps/debian.stamp pyproject.toml
+	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages .venv
+	$(PY) -c 'import pytest' 2>/dev/null || $(PIP) install -q pytest
+	touch $@
+
+# The extension is rebuilt whenever a C file changes; the editable install
+# puts the package and the wirehead-torch script into the venv.
+$(EXT): .venv/.stamp $(CSRC) setup.py
+	$(PY) setup.py -q build_ext --inplace
+
+.venv/.installed: $(EXT) pyproject.toml setup.py
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(EXT)
+
+install: .venv/.installed
+
+mongo-jars: .deps/debian.stamp
+	sh tests/mongo/fetch.sh
+
+include tests/c/plan.mk
+
+# C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
+STORE_CSRC := tests/c/test_store.c ext/util.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c ext/wh_mongo.c
+STORE_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
+STORE_LIBS = $(shell pkg-config --libs libmongoc-1.0 libxxhash 2>/dev/null) -lpthread -lrt
+
+build/ctest/test_store: $(STORE_CSRC) $(wildcard ext/*.h)
+	@mkdir -p $(@D)
+	cc $(STORE_CFLAGS) -O2 -o $@ $(STORE_CSRC) $(STORE_LIBS)
+
+build/ctest/test_store_asan: $(STORE_CSRC) $(wildcard ext/*.h)
+	@mkdir -p $(@D)
+	cc $(STORE_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all \
+	   -o $@ $(STORE_CSRC) $(STORE_LIBS)
+
+test-c: .deps/debian.stamp ctest-plan build/ctest/test_store build/ctest/test_store_asan
+	build/ctest/test_store
+	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
+
+test-py: install mongo-jars
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# The store and DataLoader tests against an ASan+UBSan build of the
+# extension (built into build/asan, loaded with the ASan runtime preloaded).
+test-asan: install mongo-jars
+	rm -rf build/asan && mkdir -p build/asan
+	WH_SANITIZE=1 $(PY) setup.py -q build_ext --build-lib build/asan --build-temp build/asan/tmp
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	WIREHEAD_EXT_DIR=build/asan/wirehead_torch \
+	  $(PY) -m pytest -q -x -m asan $(PYTEST_ARGS)
+
+test: test-c test-py test-asan
+
+demo: install
+	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
+
+clean-build:
+	rm -rf build $(EXT) *.egg-info .venv/.installed

@@ -1,0 +1,44 @@
+"""wirehead_torch: a bounded, always-fresh circular cache between synthetic-data
+generators and PyTorch training, with a C core."""
+import os as _os
+import sys as _sys
+
+if _os.environ.get("WIREHEAD_EXT_DIR"):
+    # Test hook: load the extension from another build (the sanitizer build).
+    import glob as _glob
+    import importlib.util as _ilu
+    _path = _glob.glob(_os.path.join(_os.environ["WIREHEAD_EXT_DIR"], "_C*.so"))[0]
+    _spec = _ilu.spec_from_file_location(__name__ + "._C", _path)
+    _mod = _ilu.module_from_spec(_spec)
+    _sys.modules[__name__ + "._C"] = _mod
+    _spec.loader.exec_module(_mod)
+
+from . import _C  # noqa: E402
+from ._C import (  # noqa: E402
+    CorruptSampleError,
+    GenerationGoneError,
+    InvalidSampleError,
+    LeaseLostError,
+    NotFoundError,
+    SampleTooLargeError,
+    SchemaMismatchError,
+    StoreSpaceError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+    WireheadError,
+)
+from .admin import clean, status  # noqa: E402
+from .config import load_config
+from .dataset import MongoheadDataset, MongoTupleheadDataset
+from .generator import WireheadGenerator
+from .manager import WireheadManager
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "WireheadGenerator", "WireheadManager", "MongoheadDataset", "MongoTupleheadDataset",
+    "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
+    "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
+    "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
+    "LeaseLostError",
+]

@@ -1,0 +1,106 @@
+"""Conversions between user arrays, store dtype codes and torch tensors."""
+import numpy as np
+
+from . import _C
+
+try:
+    import torch
+except ImportError:  # the generator side can run without torch
+    torch = None
+
+# numpy dtype name -> store dtype name (bool and every numeric type)
+_NUMPY_OK = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+             "float16", "float32", "float64", "complex64", "complex128"}
+
+
+def _torch_dtype(name):
+    return getattr(torch, name, None) if torch is not None else None
+
+
+def to_store_arrays(item, names):
+    """One generator item -> [(buffer, dtype_code)] in SAMPLE order.
+
+    Accepts numpy arrays, numpy scalars and CPU torch tensors of any numeric
+    or bool dtype and any strides. Errors name the field."""
+    if isinstance(item, dict):
+        missing = [n for n in names if n not in item]
+        extra = [k for k in item if k not in names]
+        if missing or extra:
+            raise _C.InvalidSampleError(
+                f"sample dict keys {sorted(item)} do not match SAMPLE {names}"
+                f" (missing {missing}, unexpected {extra})")
+        item = [item[n] for n in names]
+    if not isinstance(item, (tuple, list)):
+        raise _C.InvalidSampleError(
+            f"generator yielded a {type(item).__name__}; expected a tuple of "
+            f"{len(names)} arrays (SAMPLE {names})")
+    if len(item) != len(names):
+        raise _C.InvalidSampleError(
+            f"generator yielded {len(item)} fields, SAMPLE names {len(names)}: {names}")
+    out = []
+    for name, a in zip(names, item):
+        code = None
+        if torch is not None and isinstance(a, torch.Tensor):
+            if a.device.type != "cpu":
+                raise _C.InvalidSampleError(
+                    f"field '{name}': tensor on {a.device}; move it to the CPU first")
+            a = a.detach()
+            if a.dtype == torch.bfloat16:
+                a, code = a.view(torch.int16), _C.DTYPES["bfloat16"]
+            a = a.resolve_conj().resolve_neg() if a.is_complex() else a
+            try:
+                a = a.numpy()
+            except TypeError as e:
+                raise _C.InvalidSampleError(f"field '{name}': unsupported tensor dtype "
+                                            f"{a.dtype}: {e}") from None
+        elif isinstance(a, np.generic):
+            a = np.asarray(a)
+        elif not isinstance(a, np.ndarray):
+            raise _C.InvalidSampleError(
+                f"field '{name}': expected a numpy array or CPU torch tensor, got "
+                f"{type(a).__name__}")
+        if code is None:
+            dname = a.dtype.name
+            if dname not in _NUMPY_OK or not a.dtype.isnative:
+                raise _C.InvalidSampleError(
+                    f"field '{name}': dtype {a.dtype} is not a native numeric or bool type")
+            code = _C.DTYPES[dname]
+        out.append((a, code))
+    return out
+
+
+def needs_cast_message(name, dtype):
+    return (f"field '{name}' is stored as {dtype}, which torch {torch.__version__} cannot "
+            f"hold; read it as numpy (output='numpy') or ask for a cast, e.g. "
+            f"cast={{'{name}': 'int64'}}")
+
+
+def to_output(arr, name, output="torch", cast=None):
+    """A _C.Array -> torch tensor (exact dtype) or numpy array, no copy.
+
+    cast maps field name -> dtype name for an explicit, user-requested cast."""
+    target = (cast or {}).get(name)
+    if output == "numpy":
+        if arr.dtype == "bfloat16":
+            raise TypeError(f"field '{name}' is bfloat16, which numpy cannot hold; "
+                            f"use output='torch'")
+        x = np.from_dlpack(arr)
+        if arr.dtype == "bool":
+            x = x.view(np.bool_)
+        return x.astype(target) if target else x
+    tdt = _torch_dtype(arr.dtype)
+    if tdt is None:
+        if target is None:
+            raise TypeError(needs_cast_message(name, arr.dtype))
+        t = torch.from_numpy(np.from_dlpack(arr).astype(target))
+        return t
+    t = torch.from_dlpack(arr)
+    if arr.dtype == "bool" and t.dtype != torch.bool:
+        t = t.view(torch.bool)
+    if target:
+        t = t.to(_torch_dtype(target))
+    return t
+
+
+def torch_holds(dtype_name):
+    return _torch_dtype(dtype_name) is not None

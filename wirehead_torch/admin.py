@@ -1,0 +1,33 @@
+"""status() and clean(): store figures and removal."""
+from . import _C
+from ._store import ProcessStore
+from .config import get_config, redact, store_kwargs
+
+
+def status(config=None, config_path=None):
+    """The store's figures as a dict: current (read) and write generation,
+    write fill, totals, the last swaps and the generation rate."""
+    if isinstance(config, str):
+        config, config_path = None, config
+    cfg = get_config(config_path, config)
+    ps = ProcessStore(cfg)
+    try:
+        st = ps.get().status()
+    finally:
+        ps.close()
+    st["store"] = redact(cfg["STORE"])
+    hist = st["history"]
+    rate = None
+    if len(hist) >= 2 and hist[-1]["time"] > hist[0]["time"]:
+        rate = (hist[-1]["generated"] - hist[0]["generated"]) / (hist[-1]["time"] - hist[0]["time"])
+    st["samples_per_s"] = rate
+    return st
+
+
+def clean(config=None, config_path=None):
+    """Removes everything this store holds (its shm segment, or its MongoDB
+    collections); nothing else."""
+    if isinstance(config, str):
+        config, config_path = None, config
+    cfg = get_config(config_path, config)
+    _C.clean(**store_kwargs(cfg))

@@ -1,0 +1,89 @@
+"""The ``wirehead-torch`` command: manager, status, clean, demo."""
+import argparse
+import json
+import logging
+import sys
+import time
+
+from . import _C
+
+
+def _cmd_manager(args):
+    from .manager import WireheadManager
+    m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout)
+    n = m.run(max_swaps=args.max_swaps)
+    logging.getLogger("wirehead_torch").info("wirehead manager: %d swaps, exiting", n)
+    return 0
+
+
+def _fmt_status(st):
+    lines = [
+        f"store            {st['store']}",
+        f"read generation  {st['read_gen'] or 'none yet'}",
+        f"write generation {st['write_gen']} ({st['write_fill']}/{st['swap_cap']} samples, "
+        f"{st['write_bytes'] / 2**20:.1f} of {st['byte_budget'] / 2**20:.1f} MiB)",
+        f"generated        {st['generated']} accepted, {st['discarded']} surplus discarded, "
+        f"{st['seals']} swaps",
+        "manager          " + (f"pid {st['leader_pid']} (lease {st['lease_left_s']:.1f}s left)"
+                               if st['leader_pid'] else "none holds the lease"),
+        "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
+                               if st['samples_per_s'] is not None else "-"),
+    ]
+    if st["history"]:
+        lines.append("last swaps:")
+        for h in st["history"]:
+            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(h['time']))} "
+                         f"generation {h['generation']} generated={h['generated']} "
+                         f"discarded={h['discarded']} seal={h['seal_s'] * 1e3:.3f}ms")
+    return "\n".join(lines)
+
+
+def _cmd_status(args):
+    from .admin import status
+    st = status(config_path=args.config)
+    print(json.dumps(st) if args.json else _fmt_status(st))
+    return 0
+
+
+def _cmd_clean(args):
+    from .admin import clean
+    from .config import load_config, redact
+    cfg = load_config(args.config)
+    clean(config_path=args.config)
+    print(f"removed store {redact(cfg['STORE'])}")
+    return 0
+
+
+def _cmd_demo(args, rest):
+    from . import demo
+    return demo.main(rest)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="wirehead-torch", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("manager", help="seal generations (one manager leads at a time)")
+    m.add_argument("--config", required=True)
+    m.add_argument("--json", action="store_true", help="one JSON object per swap")
+    m.add_argument("--max-swaps", type=int, default=None)
+    s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
+    s.add_argument("--config", required=True)
+    s.add_argument("--json", action="store_true")
+    c = sub.add_parser("clean", help="remove this store's segments or collections")
+    c.add_argument("--config", required=True)
+    sub.add_parser("demo", help="generators + manager + training on the embedded store",
+                   add_help=False)
+    if argv and argv[0] == "demo":
+        return _cmd_demo(None, argv[1:])
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd](args)
+    except (ValueError, _C.WireheadError, TimeoutError) as e:
+        print(f"wirehead-torch {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""WireheadManager: seals full write generations, one line per swap."""
+import json
+import logging
+import os
+import time
+
+from . import _C
+from ._store import ProcessStore, StopFlag
+from .config import get_config, redact
+
+log = logging.getLogger("wirehead_torch")
+
+
+def swap_record(info, prev_time, prev_generated, now):
+    """The figures logged for one swap."""
+    dt = now - prev_time if prev_time else None
+    rate = (info["generated"] - prev_generated) / dt if dt else None
+    return {
+        "time": round(now, 3),
+        "generation": info["generation"],
+        "generated": info["generated"],
+        "discarded": info["discarded"],
+        "seal_s": info["seal_s"],
+        "samples_per_s": round(rate, 2) if rate is not None else None,
+    }
+
+
+def format_record(rec):
+    rate = "-" if rec["samples_per_s"] is None else f"{rec['samples_per_s']:.1f}"
+    return (f"{rec['time']:.3f} swap generation={rec['generation']} "
+            f"generated={rec['generated']} discarded={rec['discarded']} "
+            f"seal={rec['seal_s'] * 1e3:.3f}ms samples/s={rate}")
+
+
+class WireheadManager:
+    """Seals the write generation once it holds SWAP_CAP samples.
+
+    Only the holder of the manager lease seals; a second manager waits and
+    takes over within LEASE_SECONDS of the first one dying (at once on the
+    embedded store when the old manager's process is gone). ``run()`` runs
+    until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
+    gives the lease up and returns the number of swaps it made."""
+
+    def __init__(self, config_path=None, config=None, json_lines=False, out=None):
+        self.cfg = get_config(config_path, config)
+        self.json_lines = json_lines
+        self.out = out
+        self.swaps = 0
+        self.records = []
+        self._store = ProcessStore(self.cfg)
+
+    def _emit(self, rec):
+        self.records.append(rec)
+        line = json.dumps(rec) if self.json_lines else format_record(rec)
+        if self.out is not None:
+            print(line, file=self.out, flush=True)
+        else:
+            log.info(line)
+
+    def run(self, max_swaps=None):
+        store = self._store.get()
+        poll = float(self.cfg["MANAGER_POLL"])
+        lease = float(self.cfg["LEASE_SECONDS"])
+        renew_every = lease / 4
+        leader, last_lead, waiting_logged = False, 0.0, False
+        st = store.status()
+        prev_time, prev_generated = time.time(), st["generated"]
+        try:
+            with StopFlag() as stop:
+                while not stop and (max_swaps is None or self.swaps < max_swaps):
+                    mono = time.monotonic()
+                    if not leader or mono - last_lead >= renew_every:
+                        leader = store.lead()
+                        last_lead = mono
+                        if not leader:
+                            if not waiting_logged:
+                                st = store.status()
+                                log.info("wirehead manager %d: another manager (pid %s) holds "
+                                         "the lease on %s; standing by", os.getpid(),
+                                         st["leader_pid"] or "?", redact(self.cfg["STORE"]))
+                                waiting_logged = True
+                            stop.wait(min(poll * 10, lease / 4))
+                            continue
+                        waiting_logged = False
+                    try:
+                        info = store.seal()
+                    except _C.LeaseLostError:
+                        leader = False  # lease lost (e.g. expired while paused)
+                        continue
+                    if info is None:
+                        stop.wait(poll)
+                        continue
+                    now = time.time()
+                    self._emit(swap_record(info, prev_time, prev_generated, now))
+                    prev_time, prev_generated = now, info["generated"]
+                    self.swaps += 1
+        finally:
+            try:
+                store.resign()
+            except _C.WireheadError as e:
+                log.warning("wirehead manager: could not release the lease: %s", e)
+        return self.swaps
+
+    run_manager = run
+
+    def close(self):
+        self._store.close()
+
