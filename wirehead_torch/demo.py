@@ -700,11 +700,21 @@ def _progress(args, out, cfg, t, step, loss, rate, gen, consumed, distinct,
          generated=st.get("generated"), consumed=consumed, distinct=distinct,
          reuse=round(reuse, 3), waited_s=round(waited, 3),
          waited_pct=round(pct, 1),
+         seals=st.get("seals"),
          text=f"{t:6.1f}s  step {step:5d}  loss {loss:.4f}  "
-              f"{rate:6.1f} samples/s  gen {gen} (store {st.get('read_gen', '?')}, "
-              f"fill {fill if fill is not None else '?'}/{cfg['SWAP_CAP']}, "
-              f"generated {st.get('generated', '?')})  "
+              f"{rate:6.1f} samples/s  {_gen_text(gen, st)}  fill "
+              f"{fill if fill is not None else '?'}/{cfg['SWAP_CAP']}  "
+              f"generated {st.get('generated', '?')}  "
               f"reuse {reuse:.2f}x  waited {waited:.2f}s ({pct:.1f}%)")
+
+
+def _gen_text(gen, st):
+    """Generation ids are large (unique for the life of a store name), so
+    the text shows the seal count and how far the batch lags the newest."""
+    rg, seals = st.get("read_gen"), st.get("seals")
+    if isinstance(rg, int) and isinstance(seals, int) and gen >= 0:
+        return f"gen #{seals} (batch {max(0, rg - gen)} behind)"
+    return f"gen {gen}"
 
 
 if __name__ == "__main__":
