@@ -1,0 +1,32 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import whlib  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "asan: also run against the ASan+UBSan build")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+
+
+@pytest.fixture
+def shm_cfg():
+    """A factory of configs for fresh shm stores, removed afterwards."""
+    import wirehead_torch as wt
+    made = []
+
+    def make(swap_cap=8, sample=("id", "data"), budget="2MiB", **extra):
+        cfg = {"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
+               "SAMPLE": list(sample), "BYTE_BUDGET": budget, "READ_TIMEOUT": 30,
+               "LEASE_SECONDS": 5}
+        cfg.update(extra)
+        made.append(cfg)
+        return cfg
+
+    yield make
+    for cfg in made:
+        wt.clean(cfg)

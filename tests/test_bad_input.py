@@ -1,0 +1,115 @@
+"""Bad input gets a clear error naming the problem and loses nothing stored."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import wirehead_torch as wt
+from wirehead_torch import _C
+
+import whlib
+
+
+def filled(cfg, n=None):
+    n = cfg["SWAP_CAP"] if n is None else n
+    items = [whlib.sample(1, i) for i in range(n)]
+    assert wt.WireheadGenerator(iter(items), config=cfg).run() == n
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return items
+
+
+def all_readable(cfg):
+    ds = wt.MongoTupleheadDataset(config=cfg)
+    return [whlib.check_sample(*ds[i]) for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("item, match", [
+    ((np.zeros(2, np.int64),), "1 fields, SAMPLE names 2"),
+    ((np.zeros(2), np.zeros(2), np.zeros(2)), "3 fields"),
+    ([1, 2], "field 'id': expected a numpy array"),
+    ((np.zeros(2, np.int64), [1.0, 2.0]), "field 'data': expected a numpy array"),
+    ((np.zeros(2, np.int64), np.array(["a", "b"])), "field 'data': dtype <U1"),
+    ((np.array([object()], dtype=object), np.zeros(2)), "field 'id': dtype object"),
+    ((np.zeros(2, np.int64), np.zeros(2, ">f4")), "field 'data': dtype >f4"),
+    ({"id": np.zeros(2), "dta": np.zeros(2)}, "do not match SAMPLE"),
+    (np.zeros(3), "expected a tuple"),
+])
+def test_bad_samples_raise_and_keep_the_store(shm_cfg, item, match):
+    cfg = shm_cfg(swap_cap=3)
+    filled(cfg)
+    with pytest.raises(wt.InvalidSampleError, match=match):
+        wt.WireheadGenerator(iter([item]), config=cfg).run()
+    assert len(all_readable(cfg)) == 3
+    assert wt.status(cfg)["write_fill"] == 0
+
+
+def test_sample_too_large_for_budget(shm_cfg):
+    cfg = shm_cfg(swap_cap=2, budget="64KiB")
+    big = (np.zeros(2, np.int64), np.zeros(64 * 1024, np.float32))
+    with pytest.raises(wt.SampleTooLargeError, match="BYTE_BUDGET"):
+        wt.WireheadGenerator(iter([big]), config=cfg).run()
+
+
+def test_budget_too_small_for_swap_cap_is_an_error_not_a_hang(shm_cfg):
+    cfg = shm_cfg(swap_cap=100, budget="64KiB")
+    items = [(np.zeros(2, np.int64), np.zeros(4096, np.float32))] * 100
+    with pytest.raises(wt.SampleTooLargeError, match="SWAP_CAP"):
+        wt.WireheadGenerator(iter(items), config=cfg).run()
+
+
+def test_schema_mismatch_is_clear(shm_cfg):
+    cfg = shm_cfg(swap_cap=3)
+    filled(cfg)
+    other = dict(cfg, SAMPLE=["image", "seg"])
+    with pytest.raises(wt.SchemaMismatchError, match=r"SAMPLE \[id, data\]"):
+        wt.MongoheadDataset(config=other)[0]
+    with pytest.raises(wt.SchemaMismatchError, match="SWAP_CAP=3"):
+        wt.MongoheadDataset(config=dict(cfg, SWAP_CAP=4))[0]
+    assert len(all_readable(cfg)) == 3
+
+
+def test_corrupted_bytes_are_detected(shm_cfg):
+    cfg = shm_cfg(swap_cap=2)
+    filled(cfg)
+    name = cfg["STORE"][len("shm://"):]
+    path = f"/dev/shm/wirehead.{name}"
+    assert os.path.exists(path)
+    # find sample 1's data (tag 1, counter 1) in the segment and flip one bit
+    needle = whlib.sample(1, 1)[1].tobytes()[:64]
+    with open(path, "r+b") as f:
+        blob = f.read()
+        at = blob.find(needle)
+        assert at > 0
+        f.seek(at + 8)
+        f.write(bytes([blob[at + 8] ^ 0x01]))
+    ds = wt.MongoTupleheadDataset(config=cfg)
+    whlib.check_sample(*ds[0])
+    with pytest.raises(wt.CorruptSampleError, match="field 'data': checksum mismatch"):
+        ds[1]
+    # with checks off the bytes come through as stored
+    raw = wt.MongoTupleheadDataset(config=dict(cfg, VERIFY_READS=False))[1]
+    with pytest.raises(AssertionError):
+        whlib.check_sample(*raw)
+
+
+def test_store_too_big_for_dev_shm_fails_at_creation(shm_cfg):
+    cfg = shm_cfg(budget="16TiB")
+    with pytest.raises(wt.StoreSpaceError, match="BYTE_BUDGET") as e:
+        wt.WireheadGenerator(iter([]), config=cfg).run()
+    assert "/dev/shm" in str(e.value)
+    name = cfg["STORE"][len("shm://"):]
+    assert not glob.glob(f"/dev/shm/wirehead.{name}")
+
+
+def test_bad_store_names(shm_cfg):
+    with pytest.raises(wt.InvalidSampleError, match="shm store name"):
+        wt.status({"STORE": "shm://a/b", "SWAP_CAP": 1, "SAMPLE": ["x"]})
+
+
+def test_cuda_tensor_is_refused_clearly(shm_cfg):
+    cfg = shm_cfg()
+    meta = torch.zeros(2, device="meta")
+    with pytest.raises(wt.InvalidSampleError, match="field 'data': tensor on meta"):
+        wt.WireheadGenerator(iter([(np.zeros(2, np.int64), meta)]), config=cfg).run()

@@ -1,0 +1,103 @@
+"""Test helpers: unique stores, child processes, the verifiable test sample.
+
+The test sample has two fields: 'id' (int64 [2]: producer tag, counter) and
+'data' (float32 [n], data[k] = tag * 1000 + counter + k / n), so a reader can
+check every sample it gets against its id."""
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PROCS = os.path.join(HERE, "procs.py")
+
+
+def unique_name(prefix="whtest"):
+    return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def sample(tag, counter, n=256):
+    ident = np.array([tag, counter], dtype=np.int64)
+    data = (np.float32(tag * 1000 + counter) + np.arange(n, dtype=np.float32) / np.float32(n))
+    return ident, data
+
+
+def check_sample(ident, data):
+    """Raises AssertionError unless data matches its id."""
+    ident = np.asarray(ident)
+    data = np.asarray(data)
+    tag, counter = int(ident[0]), int(ident[1])
+    n = data.shape[0]
+    want = np.float32(tag * 1000 + counter) + np.arange(n, dtype=np.float32) / np.float32(n)
+    assert np.array_equal(data, want), f"sample {tag}/{counter}: data does not match its id"
+    return tag, counter
+
+
+def env_for_child(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("WIREHEAD_FAULT_PUT_PAUSE", None)
+    env.update(extra or {})
+    return env
+
+
+def spawn(kind, cfg, *args, env=None, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL):
+    """Starts tests/procs.py KIND CFG_JSON ARGS... as a child process."""
+    return subprocess.Popen([sys.executable, PROCS, kind, json.dumps(cfg), *map(str, args)],
+                            env=env_for_child(env), stdout=stdout, stderr=stderr, text=True)
+
+
+def wait_line(stream, text, timeout):
+    """Reads stream until a line containing text; returns all lines read.
+    Raises TimeoutError after timeout seconds."""
+    sel = selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    lines = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no line with {text!r} within {timeout}s; got {lines[-5:]}")
+            if sel.select(left):
+                line = stream.readline()
+                if not line:
+                    raise EOFError(f"stream closed before {text!r}; got {lines[-5:]}")
+                lines.append(line)
+                if text in line:
+                    return lines
+    finally:
+        sel.close()
+
+
+def stop(proc, sig=signal.SIGTERM, timeout=20):
+    """Ends a child we started, by pid; returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    for s in (proc.stdout, proc.stderr):
+        if s:
+            s.close()
+    return proc.returncode
+
+
+def until(cond, timeout, what):
+    """Polls cond() (a real condition) until true; bounded."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
