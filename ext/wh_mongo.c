@@ -935,7 +935,7 @@ static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, w
     bool live = false;
     if (!wh__lease_get(m, &owner, &pid, &left, &live, err)) return wh_err_prefix(err, "seal");
     if (!live || owner != m->token)
-        return wh_err_set(err, WH_E_INVALID, "seal: this manager does not hold the lease");
+        return wh_err_set(err, WH_E_LEASE, "seal: this manager does not hold the lease");
     wh__state_t s;
     if (!wh__state_get(m, true, &s, NULL, err)) return wh_err_prefix(err, "seal");
     uint64_t w = s.write_gen;

@@ -217,3 +217,118 @@ def start_server(**kw):
 
 def stop_server(server):
     server.close()
+
+
+# -- raw commands, for tests that inspect or damage what the store wrote ----
+#
+# The package speaks to MongoDB only through its C core; tests that need to
+# look at collections directly (or write bad data on purpose) use libmongoc
+# through ctypes rather than another driver.
+
+import base64 as _base64
+import ctypes as _ctypes
+import json as _json
+
+_libs = None
+
+
+def _load():
+    global _libs
+    if _libs is None:
+        bson = _ctypes.CDLL("libbson-1.0.so.0")
+        mongoc = _ctypes.CDLL("libmongoc-1.0.so.0")
+        bson.bson_new_from_json.restype = _ctypes.c_void_p
+        bson.bson_new_from_json.argtypes = [_ctypes.c_char_p, _ctypes.c_ssize_t, _ctypes.c_void_p]
+        bson.bson_as_relaxed_extended_json.restype = _ctypes.c_void_p
+        bson.bson_as_relaxed_extended_json.argtypes = [_ctypes.c_void_p, _ctypes.c_void_p]
+        bson.bson_free.argtypes = [_ctypes.c_void_p]
+        bson.bson_destroy.argtypes = [_ctypes.c_void_p]
+        mongoc.mongoc_init.argtypes = []
+        mongoc.mongoc_client_new.restype = _ctypes.c_void_p
+        mongoc.mongoc_client_new.argtypes = [_ctypes.c_char_p]
+        mongoc.mongoc_client_destroy.argtypes = [_ctypes.c_void_p]
+        mongoc.mongoc_client_set_error_api.argtypes = [_ctypes.c_void_p, _ctypes.c_int32]
+        mongoc.mongoc_client_command_simple.restype = _ctypes.c_bool
+        mongoc.mongoc_client_command_simple.argtypes = [
+            _ctypes.c_void_p, _ctypes.c_char_p, _ctypes.c_void_p, _ctypes.c_void_p,
+            _ctypes.c_void_p, _ctypes.c_void_p]
+        mongoc.mongoc_init()
+        _libs = (bson, mongoc)
+    return _libs
+
+
+class _BsonError(_ctypes.Structure):
+    _fields_ = [("domain", _ctypes.c_uint32), ("code", _ctypes.c_uint32),
+                ("message", _ctypes.c_char * 504)]
+
+
+def binary(data):
+    """Extended-JSON form of a BSON binary value."""
+    return {"$binary": {"base64": _base64.b64encode(bytes(data)).decode(), "subType": "00"}}
+
+
+def unbinary(value):
+    """bytes from the extended-JSON form of a BSON binary value."""
+    return _base64.b64decode(value["$binary"]["base64"])
+
+
+class RawClient:
+    """Runs database commands given as dicts (relaxed extended JSON) and
+    returns the replies as dicts. For tests only."""
+
+    def __init__(self, uri):
+        bson, mongoc = _load()
+        self._bson, self._mongoc = bson, mongoc
+        self._client = mongoc.mongoc_client_new(uri.encode())
+        if not self._client:
+            raise MongoServerError("invalid MongoDB URI for the raw client")
+        mongoc.mongoc_client_set_error_api(self._client, 2)
+
+    def command(self, db, cmd):
+        err = _BsonError()
+        text = _json.dumps(cmd).encode()
+        doc = self._bson.bson_new_from_json(text, len(text), _ctypes.byref(err))
+        if not doc:
+            raise MongoServerError("bad command JSON: %s" % err.message.decode())
+        # bson_t is a 128-byte struct aligned to 128: carve an aligned one
+        raw = _ctypes.create_string_buffer(512)
+        reply = (_ctypes.addressof(raw) + 127) & ~127
+        try:
+            ok = self._mongoc.mongoc_client_command_simple(
+                self._client, db.encode(), doc, None, _ctypes.c_void_p(reply), _ctypes.byref(err))
+            js = self._bson.bson_as_relaxed_extended_json(_ctypes.c_void_p(reply), None)
+            out = _json.loads(_ctypes.string_at(js).decode()) if js else {}
+            self._bson.bson_free(js)
+            self._bson.bson_destroy(_ctypes.c_void_p(reply))
+        finally:
+            self._bson.bson_destroy(doc)
+        if not ok:
+            raise MongoServerError("command %s failed: %s (code %d)"
+                                   % (next(iter(cmd)), err.message.decode(), err.code))
+        return out
+
+    def find(self, db, coll, flt=None, projection=None):
+        cmd = {"find": coll, "filter": flt or {}, "batchSize": 100000}
+        if projection:
+            cmd["projection"] = projection
+        return self.command(db, cmd)["cursor"]["firstBatch"]
+
+    def update(self, db, coll, flt, update):
+        r = self.command(db, {"update": coll, "updates": [{"q": flt, "u": update}]})
+        return r.get("nModified", 0)
+
+    def collections(self, db):
+        r = self.command(db, {"listCollections": 1, "nameOnly": True})
+        return sorted(c["name"] for c in r["cursor"]["firstBatch"])
+
+    def close(self):
+        if self._client:
+            self._mongoc.mongoc_client_destroy(self._client)
+            self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
