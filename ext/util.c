@@ -1,6 +1,7 @@
 /* Errors, dtypes, clocks and process-wide counters. */
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -109,4 +110,30 @@ void wh_sleep_ms(unsigned ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {
     }
+}
+
+wh_buf_t *wh_buf_new(size_t size) {
+    wh_buf_t *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->data = aligned_alloc(WH_ALIGN, WH_ALIGN_UP(size ? size : 1));
+    if (!b->data) {
+        free(b);
+        return NULL;
+    }
+    b->size = size;
+    b->refs = 1;
+    b->device_type = 1; /* kDLCPU */
+    return b;
+}
+
+void wh_buf_ref(wh_buf_t *b) { __atomic_fetch_add(&b->refs, 1, __ATOMIC_RELAXED); }
+
+void wh_buf_unref(wh_buf_t *b) {
+    if (!b || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    if (b->release) {
+        b->release(b);
+        return;
+    }
+    free(b->data);
+    free(b);
 }

@@ -96,6 +96,26 @@ void wh_counters_reset(void);
 void wh_count_out(uint64_t nbytes);
 void wh_count_in(uint64_t nbytes);
 
+/* A reference-counted byte buffer that DLPack exports share. release(buf)
+ * runs when the last reference goes, from whatever thread drops it (no GIL
+ * assumed); without release the buffer frees itself. */
+typedef struct wh_buf wh_buf_t;
+struct wh_buf {
+    uint64_t refs; /* atomic */
+    void *data;
+    size_t size;
+    int device_type; /* DLPack device type: 1 CPU, 2 CUDA, 3 CUDA host */
+    int device_id;
+    void (*release)(wh_buf_t *buf);
+    void *owner; /* for release */
+};
+
+/* New heap buffer of size bytes (64-byte aligned), refs = 1; NULL on OOM.
+ * Owned by the caller's reference. */
+wh_buf_t *wh_buf_new(size_t size);
+void wh_buf_ref(wh_buf_t *b);
+void wh_buf_unref(wh_buf_t *b);
+
 /* Wall clock in ns (CLOCK_REALTIME) and monotonic in ns. */
 uint64_t wh_now_real_ns(void);
 uint64_t wh_now_mono_ns(void);

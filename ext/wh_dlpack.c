@@ -25,32 +25,6 @@ typedef struct wh__mtv {
 
 #define WH__DL_BOOL 6 /* kDLBool, DLPack >= 0.8 */
 
-wh_buf_t *wh_buf_new(size_t size) {
-    wh_buf_t *b = calloc(1, sizeof *b);
-    if (!b) return NULL;
-    b->data = aligned_alloc(WH_ALIGN, WH_ALIGN_UP(size ? size : 1));
-    if (!b->data) {
-        free(b);
-        return NULL;
-    }
-    b->size = size;
-    b->refs = 1;
-    b->device_type = kDLCPU;
-    return b;
-}
-
-void wh_buf_ref(wh_buf_t *b) { __atomic_fetch_add(&b->refs, 1, __ATOMIC_RELAXED); }
-
-void wh_buf_unref(wh_buf_t *b) {
-    if (!b || __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
-    if (b->release) {
-        b->release(b);
-        return;
-    }
-    free(b->data);
-    free(b);
-}
-
 typedef struct {
     PyObject_HEAD
     wh_buf_t *buf;
@@ -159,8 +133,9 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
     memcpy(e->shape, a->shape, sizeof e->shape);
     memcpy(e->strides, a->strides, sizeof e->strides);
     DLTensor *t = versioned ? &e->m.v1.dl_tensor : &e->m.v0.dl_tensor;
-    t->data = a->buf->data;
-    t->byte_offset = a->offset;
+    /* offset folded into data: torch before 2.x ignores byte_offset */
+    t->data = (char *)a->buf->data + a->offset;
+    t->byte_offset = 0;
     t->device.device_type = (DLDeviceType)a->buf->device_type;
     t->device.device_id = a->buf->device_id;
     t->ndim = a->ndim;

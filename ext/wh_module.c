@@ -5,8 +5,11 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "wh_dlpack.h"
+#include "wh_loader.h"
+#include "wh_plan.h"
 #include "wh_store.h"
 
 typedef struct {
@@ -430,6 +433,294 @@ static PyType_Spec wh__store_spec = {
     "wirehead_torch._C.Store", sizeof(wh__pystore_t), 0, Py_TPFLAGS_DEFAULT, wh__store_slots,
 };
 
+
+/* ---- Loader ---- */
+
+typedef struct {
+    PyObject_HEAD
+    wh_loader_t *ld;
+    pthread_mutex_t mu;
+    long pid;
+    uint32_t want;
+    int nfields;
+} wh__pyloader_t;
+
+static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"store", "batch", "threads", "prefetch", "drop_last", "world",
+                             "rank", "shuffle", "seed", "pad", "pad_batches", "want",
+                             "refresh", "timeout_s", NULL};
+    PyObject *store, *want;
+    unsigned int batch, threads, prefetch, world, rank;
+    int drop_last, shuffle, pad, pad_batches, refresh;
+    unsigned long long seed;
+    double timeout_s;
+    if (self->ld) {
+        PyErr_SetString(PyExc_RuntimeError, "Loader already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!IIIpIIpKipOid", kwlist, &PyDict_Type, &store,
+                                     &batch, &threads, &prefetch, &drop_last, &world, &rank,
+                                     &shuffle, &seed, &pad, &pad_batches, &want, &refresh,
+                                     &timeout_s))
+        return -1;
+    PyObject *empty = PyTuple_New(0);
+    if (!empty) return -1;
+    wh__cfgbuf_t cb;
+    bool parsed = wh__parse_cfg(empty, store, &cb);
+    Py_DECREF(empty);
+    if (!parsed) return -1;
+    wh_loader_config_t lc;
+    memset(&lc, 0, sizeof lc);
+    lc.store = cb.cfg;
+    lc.plan.swap_cap = cb.cfg.swap_cap;
+    lc.plan.world = world;
+    lc.plan.rank = rank;
+    lc.plan.batch = pad_batches ? batch : 0;
+    lc.plan.shuffle = shuffle;
+    lc.plan.seed = seed;
+    lc.plan.pad = pad;
+    lc.batch = batch;
+    lc.threads = threads;
+    lc.prefetch = prefetch;
+    lc.drop_last = drop_last;
+    lc.refresh = refresh;
+    lc.timeout_s = timeout_s;
+    PyObject *seq = PySequence_Fast(want, "want must be a sequence of field indices");
+    if (!seq) {
+        Py_DECREF(cb.keep);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (k < 0 || k >= cb.cfg.schema.nfields) {
+            if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
+            Py_DECREF(seq);
+            Py_DECREF(cb.keep);
+            return -1;
+        }
+        lc.want |= 1u << k;
+    }
+    Py_DECREF(seq);
+    wh_err_t err = {0};
+    wh_loader_t *ld;
+    Py_BEGIN_ALLOW_THREADS
+    ld = wh_loader_new(&lc, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(cb.keep);
+    if (!ld) {
+        wh_module_raise(&err);
+        return -1;
+    }
+    pthread_mutex_init(&self->mu, NULL);
+    self->ld = ld;
+    self->pid = (long)getpid();
+    self->want = lc.want;
+    self->nfields = cb.cfg.schema.nfields;
+    return 0;
+}
+
+static void wh__loader_close_ld(wh__pyloader_t *self) {
+    wh_loader_t *ld = self->ld;
+    self->ld = NULL;
+    if (!ld) return;
+    if ((long)getpid() != self->pid) return; /* threads did not cross the fork */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    wh_loader_destroy(ld);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    pthread_mutex_destroy(&self->mu);
+}
+
+static void wh__loader_dealloc(wh__pyloader_t *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    wh__loader_close_ld(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static bool wh__loader_ok(wh__pyloader_t *self) {
+    if (!self->ld) {
+        PyErr_SetString(wh__exc.value, "loader is closed");
+        return false;
+    }
+    if ((long)getpid() != self->pid) {
+        PyErr_SetString(wh__exc.value, "a WireheadLoader cannot be used after fork; make it "
+                                       "in the process that iterates");
+        return false;
+    }
+    return true;
+}
+
+static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
+    unsigned long long epoch, start, gen;
+    if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    WH__CALL(self, ok, wh_loader_start(self->ld, epoch, start, gen, &err));
+    if (!ok) return wh_module_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__loader_ok(self)) return NULL;
+    wh_batch_t b;
+    bool ok, done;
+    wh_err_t err = {0};
+    for (;;) {
+        WH__CALL(self, ok, wh_loader_next(self->ld, 100, &b, &done, &err));
+        if (!ok) return wh_module_raise(&err);
+        if (done) Py_RETURN_NONE;
+        if (b.buf) break;
+        if (PyErr_CheckSignals() < 0) return NULL; /* Ctrl-C while waiting */
+    }
+    PyObject *fields = PyList_New(self->nfields), *res = NULL;
+    for (int f = 0; fields && f < self->nfields; f++) {
+        PyObject *a = Py_None;
+        if (self->want & (1u << f)) {
+            int64_t shape[WH_MAX_NDIM + 1];
+            shape[0] = b.n;
+            for (int d = 0; d < b.meta[f].ndim; d++) shape[d + 1] = b.meta[f].shape[d];
+            a = wh_array_new(b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1, shape);
+            if (!a) Py_CLEAR(fields);
+        } else {
+            Py_INCREF(a);
+        }
+        if (fields) PyList_SET_ITEM(fields, f, a);
+    }
+    int64_t n = b.n;
+    PyObject *pad = fields ? wh_array_new(b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
+    PyObject *gen = pad ? wh_array_new(b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
+    PyObject *pos = gen ? wh_array_new(b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
+    if (pos) res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
+    if (!res) {
+        Py_XDECREF(fields);
+        Py_XDECREF(pad);
+        Py_XDECREF(gen);
+        Py_XDECREF(pos);
+    }
+    wh_buf_unref(b.buf); /* arrays hold their own references now */
+    return res;
+}
+
+static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__loader_ok(self)) return NULL;
+    wh_loader_stats_t st;
+    wh_loader_stats(self->ld, &st);
+    return Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch",
+                         (unsigned long long)wh_loader_batches(self->ld), "items_per_epoch",
+                         (unsigned long long)wh_loader_items(self->ld), "batches",
+                         (unsigned long long)st.batches, "items", (unsigned long long)st.items,
+                         "corrupt", (unsigned long long)st.corrupt, "gone",
+                         (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9,
+                         "ring", st.ring, "generation",
+                         (unsigned long long)wh_loader_generation(self->ld), "last_skip",
+                         st.last_skip);
+}
+
+static PyObject *wh__loader_close(wh__pyloader_t *self, PyObject *unused) {
+    (void)unused;
+    wh__loader_close_ld(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef wh__loader_methods[] = {
+    {"start", (PyCFunction)wh__loader_start, METH_VARARGS,
+     "start(epoch, start_batch, generation): begin an epoch (generation 0: newest)"},
+    {"next", (PyCFunction)wh__loader_next, METH_NOARGS,
+     "next batch: (fields, is_pad, generation, position, index), or None at the epoch's end"},
+    {"info", (PyCFunction)wh__loader_info, METH_NOARGS, "sizes and counters"},
+    {"close", (PyCFunction)wh__loader_close, METH_NOARGS, "stop the reader threads"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot wh__loader_slots[] = {
+    {Py_tp_init, wh__loader_init},
+    {Py_tp_dealloc, wh__loader_dealloc},
+    {Py_tp_methods, wh__loader_methods},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "C batch reader (threads, ring of batch buffers)."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__loader_spec = {
+    "wirehead_torch._C.Loader", sizeof(wh__pyloader_t), 0, Py_TPFLAGS_DEFAULT, wh__loader_slots,
+};
+
+/* ---- sample order (wh_plan) ---- */
+
+static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, unsigned long long *a,
+                           unsigned long long *b, unsigned long long *c) {
+    static char *kwlist[] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
+                             "shuffle", "seed", "pad", "a", "b", "c", NULL};
+    int shuffle = 0;
+    memset(p, 0, sizeof *p);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "IIIIIIpKi|KKK", kwlist, &p->swap_cap, &p->world,
+                                     &p->rank, &p->workers, &p->worker, &p->batch, &shuffle,
+                                     &p->seed, &p->pad, a, b, c))
+        return false;
+    p->shuffle = shuffle;
+    wh_err_t err = {0};
+    if (!wh_plan_check(p, &err)) {
+        wh_module_raise(&err);
+        return false;
+    }
+    return true;
+}
+
+/* plan_info(plan...) -> dict of steps, rank_items, rank_batches. */
+static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    wh_plan_t p;
+    unsigned long long a = 0, b = 0, c = 0;
+    if (!wh__parse_plan(args, kw, &p, &a, &b, &c)) return NULL;
+    return Py_BuildValue("{sKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
+                         "rank_items", (unsigned long long)wh_plan_rank_items(&p),
+                         "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0));
+}
+
+/* plan_items(plan..., a=epoch, b=start, c=stop) -> (positions bytes int64, is_pad bytes uint8). */
+static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    wh_plan_t p;
+    unsigned long long epoch = 0, start = 0, stop = UINT64_MAX;
+    if (!wh__parse_plan(args, kw, &p, &epoch, &start, &stop)) return NULL;
+    uint64_t steps = wh_plan_steps(&p);
+    if (stop > steps) stop = steps;
+    if (start > stop) start = stop;
+    Py_ssize_t n = (Py_ssize_t)(stop - start);
+    PyObject *pos = PyBytes_FromStringAndSize(NULL, n * 8);
+    PyObject *pad = PyBytes_FromStringAndSize(NULL, n);
+    if (!pos || !pad) {
+        Py_XDECREF(pos);
+        Py_XDECREF(pad);
+        return NULL;
+    }
+    int64_t *po = (int64_t *)PyBytes_AS_STRING(pos);
+    char *pa = PyBytes_AS_STRING(pad);
+    wh_plan_perm_t perm;
+    wh_plan_perm_init(&perm, p.swap_cap, p.seed, epoch, p.shuffle);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t q;
+        bool isp;
+        wh_plan_item_at(&p, &perm, start + (uint64_t)i, &q, &isp);
+        po[i] = q;
+        pa[i] = isp;
+    }
+    return Py_BuildValue("(NN)", pos, pad);
+}
+
+/* plan_resume_step(plan..., a=batches_consumed) -> this worker's first step. */
+static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    wh_plan_t p;
+    unsigned long long consumed = 0, b = 0, c = 0;
+    if (!wh__parse_plan(args, kw, &p, &consumed, &b, &c)) return NULL;
+    return PyLong_FromUnsignedLongLong(wh_plan_resume_step(&p, consumed));
+}
+
 /* ---- module functions ---- */
 
 static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
@@ -467,6 +758,12 @@ static PyMethodDef wh__module_methods[] = {
     {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
      "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
     {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
+    {"plan_info", (PyCFunction)(void (*)(void))wh__plan_info, METH_VARARGS | METH_KEYWORDS,
+     "steps per worker, items and batches per rank"},
+    {"plan_items", (PyCFunction)(void (*)(void))wh__plan_items, METH_VARARGS | METH_KEYWORDS,
+     "positions and padding flags of steps [b, c) of epoch a"},
+    {"plan_resume_step", (PyCFunction)(void (*)(void))wh__plan_resume,
+     METH_VARARGS | METH_KEYWORDS, "first step of this worker after a batches were consumed"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {NULL, NULL, 0, NULL},
 };
@@ -512,6 +809,8 @@ static int wh__add_excs(PyObject *m) {
 static int wh__exec(PyObject *m) {
     PyObject *t = PyType_FromSpec(&wh__store_spec);
     if (!t || PyModule_AddObject(m, "Store", t) < 0) return -1;
+    t = PyType_FromSpec(&wh__loader_spec);
+    if (!t || PyModule_AddObject(m, "Loader", t) < 0) return -1;
     if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0) return -1;
     PyObject *d = PyDict_New();
     if (!d) return -1;

@@ -31,12 +31,14 @@ from .admin import clean, status  # noqa: E402
 from .config import load_config
 from .dataset import MongoheadDataset, MongoTupleheadDataset
 from .generator import WireheadGenerator
+from .iterable import WireheadIterableDataset
+from .loader import WireheadLoader
 from .manager import WireheadManager
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "WireheadGenerator", "WireheadManager", "MongoheadDataset", "MongoTupleheadDataset",
+    "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader", "MongoheadDataset", "MongoTupleheadDataset",
     "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",

@@ -1,0 +1,109 @@
+"""Options shared by WireheadIterableDataset and WireheadLoader: who this
+process is in the job, and the order/padding settings."""
+import logging
+import os
+
+log = logging.getLogger("wirehead_torch")
+
+PAD_CODES = {"repeat": 0, "ignore": 1, "drop": 2}
+REFRESH = ("epoch", "step")
+
+
+def rank_world(rank=None, world_size=None):
+    """(rank, world_size): explicit values win, then an initialised
+    torch.distributed, then RANK/WORLD_SIZE, then 0/1."""
+    r = w = None
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    if w is None and os.environ.get("WORLD_SIZE"):
+        w = _int_env("WORLD_SIZE")
+        if os.environ.get("RANK"):
+            r = _int_env("RANK")
+    if world_size is not None:
+        w = world_size
+    if rank is not None:
+        r = rank
+    w = 1 if w is None else int(w)
+    if w < 1:
+        raise ValueError(f"world_size must be at least 1, got {w}")
+    if r is None:
+        if w > 1:
+            raise ValueError(f"WORLD_SIZE is {w} but no rank is known: initialise "
+                             f"torch.distributed, set RANK, or pass rank=")
+        r = 0
+    r = int(r)
+    if not 0 <= r < w:
+        raise ValueError(f"rank {r} is not in 0..{w - 1} (world_size {w})")
+    return r, w
+
+
+def _int_env(name):
+    v = os.environ[name]
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+class Order:
+    """Validated order options; field selection by name."""
+
+    def __init__(self, cfg, fields, shuffle, seed, pad, ignore_index, label_fields, refresh,
+                 rank, world_size):
+        names = cfg["SAMPLE"]
+        fields = list(names if fields is None else fields)
+        missing = [f for f in fields if f not in names]
+        if missing or not fields:
+            raise ValueError(f"fields {missing or fields} are not in the store's SAMPLE {names}")
+        if pad not in PAD_CODES:
+            raise ValueError(f"pad must be one of {sorted(PAD_CODES)}, got {pad!r}")
+        if refresh not in REFRESH:
+            raise ValueError(f"refresh must be 'epoch' or 'step', got {refresh!r}")
+        if label_fields is None:
+            label_fields = [names[1]] if (pad == "ignore" and len(names) > 1) else []
+        bad = [f for f in label_fields if f not in fields]
+        if bad:
+            raise ValueError(f"label_fields {bad} are not among the fields read {fields}")
+        if pad == "ignore" and not label_fields:
+            raise ValueError("pad='ignore' needs label_fields to fill with ignore_index")
+        self.names = names
+        self.fields = fields
+        self.want = [names.index(f) for f in fields]
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.pad = pad
+        self.ignore_index = ignore_index
+        self.label_fields = list(label_fields)
+        self.refresh = refresh
+        self.rank, self.world_size = rank_world(rank, world_size)
+        self.swap_cap = cfg["SWAP_CAP"]
+
+    def plan(self, workers=0, worker=0, batch=0):
+        pad_batches = batch if self.pad != "drop" else 0
+        return dict(swap_cap=self.swap_cap, world=self.world_size, rank=self.rank,
+                    workers=workers, worker=worker, batch=pad_batches, shuffle=self.shuffle,
+                    seed=self.seed, pad=PAD_CODES[self.pad])
+
+
+def check_ignore_fits(dtype, value, name):
+    """Refuses an ignore_index the label field's dtype cannot hold."""
+    import torch
+    info = torch.finfo(dtype) if dtype.is_floating_point else (
+        None if dtype == torch.bool or dtype.is_complex else torch.iinfo(dtype))
+    if info is None or not (info.min <= value <= info.max):
+        raise ValueError(f"ignore_index {value} does not fit label field '{name}' of dtype "
+                         f"{dtype}; pass an ignore_index that does, or pad='repeat'")
+
+
+def log_skips(info, seen, where):
+    """Logs corrupt samples skipped since the last call; returns the count."""
+    n = info["corrupt"]
+    if n > seen:
+        log.warning("%s: skipped %d corrupt sample(s) (replaced by padding): %s", where,
+                    n - seen, info["last_skip"])
+    return n
+

@@ -1,0 +1,181 @@
+"""WireheadIterableDataset: this worker's share of each epoch, for an
+ordinary torch DataLoader under DDP."""
+import multiprocessing
+import os
+
+import torch
+
+from . import _C
+from ._arrays import to_output
+from ._order import Order, check_ignore_fits
+from ._store import ProcessStore
+from .config import get_config
+from .dataset import read_sample, wait_for_generation
+
+import logging
+
+log = logging.getLogger("wirehead_torch")
+
+_MAX_WORKERS = 256
+# shared epoch state: [base epoch, resume batches (-1: none), resume
+# generation, generation in use, iterations of worker 0, of worker 1, ...]
+_BASE, _RESUME, _RESUME_GEN, _GEN, _COUNTS = range(5)
+
+
+class WireheadIterableDataset(torch.utils.data.IterableDataset):
+    """Yields this DataLoader worker's items of each epoch: dicts of tensors
+    named by SAMPLE (or ``fields``) plus ``is_pad`` (bool), ``generation``
+    and ``position`` (int64). Every worker of every rank yields the same
+    number of items; no two get the same sample of the same generation in
+    an epoch (DESIGN.md, "Sample order").
+
+    Pass the DataLoader's ``batch_size`` and ``num_workers`` to pad every
+    worker to whole batches and make ``len(DataLoader)`` exact."""
+
+    def __init__(self, config_path=None, config=None, *, fields=None, batch_size=None,
+                 num_workers=None, shuffle=True, seed=0, pad="repeat", ignore_index=-100,
+                 label_fields=None, refresh="epoch", transform=None, rank=None,
+                 world_size=None, cast=None, timeout=None):
+        super().__init__()
+        self.cfg = get_config(config_path, config)
+        self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
+                           refresh, rank, world_size)
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0
+                                        or num_workers > _MAX_WORKERS):
+            raise ValueError(f"num_workers must be 0..{_MAX_WORKERS}, got {num_workers!r}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.transform = transform
+        self.cast = cast
+        self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        self._store = ProcessStore(self.cfg)
+        # Shared with worker processes (fork, spawn, forkserver) so that
+        # persistent and fresh workers agree on the epoch.
+        self._shared = multiprocessing.RawArray("q", _COUNTS + _MAX_WORKERS)
+        self._shared[_RESUME] = -1
+        self._local_resume = None  # StatefulDataLoader protocol (per worker)
+        self._progress = (0, 0, 0)  # (epoch, items yielded, generation) in this process
+
+    # --- sizes -------------------------------------------------------
+    def _steps(self, workers):
+        info = _C.plan_info(**self.order.plan(workers, 0, self.batch_size or 0))
+        steps = info["steps"]
+        if self.order.pad == "drop" and self.batch_size:
+            steps -= steps % self.batch_size  # whole batches only
+        return steps
+
+    def __len__(self):
+        """Items this rank yields per epoch: exact when batch_size and
+        num_workers were given, else the count for one worker per rank."""
+        workers = self.num_workers or 0
+        return self._steps(workers) * max(workers, 1)
+
+    # --- epochs and resume --------------------------------------------
+    def set_epoch(self, epoch):
+        """The next iteration runs this epoch (later ones count on from it)."""
+        self._shared[_BASE] = int(epoch)
+        self._shared[_RESUME] = -1
+        for w in range(_MAX_WORKERS):
+            self._shared[_COUNTS + w] = 0
+
+    def _epoch_of_running(self):
+        return self._shared[_BASE] + max(self._shared[_COUNTS] - 1, 0)
+
+    def state_dict(self, batches_consumed=None):
+        """With batches_consumed (the rank's batches taken this epoch): the
+        rank's resume state, made in the main process. Without it: this
+        worker's state, for torchdata's StatefulDataLoader."""
+        if batches_consumed is None:
+            epoch, step, gen = self._progress
+            return {"epoch": epoch, "step": step, "generation": gen,
+                    "seed": self.order.seed}
+        return {"epoch": self._epoch_of_running(), "batches_consumed": int(batches_consumed),
+                "generation": self._shared[_GEN], "seed": self.order.seed,
+                "world_size": self.order.world_size, "num_workers": self.num_workers,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state):
+        if "step" in state:  # one worker's state (StatefulDataLoader)
+            self._local_resume = (int(state["epoch"]), int(state["step"]),
+                                  int(state.get("generation", 0)))
+            return
+        for key, have in (("world_size", self.order.world_size),
+                          ("num_workers", self.num_workers), ("batch_size", self.batch_size),
+                          ("seed", self.order.seed)):
+            if key in state and state[key] != have:
+                raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
+                                 f"dataset has {have!r} (the worker count, batch size, world "
+                                 f"size and seed must not change mid-epoch)")
+        self.set_epoch(state["epoch"])
+        self._shared[_RESUME] = int(state["batches_consumed"])
+        self._shared[_RESUME_GEN] = int(state.get("generation", 0))
+
+    # --- iteration ------------------------------------------------------
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (0, 0)
+        if self.num_workers is not None and self.num_workers != workers:
+            raise ValueError(f"WireheadIterableDataset was given num_workers={self.num_workers} "
+                             f"but runs in a DataLoader with num_workers={workers}; pass the "
+                             f"same value to both")
+        sh = self._shared
+        count = sh[_COUNTS + worker]
+        sh[_COUNTS + worker] = count + 1
+        epoch, start, gen = sh[_BASE] + count, 0, 0
+        plan = self.order.plan(workers, worker, self.batch_size or 0)
+        if self._local_resume is not None:
+            epoch, start, gen = self._local_resume
+            self._local_resume = None
+        elif count == 0 and sh[_RESUME] >= 0:
+            start = _C.plan_resume_step(**plan, a=sh[_RESUME])
+            gen = sh[_RESUME_GEN]
+        steps = self._steps(workers)
+        return self._items(plan, epoch, start, steps, gen, worker)
+
+    def _items(self, plan, epoch, start, steps, gen, worker):
+        o = self.order
+        store = self._store.get()
+        newest = wait_for_generation(store, self.cfg, self.timeout)
+        gen = gen or newest
+        if worker == 0:
+            self._shared[_GEN] = gen
+        positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
+        positions = memoryview(positions).cast("q")
+        skipped = 0
+        for k in range(len(positions)):
+            pos, is_pad = positions[k], bool(pads[k])
+            if o.refresh == "step":
+                g = store.current()
+                if g > gen:
+                    gen = g
+            for _attempt in range(o.swap_cap + 1):
+                try:
+                    gen, arrs = read_sample(store, gen, pos, o.want)
+                    break
+                except _C.CorruptSampleError as e:
+                    skipped += 1
+                    log.warning("WireheadIterableDataset: skipped corrupt sample (%s); a "
+                                "neighbour stands in as padding", e)
+                    is_pad, pos = True, (pos + 1) % o.swap_cap
+            else:
+                raise _C.CorruptSampleError(f"every sample of generation {gen} failed its check")
+            item = {name: to_output(arrs[i], name, "torch", self.cast)
+                    for i, name in zip(o.want, o.fields)}
+            if is_pad and o.pad == "ignore":
+                for name in o.label_fields:
+                    check_ignore_fits(item[name].dtype, o.ignore_index, name)
+                    item[name].fill_(o.ignore_index)
+            item["is_pad"] = torch.tensor(is_pad)
+            item["generation"] = torch.tensor(gen, dtype=torch.int64)
+            item["position"] = torch.tensor(pos, dtype=torch.int64)
+            self._progress = (epoch, start + k + 1, gen)
+            if self.transform is not None:
+                item = self.transform(item)
+            yield item
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_store"] = ProcessStore(self.cfg)
+        return d

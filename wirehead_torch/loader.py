@@ -1,0 +1,142 @@
+"""WireheadLoader: the C-native batch loader (no Python worker processes)."""
+import os
+
+from . import _C
+from ._arrays import to_output
+from ._order import Order, check_ignore_fits, log_skips
+from .config import get_config, store_kwargs
+
+import torch
+
+_REFRESH = {"epoch": 0, "step": 1}
+
+
+class WireheadLoader:
+    """Iterates over this rank's share of the current generation in batches.
+
+    C threads (GIL released) read samples straight into stacked batch
+    buffers from a fixed ring; each batch is a dict of tensors keyed by
+    field name plus ``is_pad`` (bool), ``generation`` and ``position``
+    (int64), sharing the ring buffer through DLPack. A ring buffer is reused
+    only after every tensor of its batch is released. Every rank yields
+    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order")."""
+
+    def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
+                 drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
+                 pad="repeat", ignore_index=-100, label_fields=None, refresh="epoch",
+                 transform=None, rank=None, world_size=None, cast=None, timeout=None):
+        self.cfg = get_config(config_path, config)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if num_threads < 1 or prefetch < 1:
+            raise ValueError("num_threads and prefetch must be at least 1")
+        self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
+                           refresh, rank, world_size)
+        self.batch_size = batch_size
+        self.num_threads = int(num_threads)
+        self.prefetch = int(prefetch)
+        self.drop_last = bool(drop_last)
+        self.device = torch.device(device)
+        self.transform = transform
+        self.cast = cast
+        self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        info = _C.plan_info(**self.order.plan(batch=batch_size))
+        steps = info["steps"]
+        self._batches = steps // batch_size if self.drop_last else -(-steps // batch_size)
+        self._epoch = 0          # the epoch the next iteration runs
+        self._explicit = False   # set_epoch() was called for it
+        self._resume = None      # (epoch, start_batch, generation)
+        self._current = None     # (epoch, generation) of the running iteration
+        self._consumed = 0
+        self._skips = 0
+        self._ld = None
+        self._pid = None
+
+    def __len__(self):
+        return self._batches
+
+    def set_epoch(self, epoch):
+        self._epoch = int(epoch)
+        self._explicit = True
+
+    def _loader(self):
+        if self._ld is None or self._pid != os.getpid():
+            o = self.order
+            self._ld = _C.Loader(
+                store=store_kwargs(self.cfg), batch=self.batch_size, threads=self.num_threads,
+                prefetch=self.prefetch, drop_last=self.drop_last, world=o.world_size,
+                rank=o.rank, shuffle=o.shuffle, seed=o.seed, pad=o.plan()["pad"],
+                pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
+                timeout_s=self.timeout)
+            self._pid = os.getpid()
+        return self._ld
+
+    def __iter__(self):
+        ld = self._loader()
+        if self._resume is not None:
+            epoch, start, gen = self._resume
+            self._resume = None
+        else:
+            epoch, start, gen = self._epoch, 0, 0
+        self._epoch = epoch + 1
+        self._explicit = False
+        ld.start(epoch, start, gen)
+        self._current = (epoch, ld.info()["generation"])
+        self._consumed = start
+        o = self.order
+        while True:
+            got = ld.next()
+            if got is None:
+                break
+            fields, is_pad, gens, pos, index = got
+            pad_t = torch.from_dlpack(is_pad).view(torch.bool)
+            batch = {}
+            for i, name in zip(o.want, o.fields):
+                t = to_output(fields[i], name, "torch", self.cast)
+                if name in o.label_fields and o.pad == "ignore" and bool(pad_t.any()):
+                    check_ignore_fits(t.dtype, o.ignore_index, name)
+                    t[pad_t] = o.ignore_index
+                batch[name] = t
+            batch["is_pad"] = pad_t
+            batch["generation"] = torch.from_dlpack(gens)
+            batch["position"] = torch.from_dlpack(pos)
+            del fields, is_pad, gens, pos
+            self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
+            if self.device.type != "cpu":
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+            if self.transform is not None:
+                batch = self.transform(batch)
+            self._consumed = index + 1
+            yield batch
+
+    def state_dict(self):
+        """Resume state: the running epoch, batches consumed in it, the
+        generation it reads, and the settings that must match on resume."""
+        epoch, gen = self._current if self._current else (self._epoch, 0)
+        return {"epoch": epoch, "batches_consumed": self._consumed, "generation": gen,
+                "seed": self.order.seed, "world_size": self.order.world_size,
+                "batch_size": self.batch_size, "shuffle": self.order.shuffle,
+                "pad": self.order.pad}
+
+    def load_state_dict(self, state):
+        for key, have in (("world_size", self.order.world_size),
+                          ("batch_size", self.batch_size), ("seed", self.order.seed),
+                          ("shuffle", self.order.shuffle), ("pad", self.order.pad)):
+            if key in state and state[key] != have:
+                raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this loader "
+                                 f"has {have!r}")
+        self._resume = (int(state["epoch"]), int(state["batches_consumed"]),
+                        int(state.get("generation", 0)))
+
+    def stats(self):
+        return self._loader().info()
+
+    def close(self):
+        if self._ld is not None and self._pid == os.getpid():
+            self._ld.close()
+        self._ld = None
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_ld"], d["_pid"] = None, None
+        return d
