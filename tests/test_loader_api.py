@@ -1,0 +1,181 @@
+"""Options, errors and resume of WireheadLoader and WireheadIterableDataset
+in one process (the multi-process DDP runs are in test_ddp.py)."""
+import numpy as np
+import pytest
+import torch
+
+import wirehead_torch as wt
+
+import whlib
+
+N = 10
+
+
+@pytest.fixture
+def filled(shm_cfg):
+    cfg = shm_cfg(swap_cap=N)
+    wt.WireheadGenerator((whlib.sample(4, i) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return cfg
+
+
+def positions(batches):
+    return [(int(p), bool(x)) for b in batches for p, x in zip(b["position"], b["is_pad"])]
+
+
+def test_world_size_without_rank_is_an_error(filled, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="no rank is known"):
+        wt.WireheadLoader(config=filled, batch_size=2)
+    monkeypatch.setenv("RANK", "1")
+    assert wt.WireheadIterableDataset(config=filled).order.rank == 1
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK='x'"):
+        wt.WireheadIterableDataset(config=filled)
+
+
+def test_unknown_field_and_bad_options(filled):
+    with pytest.raises(ValueError, match=r"\['image'\] are not in the store's SAMPLE"):
+        wt.WireheadLoader(config=filled, batch_size=2, fields=["image"])
+    with pytest.raises(ValueError, match="pad must be"):
+        wt.WireheadIterableDataset(config=filled, pad="zero")
+    with pytest.raises(ValueError, match="refresh"):
+        wt.WireheadIterableDataset(config=filled, refresh="always")
+    with pytest.raises(ValueError, match="batch_size"):
+        wt.WireheadLoader(config=filled, batch_size=0)
+
+
+def test_worker_count_mismatch_is_clear(filled):
+    ds = wt.WireheadIterableDataset(config=filled, num_workers=2, batch_size=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=0)
+    with pytest.raises(ValueError, match="num_workers=2 but runs in a DataLoader with num_workers=0"):
+        list(dl)
+
+
+def test_resume_with_changed_worker_count_is_refused(filled):
+    ds = wt.WireheadIterableDataset(config=filled, num_workers=2, batch_size=2)
+    state = ds.state_dict(batches_consumed=1)
+    other = wt.WireheadIterableDataset(config=filled, num_workers=3, batch_size=2)
+    with pytest.raises(ValueError, match="num_workers=2"):
+        other.load_state_dict(state)
+
+
+def test_loader_resume_yields_exactly_the_rest(filled):
+    ld = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    full = positions(list(ld))  # epoch 0
+    assert sorted(p for p, pad in full if not pad) == list(range(N))
+    it = iter(ld)  # epoch 1
+    first = positions([next(it), next(it)])
+    state = ld.state_dict()
+    assert state["epoch"] == 1 and state["batches_consumed"] == 2
+    del it
+    ld2 = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    ld2.load_state_dict(state)
+    rest = positions(list(ld2))
+    assert len(first) + len(rest) == len(ld) * 3
+    real = sorted(p for p, pad in first + rest if not pad)
+    assert real == list(range(N))
+    ref = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    ref.set_epoch(1)
+    assert positions(list(ref)) == first + rest
+    with pytest.raises(ValueError, match="batch_size"):
+        wt.WireheadLoader(config=filled, batch_size=4, seed=5).load_state_dict(state)
+
+
+def test_dataset_resume_in_process(filled):
+    ds = wt.WireheadIterableDataset(config=filled, batch_size=2, num_workers=0, seed=1)
+    dl = torch.utils.data.DataLoader(ds, batch_size=2)
+    it = iter(dl)
+    first = positions([next(it) for _ in range(2)])
+    state = ds.state_dict(batches_consumed=2)
+    del it
+    ds2 = wt.WireheadIterableDataset(config=filled, batch_size=2, num_workers=0, seed=1)
+    ds2.load_state_dict(state)
+    rest = positions(list(torch.utils.data.DataLoader(ds2, batch_size=2)))
+    assert sorted(p for p, pad in first + rest if not pad) == list(range(N))
+    assert len(first) + len(rest) == len(ds)
+
+
+def test_stateful_dataloader_protocol_per_worker(filled):
+    ds = wt.WireheadIterableDataset(config=filled, seed=2)
+    it = iter(ds)
+    got = [next(it)["position"].item() for _ in range(4)]
+    st = ds.state_dict()
+    assert st["step"] == 4
+    ds2 = wt.WireheadIterableDataset(config=filled, seed=2)
+    ds2.load_state_dict(st)
+    rest = [x["position"].item() for x in ds2]
+    assert sorted(got + rest) == list(range(N))
+
+
+def test_pad_ignore_sets_label_fields(shm_cfg):
+    cfg = shm_cfg(swap_cap=5, sample=("input", "label"))
+    items = [(np.full(3, i, np.float32), np.full(3, i, np.int64)) for i in range(5)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    ld = wt.WireheadLoader(config=cfg, batch_size=4, pad="ignore", ignore_index=-100)
+    for b in ld:
+        assert (b["label"][b["is_pad"]] == -100).all()
+        assert (b["label"][~b["is_pad"]] >= 0).all()
+        assert (b["input"][b["is_pad"]] >= 0).all()
+    ds = wt.WireheadIterableDataset(config=cfg, pad="ignore", batch_size=4, num_workers=0)
+    pads = [it for it in ds if it["is_pad"]]
+    assert pads and all((it["label"] == -100).all() for it in pads)
+
+
+def test_pad_ignore_refuses_an_index_the_dtype_cannot_hold(shm_cfg):
+    cfg = shm_cfg(swap_cap=3, sample=("input", "label"))
+    wt.WireheadGenerator(iter([(np.zeros(2, np.float32), np.zeros(2, np.uint8))] * 3),
+                         config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    with pytest.raises(ValueError, match="ignore_index -100 does not fit label field 'label' of dtype torch.uint8"):
+        list(wt.WireheadLoader(config=cfg, batch_size=2, pad="ignore"))
+
+
+def test_loader_refuses_ragged_batches_by_name(shm_cfg):
+    cfg = shm_cfg(swap_cap=4, sample=("img", "lbl"))
+    items = [(np.zeros((2, 2 + (i % 2)), np.float32), np.int64(i)) for i in range(4)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    with pytest.raises(wt.InvalidSampleError, match=r"field 'img'.*float32\(2, 3\).*float32\(2, 2\)"):
+        list(wt.WireheadLoader(config=cfg, batch_size=4, shuffle=False))
+
+
+def test_corrupt_sample_is_counted_and_skipped(filled, caplog):
+    name = filled["STORE"][len("shm://"):]
+    needle = whlib.sample(4, 6)[1].tobytes()[:64]
+    with open(f"/dev/shm/wirehead.{name}", "r+b") as f:
+        blob = f.read()
+        at = blob.find(needle)
+        f.seek(at + 4)
+        f.write(bytes([blob[at + 4] ^ 0x10]))
+    ld = wt.WireheadLoader(config=filled, batch_size=5, shuffle=False)
+    with caplog.at_level("WARNING"):
+        batches = list(ld)
+    assert ld.stats()["corrupt"] == 1
+    assert "checksum mismatch" in caplog.text
+    got = positions(batches)
+    assert (6, False) not in got and (7, True) in got
+    for b in batches:
+        for ident, data in zip(b["id"], b["data"]):
+            whlib.check_sample(ident.numpy(), data.numpy())
+    with caplog.at_level("WARNING"):
+        items = list(wt.WireheadIterableDataset(config=filled, shuffle=False))
+    assert len(items) == N and sum(bool(i["is_pad"]) for i in items) == 1
+
+
+def test_generation_refresh_step_moves_on(shm_cfg):
+    cfg = shm_cfg(swap_cap=4)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(4)), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    g1 = wt.status(cfg)["read_gen"]
+    ds = wt.WireheadIterableDataset(config=cfg, refresh="step", shuffle=False)
+    it = iter(ds)
+    assert next(it)["generation"].item() == g1
+    wt.WireheadGenerator((whlib.sample(2, i) for i in range(4)), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    nxt = next(it)
+    assert nxt["generation"].item() > g1 and nxt["position"].item() == 1
+    whlib.check_sample(nxt["id"].numpy(), nxt["data"].numpy())
+    assert nxt["id"][0].item() == 2
