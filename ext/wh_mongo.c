@@ -76,6 +76,7 @@ typedef struct {
     uint64_t token;   /* lease owner id of this handle */
     pid_t pid;
     uint64_t chunk_bytes;
+    double wait_s;       /* server selection timeout, for messages */
     uint64_t known_read; /* newest read generation this handle has seen */
     unsigned char *buf;  /* encode buffer, reused across puts */
     uint64_t buf_cap;
@@ -187,6 +188,10 @@ static bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e,
     memcpy(msg, e->message, sizeof msg);
     msg[sizeof msg - 1] = '\0';
     wh__scrub(m, msg);
+    if (e->domain == MONGOC_ERROR_SERVER_SELECTION)
+        return wh_err_set(err, WH_E_UNAVAIL,
+                          "%s: MongoDB at %s unreachable (waited %.1f s, CONNECT_TIMEOUT): %s",
+                          what, m ? m->where : "?", m ? m->wait_s : 0.0, msg);
     if (wh__is_unavail(e))
         return wh_err_set(err, WH_E_UNAVAIL, "%s: MongoDB at %s unavailable: %s", what,
                           m ? m->where : "?", msg);
@@ -346,6 +351,7 @@ static bool wh__connect(wh__mongo_t *m, const wh_store_config_t *cfg, wh_err_t *
     if (ms < 1) ms = 1;
     if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
         mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms);
+    m->wait_s = mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms) / 1000.0;
     if (!mongoc_uri_has_option(uri, MONGOC_URI_CONNECTTIMEOUTMS))
         mongoc_uri_set_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, ms < 10000 ? ms : 10000);
     if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTRYONCE))
@@ -896,6 +902,18 @@ static bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_
     return ok;
 }
 
+/* Fault injection for tests: WIREHEAD_FAULT_SEAL_PAUSE=<seconds> pauses a
+ * seal after the swap and before reclaiming old generations, printing
+ * "wirehead: fault pause in seal" to stderr first. */
+static void wh__fault_seal_midway(void) {
+    const char *v = getenv("WIREHEAD_FAULT_SEAL_PAUSE");
+    if (!v || !*v) return;
+    double secs = atof(v);
+    fprintf(stderr, "wirehead: fault pause in seal\n");
+    fflush(stderr);
+    if (secs > 0) wh_sleep_ms((unsigned)(secs * 1000.0));
+}
+
 /* Drops generation collections older than keep_from except keep (the
  * retiring generation). Also catches collections a stale writer recreated. */
 static bool wh__sweep(wh__mongo_t *m, uint64_t keep_from, uint64_t keep, wh_err_t *err) {
@@ -981,6 +999,7 @@ static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, w
     info->seal_ns = seal_ns;
     /* Reclaim: keep w (read), s.read_gen (retiring), w+1 (write). A failure
      * here is retried by the next seal's sweep; the seal itself stands. */
+    wh__fault_seal_midway();
     wh_err_t ignored;
     wh__sweep(m, w, s.read_gen, &ignored);
     return true;
