@@ -360,6 +360,67 @@ done:
     return out;
 }
 
+
+typedef struct {
+    Py_buffer *views;
+    int n;
+} wh__intoctx_t;
+
+static bool wh__into_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    wh__intoctx_t *c = ctx;
+    for (int i = 0; i < meta->nfields && i < c->n; i++) {
+        if (!c->views[i].buf) continue;
+        if ((uint64_t)c->views[i].len != meta->f[i].nbytes)
+            return wh_err_set(err, WH_E_INVALID, "field %d: buffer has %zd bytes, the sample's "
+                              "field has %llu", i, c->views[i].len,
+                              (unsigned long long)meta->f[i].nbytes);
+        dst[i] = c->views[i].buf;
+    }
+    return true;
+}
+
+/* read_into(gen, pos, buffers): copies each field into the caller's writable
+ * C-contiguous buffer of exactly its size (None skips a field). */
+static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *bufs;
+    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs) || !wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer views[WH_MAX_FIELDS];
+    memset(views, 0, sizeof views);
+    PyObject *res = NULL;
+    int got = 0;
+    if (n > WH_MAX_FIELDS) {
+        PyErr_SetString(wh__exc.value, "too many buffers");
+        goto out;
+    }
+    for (; got < n; got++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, got);
+        if (o != Py_None && PyObject_GetBuffer(o, &views[got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+    }
+    {
+        wh__intoctx_t ctx = {views, (int)n};
+        wh_err_t err = {0};
+        bool ok;
+        WH__CALL(self, ok, wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, NULL, &err));
+        if (ok) {
+            res = Py_None;
+            Py_INCREF(res);
+        } else {
+            wh_module_raise(&err);
+        }
+    }
+out:
+    for (int i = 0; i < got; i++)
+        if (views[i].buf) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
 static PyObject *wh__status_dict(const wh_status_t *s) {
     PyObject *hist = PyList_New(s->nhistory);
     for (int i = 0; hist && i < s->nhistory; i++)
@@ -409,6 +470,8 @@ static PyMethodDef wh__store_methods[] = {
     {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
     {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
      "read(gen, pos, want=None) -> list of Array"},
+    {"read_into", (PyCFunction)wh__store_read_into, METH_VARARGS,
+     "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
     {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
     {NULL, NULL, 0, NULL},
