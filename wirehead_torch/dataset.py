@@ -1,4 +1,5 @@
 """Map-style readers of the current generation, with the original names."""
+import logging
 import time
 
 import numpy as np
@@ -16,17 +17,28 @@ except ImportError:  # pragma: no cover - torch is a dependency of readers
     _Base = object
 
 _GONE_RETRIES = 8
+log = logging.getLogger("wirehead_torch")
 
 
-def wait_for_generation(store, cfg, timeout):
-    """Newest sealed generation; waits up to timeout seconds for the first."""
+def wait_for_generation(store, cfg, timeout, newer_than=0):
+    """Newest sealed generation (newer than newer_than); waits up to timeout
+    seconds while there is none or the server cannot be reached."""
     deadline = time.monotonic() + timeout
-    delay = 0.005
+    delay, warned = 0.005, False
     while True:
-        gen = store.current()
-        if gen:
-            return gen
+        try:
+            gen = store.current()
+            if gen and gen != newer_than:
+                return gen
+            problem = None
+        except _C.StoreUnavailableError as e:
+            problem = e
+            if not warned:
+                log.warning("wirehead reader: %s; waiting up to %gs", e, timeout)
+                warned = True
         if time.monotonic() >= deadline:
+            if problem is not None:
+                raise problem
             st = store.status()
             raise TimeoutError(
                 f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: the "
@@ -38,14 +50,14 @@ def wait_for_generation(store, cfg, timeout):
         delay = min(delay * 2, 0.1)
 
 
-def read_sample(store, gen, pos, want):
+def read_sample(store, gen, pos, want, cfg, timeout):
     """(generation, arrays) of position pos, from gen or, if gen was
-    reclaimed meanwhile, from the newest generation."""
+    reclaimed meanwhile (or the server lost it), from the newest one."""
     for _ in range(_GONE_RETRIES):
         try:
             return gen, store.read(gen, pos, want)
-        except _C.GenerationGoneError:
-            gen = store.current()
+        except (_C.GenerationGoneError, _C.NotFoundError, _C.StoreUnavailableError):
+            gen = wait_for_generation(store, cfg, timeout, newer_than=gen)
     raise _C.GenerationGoneError(f"position {pos}: generations were reclaimed {_GONE_RETRIES} "
                                  f"times in a row while reading; is the reader starved of CPU?")
 
@@ -75,7 +87,7 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"index {index} out of range for SWAP_CAP={n}")
         store = self._store.get()
         gen = wait_for_generation(store, self.cfg, self.timeout)
-        _, arrs = read_sample(store, gen, i, [0, 1])
+        _, arrs = read_sample(store, gen, i, [0, 1], self.cfg, self.timeout)
         return tuple(to_output(a, name, self.output, self.cast)
                      for a, name in zip(arrs[:2], self.names))
 

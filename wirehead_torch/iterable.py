@@ -1,7 +1,7 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
+import logging
 import multiprocessing
-import os
 
 import torch
 
@@ -11,8 +11,6 @@ from ._order import Order, check_ignore_fits
 from ._store import ProcessStore
 from .config import get_config
 from .dataset import read_sample, wait_for_generation
-
-import logging
 
 log = logging.getLogger("wirehead_torch")
 
@@ -152,7 +150,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen = g
             for _attempt in range(o.swap_cap + 1):
                 try:
-                    gen, arrs = read_sample(store, gen, pos, o.want)
+                    gen, arrs = read_sample(store, gen, pos, o.want, self.cfg, self.timeout)
                     break
                 except _C.CorruptSampleError as e:
                     skipped += 1
