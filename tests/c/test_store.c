@@ -2,9 +2,12 @@
  * shared-memory store (ext/wh_shm.c), driven without Python.
  *
  * Every store gets a unique name (shm://whctest-<pid>-<n>) and is removed
- * at the end, on a failed check, and when the watchdog fires. Children are
- * forked for the crash scenarios (a leader that exits holding the lease, a
- * generator SIGKILLed inside a put); each opens the store after fork.
+ * at the end of its test case, pass or fail; all of them again at exit and
+ * on SIGINT/SIGTERM/SIGHUP/SIGPIPE or when a case's 180 s watchdog fires.
+ * Children are forked for the crash scenarios (a leader that exits holding
+ * the lease, a generator SIGKILLed inside a put); each opens the store
+ * after fork, and every child is killed and reaped by the end of its case.
+ * With arguments, runs only the cases whose names contain one of them.
  * Prints "N passed, N failed" last; exits non-zero on any failure. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -1903,6 +1906,8 @@ int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
     signal(SIGTERM, on_fatal);
+    signal(SIGHUP, on_fatal);
+    signal(SIGPIPE, on_fatal); /* e.g. output piped into `head` */
     static const struct {
         const char *name;
         void (*fn)(void);
