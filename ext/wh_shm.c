@@ -29,10 +29,17 @@
 #define WH__HIST 16
 #define WH__OPEN_WAIT_MS 5000
 
+#define WH__MAX_HOLES 64
+
 typedef struct {
     int32_t pid; /* 0: free entry */
     uint32_t pad;
+    uint64_t off, size; /* the bytes this put reserved */
 } wh__writer_t;
+
+typedef struct {
+    uint64_t off, size;
+} wh__hole_t;
 
 typedef struct {
     pthread_mutex_t lock;
@@ -40,7 +47,11 @@ typedef struct {
     uint64_t used;  /* bytes reserved */
     uint32_t count; /* atomic: committed positions */
     uint32_t nwriters;
+    uint32_t nholes;
     wh__writer_t writers[WH__MAX_WRITERS];
+    /* bytes reserved by puts that died or failed, reused by later puts so a
+     * dead generator cannot use up a tight budget */
+    wh__hole_t holes[WH__MAX_HOLES];
 } wh__slot_t;
 
 typedef struct {
@@ -340,14 +351,39 @@ static bool wh__forked(wh__shm_t *s, wh_err_t *err) {
     return false;
 }
 
-/* Drops reservations of processes that no longer exist. Slot lock held. */
+/* Slot lock held for all of these. */
+static void wh__add_hole(wh__slot_t *sl, uint64_t off, uint64_t size) {
+    if (size && sl->nholes < WH__MAX_HOLES) sl->holes[sl->nholes++] = (wh__hole_t){off, size};
+}
+
+static void wh__end_writer(wh__slot_t *sl, int i, bool keep_bytes) {
+    if (!keep_bytes) wh__add_hole(sl, sl->writers[i].off, sl->writers[i].size);
+    sl->writers[i].pid = 0;
+    sl->nwriters--;
+}
+
+/* Drops reservations of processes that no longer exist; their bytes become
+ * holes for later puts. */
 static void wh__prune_writers(wh__slot_t *sl) {
-    for (int i = 0; i < WH__MAX_WRITERS && sl->nwriters; i++) {
-        if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid)) {
-            sl->writers[i].pid = 0;
-            sl->nwriters--;
-        }
+    for (int i = 0; i < WH__MAX_WRITERS && sl->nwriters; i++)
+        if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid)) wh__end_writer(sl, i, false);
+}
+
+/* First fit among the holes, else the end of the area. */
+static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *off) {
+    for (uint32_t i = 0; i < sl->nholes; i++) {
+        wh__hole_t *h = &sl->holes[i];
+        if (h->size < size) continue;
+        *off = h->off;
+        h->off += size;
+        h->size -= size;
+        if (!h->size) sl->holes[i] = sl->holes[--sl->nholes];
+        return true;
     }
+    if (sl->used + size > cap) return false;
+    *off = sl->used;
+    sl->used += size;
+    return true;
 }
 
 static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
@@ -402,15 +438,23 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
             *status = WH_PUT_DISCARDED;
             return true;
         }
-        bool fits = sl->used + size <= h->slot_bytes;
-        wi = fits ? wh__take_writer(sl, s->pid) : -1;
+        wi = wh__take_writer(sl, s->pid);
+        bool fits = false;
         if (wi >= 0) {
-            off = sl->used;
-            sl->used += size;
-            wh__unlock(&sl->lock);
-            break;
+            fits = wh__reserve(sl, h->slot_bytes, size, &off);
+            if (!fits) {
+                wh__prune_writers(sl);
+                fits = wh__reserve(sl, h->slot_bytes, size, &off);
+            }
+            if (fits) {
+                sl->writers[wi].off = off;
+                sl->writers[wi].size = size;
+                wh__unlock(&sl->lock);
+                break;
+            }
+            sl->writers[wi].pid = 0;
+            sl->nwriters--;
         }
-        if (!fits) wh__prune_writers(sl);
         uint32_t busy = sl->nwriters, count = sl->count;
         wh__unlock(&sl->lock);
         if (!fits && busy == 0)
@@ -431,9 +475,9 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     char *dst = wh__data(h, slot) + off;
     bool ok = wh_sample_encode(dst, size, &st->cfg.schema, arr, &meta, true, err);
     if (!wh__lock(&sl->lock, err)) return false;
-    sl->writers[wi].pid = 0;
-    sl->nwriters--;
-    if (ok && wh__ld(&sl->gen) == gen && sl->count < h->swap_cap) {
+    bool commit = ok && wh__ld(&sl->gen) == gen && sl->count < h->swap_cap;
+    wh__end_writer(sl, wi, commit);
+    if (commit) {
         wh__entry_t *e = &wh__index(h, slot)[sl->count];
         e->off = off;
         e->size = size;
@@ -509,6 +553,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     }
     wh__st(&next->gen, w + 1); /* readers of the old generation now see GONE */
     next->used = 0;
+    next->nholes = 0;
     __atomic_store_n(&next->count, 0, __ATOMIC_RELEASE);
     wh__unlock(&next->lock);
     wh__st(&h->read_gen, w); /* the swap: one atomic store */
