@@ -48,6 +48,8 @@ class Feed:
         self.cfg = cfg
         self.gens = [whlib.spawn("gen", cfg, tag) for tag in tags]
         self.mgr = whlib.spawn("manager", cfg)
+
+    def wait_started(self):
         for p in self.gens + [self.mgr]:
             whlib.wait_line(p.stderr, "STARTED", 60)
         # generators yield the CPU to the ranks; they use what is left
@@ -68,9 +70,12 @@ class Feed:
 @pytest.fixture
 def feed(store_cfg):
     f = Feed(store_cfg(swap_cap=SWAP_CAP))
-    yield f
-    for p in [f.mgr] + f.gens:
-        whlib.stop(p)
+    try:
+        f.wait_started()
+        yield f
+    finally:
+        for p in [f.mgr] + f.gens:
+            whlib.stop(p)
 
 
 def free_port():
