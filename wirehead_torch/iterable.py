@@ -109,6 +109,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self.set_epoch(state["epoch"])
         self._shared[_RESUME] = int(state["batches_consumed"])
         self._shared[_RESUME_GEN] = int(state.get("generation", 0))
+        self._shared[_GEN] = self._shared[_RESUME_GEN]
 
     # --- iteration ------------------------------------------------------
     def __iter__(self):

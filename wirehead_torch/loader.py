@@ -127,6 +127,9 @@ class WireheadLoader:
                                  f"has {have!r}")
         self._resume = (int(state["epoch"]), int(state["batches_consumed"]),
                         int(state.get("generation", 0)))
+        # a checkpoint taken before the next batch must give this state back
+        self._current = (self._resume[0], self._resume[2])
+        self._consumed = self._resume[1]
 
     def stats(self):
         return self._loader().info()
