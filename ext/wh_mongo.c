@@ -370,6 +370,11 @@ static bool wh__connect(wh__mongo_t *m, const wh_store_config_t *cfg, wh_err_t *
         return wh_err_set(err, WH_E_INVALID, "MongoDB client for %s: %s", m->where, msg);
     }
     mongoc_client_set_error_api(m->client, MONGOC_ERROR_API_VERSION_2);
+    /* A reader must see a sample's chunks once it sees its manifest: read
+     * from the primary whatever readPreference the URI asks for. */
+    mongoc_read_prefs_t *rp = mongoc_read_prefs_new(MONGOC_READ_PRIMARY);
+    mongoc_client_set_read_prefs(m->client, rp);
+    mongoc_read_prefs_destroy(rp);
     return true;
 }
 
