@@ -58,6 +58,7 @@ mongo-jars: .deps/debian.stamp
 	sh tests/mongo/fetch.sh
 
 include tests/c/plan.mk
+include tests/c/mongo.mk
 
 # C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
 STORE_CSRC := tests/c/test_store.c ext/util.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c ext/wh_mongo.c
@@ -73,7 +74,7 @@ build/ctest/test_store_asan: $(STORE_CSRC) $(wildcard ext/*.h)
 	cc $(STORE_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all \
 	   -o $@ $(STORE_CSRC) $(STORE_LIBS)
 
-test-c: .deps/debian.stamp ctest-plan build/ctest/test_store build/ctest/test_store_asan
+test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-mongo build/ctest/test_store build/ctest/test_store_asan
 	build/ctest/test_store
 	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
 

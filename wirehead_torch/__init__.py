@@ -3,6 +3,10 @@ generators and PyTorch training, with a C core."""
 import os as _os
 import sys as _sys
 
+# libmongoc initialises itself when the extension loads and would keep
+# counters in /dev/shm/mongoc-<pid>, left behind by killed processes.
+_os.environ.setdefault("MONGOC_DISABLE_SHM", "1")
+
 if _os.environ.get("WIREHEAD_EXT_DIR"):
     # Test hook: load the extension from another build (the sanitizer build).
     import glob as _glob

@@ -30,16 +30,31 @@ class WireheadGenerator:
         self._store = ProcessStore(self.cfg)
 
     def _put(self, store, arrays, stop):
-        warned = False
+        """Puts one sample; waits out a full write area and a server outage
+        (retrying the same sample) until it is stored or stop is set."""
+        warned_full = warned_down = False
+        delay = 0.05
         while True:
-            status, _gen = store.put(arrays, wait_ms=100)
+            try:
+                status, _gen = store.put(arrays, wait_ms=100)
+            except _C.StoreUnavailableError as e:
+                if not warned_down:
+                    log.warning("wirehead generator: %s; retrying until the server is back", e)
+                    warned_down = True
+                if stop.wait(delay):
+                    return None
+                delay = min(delay * 2, 2.0)
+                continue
+            if warned_down:
+                log.warning("wirehead generator: the store is reachable again")
+                warned_down = False
             if status != _C.PUT_WAIT:
                 return status
             self.waits += 1
-            if not warned:
+            if not warned_full:
                 log.warning("wirehead generator: write area full (BYTE_BUDGET); waiting "
                             "for the manager to seal")
-                warned = True
+                warned_full = True
             if stop:
                 return None
 

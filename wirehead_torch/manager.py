@@ -14,7 +14,9 @@ log = logging.getLogger("wirehead_torch")
 def swap_record(info, prev_time, prev_generated, now):
     """The figures logged for one swap."""
     dt = now - prev_time if prev_time else None
-    rate = (info["generated"] - prev_generated) / dt if dt else None
+    # a wiped server restarts the count: no rate for that swap
+    ok = dt and prev_generated is not None and info["generated"] >= prev_generated
+    rate = (info["generated"] - prev_generated) / dt if ok else None
     return {
         "time": round(now, 3),
         "generation": info["generation"],
@@ -62,31 +64,43 @@ class WireheadManager:
         poll = float(self.cfg["MANAGER_POLL"])
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
-        leader, last_lead, waiting_logged = False, 0.0, False
-        st = store.status()
-        prev_time, prev_generated = time.time(), st["generated"]
+        leader, last_lead, waiting_logged, down = False, 0.0, False, False
+        prev_time, prev_generated = time.time(), None
         try:
             with StopFlag() as stop:
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
-                    mono = time.monotonic()
-                    if not leader or mono - last_lead >= renew_every:
-                        leader = store.lead()
-                        last_lead = mono
-                        if not leader:
-                            if not waiting_logged:
-                                st = store.status()
-                                log.info("wirehead manager %d: another manager (pid %s) holds "
-                                         "the lease on %s; standing by", os.getpid(),
-                                         st["leader_pid"] or "?", redact(self.cfg["STORE"]))
-                                waiting_logged = True
-                            stop.wait(min(poll * 10, lease / 4))
-                            continue
-                        waiting_logged = False
                     try:
+                        if prev_generated is None:
+                            prev_generated = store.status()["generated"]
+                        mono = time.monotonic()
+                        if not leader or mono - last_lead >= renew_every:
+                            leader = store.lead()
+                            last_lead = mono
+                            if not leader:
+                                if not waiting_logged:
+                                    log.info("wirehead manager %d: another manager (pid %s) "
+                                             "holds the lease on %s; standing by", os.getpid(),
+                                             store.status()["leader_pid"] or "?",
+                                             redact(self.cfg["STORE"]))
+                                    waiting_logged = True
+                                stop.wait(min(poll * 10, lease / 4))
+                                continue
+                            waiting_logged = False
                         info = store.seal()
                     except _C.LeaseLostError:
-                        leader = False  # lease lost (e.g. expired while paused)
+                        leader = False  # e.g. expired while this process was paused
                         continue
+                    except _C.StoreUnavailableError as e:
+                        if not down:
+                            log.warning("wirehead manager: cannot reach the MongoDB server "
+                                        "(%s); retrying", e)
+                            down = True
+                        leader = False
+                        stop.wait(min(1.0, lease / 4))
+                        continue
+                    if down:
+                        log.warning("wirehead manager: the store is reachable again")
+                        down = False
                     if info is None:
                         stop.wait(poll)
                         continue
