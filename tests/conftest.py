@@ -32,6 +32,39 @@ def shm_cfg():
         wt.clean(cfg)
 
 
+
+@pytest.fixture(scope="session")
+def mongo_server():
+    """The in-memory MongoDB test server, for the whole session."""
+    from mongo_server import MongoTestServer
+    with MongoTestServer() as srv:
+        yield srv
+
+
+@pytest.fixture(params=["shm", "mongo"])
+def store_cfg(request, shm_cfg):
+    """A factory of configs for fresh stores, once per store kind: the
+    embedded store, and MongoDB (a database of its own per config)."""
+    if request.param == "shm":
+        yield shm_cfg
+        return
+    import wirehead_torch as wt
+    srv = request.getfixturevalue("mongo_server")
+    made = []
+
+    def make(swap_cap=8, sample=("id", "data"), budget=None, **extra):
+        cfg = {"STORE": f"{srv.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": swap_cap,
+               "SAMPLE": list(sample), "READ_TIMEOUT": 30, "LEASE_SECONDS": 5,
+               "CONNECT_TIMEOUT": 10}
+        cfg.update(extra)
+        made.append(cfg)
+        return cfg
+
+    yield make
+    for cfg in made:
+        wt.clean(cfg)
+
+
 def _gpu_skip(report):
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
     return "GPU" in reason or "CUDA" in reason

@@ -36,8 +36,8 @@ def all_readable(cfg):
     ({"id": np.zeros(2), "dta": np.zeros(2)}, "do not match SAMPLE"),
     (np.zeros(3), "expected a tuple"),
 ])
-def test_bad_samples_raise_and_keep_the_store(shm_cfg, item, match):
-    cfg = shm_cfg(swap_cap=3)
+def test_bad_samples_raise_and_keep_the_store(store_cfg, item, match):
+    cfg = store_cfg(swap_cap=3)
     filled(cfg)
     with pytest.raises(wt.InvalidSampleError, match=match):
         wt.WireheadGenerator(iter([item]), config=cfg).run()
@@ -108,8 +108,8 @@ def test_bad_store_names(shm_cfg):
         wt.status({"STORE": "shm://a/b", "SWAP_CAP": 1, "SAMPLE": ["x"]})
 
 
-def test_cuda_tensor_is_refused_clearly(shm_cfg):
-    cfg = shm_cfg()
+def test_cuda_tensor_is_refused_clearly(store_cfg):
+    cfg = store_cfg()
     meta = torch.zeros(2, device="meta")
     with pytest.raises(wt.InvalidSampleError, match="field 'data': tensor on meta"):
         wt.WireheadGenerator(iter([(np.zeros(2, np.int64), meta)]), config=cfg).run()

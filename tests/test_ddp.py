@@ -33,12 +33,6 @@ LAUNCH_TIMEOUT = 120  # a whole launch; each collective is bounded at 60 s
 SEED = 7
 
 
-@pytest.fixture
-def store_cfg(shm_cfg):
-    """The store every test here runs on. To run them on more stores,
-    parametrise this fixture (e.g. params=["shm", "mongo"]) and return that
-    store's config factory; the factory takes swap_cap=."""
-    return shm_cfg
 
 
 class Feed:

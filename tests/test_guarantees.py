@@ -57,9 +57,9 @@ def test_killed_mid_put_leaves_nothing_and_others_carry_on(shm_cfg):
 
 
 @pytest.mark.asan
-def test_three_generators_reader_through_20_swaps(shm_cfg):
+def test_three_generators_reader_through_20_swaps(store_cfg):
     swap_cap = 10
-    cfg = shm_cfg(swap_cap=swap_cap, budget="1MiB")
+    cfg = store_cfg(swap_cap=swap_cap, budget="1MiB")
     gens = [whlib.spawn("gen", cfg, tag) for tag in (1, 2, 3)]
     mgr = whlib.spawn("manager", cfg, stdout=subprocess.PIPE)
     store = open_store(cfg)
@@ -115,8 +115,8 @@ def test_killed_manager_is_replaced_and_sealing_resumes(shm_cfg):
     assert wt.status(cfg)["read_gen"] != 0
 
 
-def test_manager_sigkilled_then_restarted(shm_cfg):
-    cfg = shm_cfg(swap_cap=4)
+def test_manager_sigkilled_then_restarted(store_cfg):
+    cfg = store_cfg(swap_cap=4)
     gen = whlib.spawn("gen", cfg, 5)
     mgr = whlib.spawn("manager", cfg, stdout=subprocess.PIPE)
     try:
@@ -153,8 +153,8 @@ def test_stale_segment_from_crashed_creator_is_replaced(shm_cfg):
     assert os.stat(path).st_mode & 0o777 == 0o600
 
 
-def test_generation_ids_increase_across_recreation(shm_cfg):
-    cfg = shm_cfg(swap_cap=1)
+def test_generation_ids_increase_across_recreation(store_cfg):
+    cfg = store_cfg(swap_cap=1)
     ids = []
     for round_ in range(3):
         wt.WireheadGenerator(iter([whlib.sample(1, round_)]), config=cfg).run()
@@ -164,8 +164,8 @@ def test_generation_ids_increase_across_recreation(shm_cfg):
     assert ids == sorted(ids) and len(set(ids)) == 3
 
 
-def test_reader_waits_then_times_out_clearly(shm_cfg):
-    cfg = shm_cfg(swap_cap=3, READ_TIMEOUT=0.3)
+def test_reader_waits_then_times_out_clearly(store_cfg):
+    cfg = store_cfg(swap_cap=3, READ_TIMEOUT=0.3)
     wt.WireheadGenerator(iter([whlib.sample(1, 0)]), config=cfg).run()
     with pytest.raises(TimeoutError) as e:
         wt.MongoheadDataset(config=cfg)[0]
@@ -173,8 +173,8 @@ def test_reader_waits_then_times_out_clearly(shm_cfg):
     assert "1 of SWAP_CAP=3" in msg and "manager" in msg
 
 
-def test_surplus_is_discarded_and_counted(shm_cfg):
-    cfg = shm_cfg(swap_cap=3)
+def test_surplus_is_discarded_and_counted(store_cfg):
+    cfg = store_cfg(swap_cap=3)
     g = wt.WireheadGenerator((whlib.sample(1, i) for i in range(10)), config=cfg)
     assert g.run() == 10 and g.accepted == 3 and g.discarded == 7
     st = wt.status(cfg)
@@ -202,8 +202,8 @@ def test_segment_mode_and_clean_removes_only_this_store(shm_cfg):
     assert not os.path.exists(pa) and os.path.exists(pb)
 
 
-def test_cli_status_and_manager_json(shm_cfg, tmp_path):
-    cfg = shm_cfg(swap_cap=2)
+def test_cli_status_and_manager_json(store_cfg, tmp_path):
+    cfg = store_cfg(swap_cap=2)
     p = tmp_path / "c.yaml"
     p.write_text(json.dumps(cfg))
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg).run()

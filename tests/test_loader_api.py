@@ -11,12 +11,20 @@ import whlib
 N = 10
 
 
-@pytest.fixture
-def filled(shm_cfg):
-    cfg = shm_cfg(swap_cap=N)
+def fill(cfg):
     wt.WireheadGenerator((whlib.sample(4, i) for i in range(N)), config=cfg).run()
     assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
     return cfg
+
+
+@pytest.fixture
+def filled(store_cfg):
+    return fill(store_cfg(swap_cap=N))
+
+
+@pytest.fixture
+def shm_filled(shm_cfg):
+    return fill(shm_cfg(swap_cap=N))
 
 
 def positions(batches):
@@ -109,8 +117,8 @@ def test_stateful_dataloader_protocol_per_worker(filled):
     assert sorted(got + rest) == list(range(N))
 
 
-def test_pad_ignore_sets_label_fields(shm_cfg):
-    cfg = shm_cfg(swap_cap=5, sample=("input", "label"))
+def test_pad_ignore_sets_label_fields(store_cfg):
+    cfg = store_cfg(swap_cap=5, sample=("input", "label"))
     items = [(np.full(3, i, np.float32), np.full(3, i, np.int64)) for i in range(5)]
     wt.WireheadGenerator(iter(items), config=cfg).run()
     wt.WireheadManager(config=cfg).run(max_swaps=1)
@@ -124,8 +132,8 @@ def test_pad_ignore_sets_label_fields(shm_cfg):
     assert pads and all((it["label"] == -100).all() for it in pads)
 
 
-def test_pad_ignore_refuses_an_index_the_dtype_cannot_hold(shm_cfg):
-    cfg = shm_cfg(swap_cap=3, sample=("input", "label"))
+def test_pad_ignore_refuses_an_index_the_dtype_cannot_hold(store_cfg):
+    cfg = store_cfg(swap_cap=3, sample=("input", "label"))
     wt.WireheadGenerator(iter([(np.zeros(2, np.float32), np.zeros(2, np.uint8))] * 3),
                          config=cfg).run()
     wt.WireheadManager(config=cfg).run(max_swaps=1)
@@ -133,8 +141,8 @@ def test_pad_ignore_refuses_an_index_the_dtype_cannot_hold(shm_cfg):
         list(wt.WireheadLoader(config=cfg, batch_size=2, pad="ignore"))
 
 
-def test_loader_refuses_ragged_batches_by_name(shm_cfg):
-    cfg = shm_cfg(swap_cap=4, sample=("img", "lbl"))
+def test_loader_refuses_ragged_batches_by_name(store_cfg):
+    cfg = store_cfg(swap_cap=4, sample=("img", "lbl"))
     items = [(np.zeros((2, 2 + (i % 2)), np.float32), np.int64(i)) for i in range(4)]
     wt.WireheadGenerator(iter(items), config=cfg).run()
     wt.WireheadManager(config=cfg).run(max_swaps=1)
@@ -142,7 +150,8 @@ def test_loader_refuses_ragged_batches_by_name(shm_cfg):
         list(wt.WireheadLoader(config=cfg, batch_size=4, shuffle=False))
 
 
-def test_corrupt_sample_is_counted_and_skipped(filled, caplog):
+def test_corrupt_sample_is_counted_and_skipped(shm_filled, caplog):
+    filled = shm_filled
     name = filled["STORE"][len("shm://"):]
     needle = whlib.sample(4, 6)[1].tobytes()[:64]
     with open(f"/dev/shm/wirehead.{name}", "r+b") as f:
@@ -165,8 +174,8 @@ def test_corrupt_sample_is_counted_and_skipped(filled, caplog):
     assert len(items) == N and sum(bool(i["is_pad"]) for i in items) == 1
 
 
-def test_generation_refresh_step_moves_on(shm_cfg):
-    cfg = shm_cfg(swap_cap=4)
+def test_generation_refresh_step_moves_on(store_cfg):
+    cfg = store_cfg(swap_cap=4)
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(4)), config=cfg).run()
     wt.WireheadManager(config=cfg).run(max_swaps=1)
     g1 = wt.status(cfg)["read_gen"]

@@ -44,9 +44,9 @@ def put_read(store, arrays):
 
 
 @pytest.fixture
-def store(shm_cfg):
+def store(store_cfg):
     from wirehead_torch.config import resolve, store_kwargs
-    st = _C.Store(**store_kwargs(resolve(shm_cfg(swap_cap=1, sample=("a", "b"), budget="1MiB"))))
+    st = _C.Store(**store_kwargs(resolve(store_cfg(swap_cap=1, sample=("a", "b"), budget="1MiB"))))
     assert st.lead()
     yield st
     st.close()
@@ -101,8 +101,8 @@ def test_torch_tensor_inputs_any_strides(store):
     assert t.dtype == torch.bfloat16 and torch.equal(t, bf)
 
 
-def test_dataset_returns_exact_dtype_and_shape(shm_cfg):
-    cfg = shm_cfg(swap_cap=2, sample=("input", "label", "extra"))
+def test_dataset_returns_exact_dtype_and_shape(store_cfg):
+    cfg = store_cfg(swap_cap=2, sample=("input", "label", "extra"))
     rng = np.random.default_rng(0)
     items = [(rng.standard_normal((4, 4, 4)).astype(np.float32),
               rng.integers(0, 9, (4, 4, 4)).astype(np.uint8), np.int32(i)) for i in range(2)]

@@ -26,10 +26,6 @@ def test_all_start_methods_are_available():
     assert METHODS == ["fork", "spawn", "forkserver"]
 
 
-@pytest.fixture
-def store_cfg(shm_cfg):
-    """The store these tests run on; parametrise to add stores."""
-    return shm_cfg
 
 
 @pytest.fixture

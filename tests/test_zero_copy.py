@@ -16,8 +16,8 @@ ITEM_BYTES = 2 * 8 + 256 * 4  # id int64[2] + data float32[256]
 
 
 @pytest.fixture
-def filled(shm_cfg):
-    cfg = shm_cfg(swap_cap=N)
+def filled(store_cfg):
+    cfg = store_cfg(swap_cap=N)
     wt.WireheadGenerator((whlib.sample(3, i) for i in range(N)), config=cfg).run()
     assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
     return cfg

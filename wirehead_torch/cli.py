@@ -20,8 +20,9 @@ def _fmt_status(st):
     lines = [
         f"store            {st['store']}",
         f"read generation  {st['read_gen'] or 'none yet'}",
-        f"write generation {st['write_gen']} ({st['write_fill']}/{st['swap_cap']} samples, "
-        f"{st['write_bytes'] / 2**20:.1f} of {st['byte_budget'] / 2**20:.1f} MiB)",
+        f"write generation {st['write_gen']} ({st['write_fill']}/{st['swap_cap']} samples"
+        + (f", {st['write_bytes'] / 2**20:.1f} of {st['byte_budget'] / 2**20:.1f} MiB)"
+           if st["byte_budget"] else ")"),
         f"generated        {st['generated']} accepted, {st['discarded']} surplus discarded, "
         f"{st['seals']} swaps",
         "manager          " + (f"pid {st['leader_pid']} (lease {st['lease_left_s']:.1f}s left)"
