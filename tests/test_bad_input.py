@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import wirehead_torch as wt
-from wirehead_torch import _C
 
 import whlib
 

@@ -1,35 +1,16 @@
 """The store guarantees of DESIGN.md, shown with real processes."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import wirehead_torch as wt
-from wirehead_torch import _C
-from wirehead_torch.config import resolve, store_kwargs
 
 import whlib
-
-
-def open_store(cfg):
-    return _C.Store(**store_kwargs(resolve(cfg)))
-
-
-def read_generation(store, gen, swap_cap):
-    """All samples of gen as (tag, counter), checked; None if it was reclaimed."""
-    seen = []
-    for pos in range(swap_cap):
-        try:
-            ident, data = store.read(gen, pos)
-        except wt.GenerationGoneError:
-            return None
-        seen.append(whlib.check_sample(np.from_dlpack(ident), np.from_dlpack(data)))
-    return seen
+from whlib import open_store, read_generation
 
 
 def test_killed_mid_put_leaves_nothing_and_others_carry_on(shm_cfg):

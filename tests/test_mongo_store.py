@@ -6,7 +6,6 @@ restart test gets a server of its own (a restart wipes everything)."""
 import ctypes
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,9 +16,10 @@ import pytest
 
 import wirehead_torch as wt
 from wirehead_torch import _C
-from wirehead_torch.config import resolve, store_kwargs
+from wirehead_torch.config import resolve
 
 import whlib
+from whlib import open_store, read_generation
 from mongo_server import MongoTestServer, RawClient, binary, unbinary
 
 READER = os.path.join(whlib.HERE, "mongo", "reader_proc.py")
@@ -54,10 +54,6 @@ def mongo_cfg(server):
             pass
 
 
-def open_store(cfg):
-    return _C.Store(**store_kwargs(resolve(cfg)))
-
-
 def db_of(cfg):
     return cfg["STORE"].rsplit("/", 1)[1]
 
@@ -69,19 +65,6 @@ def prefix_of(cfg):
 def store_collections(rc, cfg):
     pre = prefix_of(cfg) + "."
     return [c for c in rc.collections(db_of(cfg)) if c.startswith(pre)]
-
-
-def read_generation(store, gen, swap_cap):
-    """All samples of gen as (tag, counter), checked; None if reclaimed."""
-    seen = []
-    for pos in range(swap_cap):
-        try:
-            ident, data = store.read(gen, pos)
-        except wt.GenerationGoneError:
-            return None
-        seen.append(whlib.check_sample(np.from_dlpack(ident), np.from_dlpack(data)))
-    return seen
-
 
 def fill(cfg, tag, n, start=0):
     g = wt.WireheadGenerator((whlib.sample(tag, start + i) for i in range(n)), config=cfg)

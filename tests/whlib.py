@@ -101,3 +101,24 @@ def until(cond, timeout, what):
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def open_store(cfg):
+    """A raw store handle (wirehead_torch._C.Store) for a test config."""
+    from wirehead_torch import _C
+    from wirehead_torch.config import resolve, store_kwargs
+    return _C.Store(**store_kwargs(resolve(cfg)))
+
+
+def read_generation(store, gen, swap_cap):
+    """All samples of gen as (tag, counter), each checked against its id;
+    None if the generation was reclaimed meanwhile."""
+    import wirehead_torch as wt
+    seen = []
+    for pos in range(swap_cap):
+        try:
+            ident, data = store.read(gen, pos)
+        except wt.GenerationGoneError:
+            return None
+        seen.append(check_sample(np.from_dlpack(ident), np.from_dlpack(data)))
+    return seen

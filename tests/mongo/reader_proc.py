@@ -22,12 +22,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
-
 import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
 from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
+
+
+def _read_whole(store, gen, swap_cap):
+    seen = whlib.read_generation(store, gen, swap_cap)
+    return None if seen is None else [list(s) for s in seen]
+
 
 stopping = False
 
@@ -35,18 +39,6 @@ stopping = False
 def _stop(signum, frame):
     global stopping
     stopping = True
-
-
-def read_whole(store, gen, swap_cap):
-    ids = []
-    for pos in range(swap_cap):
-        try:
-            ident, data = store.read(gen, pos)
-        except wt.GenerationGoneError:
-            return None
-        ids.append(list(whlib.check_sample(np.from_dlpack(ident), np.from_dlpack(data))))
-    return ids
-
 
 def run_store(cfg):
     store = _C.Store(**store_kwargs(resolve(cfg)))
@@ -57,7 +49,7 @@ def run_store(cfg):
         if gen == 0 or gen == last:
             time.sleep(0.002)  # polling the state document; no wake-up channel
             continue
-        ids = read_whole(store, gen, cfg["SWAP_CAP"])
+        ids = _read_whole(store, gen, cfg["SWAP_CAP"])
         last = gen
         if ids is not None:
             print(json.dumps({"gen": gen, "ids": ids}), flush=True)
