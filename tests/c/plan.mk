@@ -1,12 +1,10 @@
 # C property tests for the sample order (ext/wh_plan.c).
 # Use from the top-level Makefile with `include tests/c/plan.mk`, or alone:
 #   make -f tests/c/plan.mk ctest-plan
-# ext/util.c (wh_err_set) is linked when present; the test carries a weak
-# fallback so it also links without it.
 PLAN_CC     ?= cc
 PLAN_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
 PLAN_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c $(wildcard ext/util.c)
+PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c ext/util.c
 PLAN_DEPS   := $(PLAN_SRCS) ext/wh_plan.h ext/wh.h
 
 .PHONY: ctest-plan

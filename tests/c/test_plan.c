@@ -9,20 +9,6 @@
 
 #include "wh_plan.h"
 
-/* wh_err_set lives in ext/util.c. This weak copy lets the test link on its
- * own; when util.c is linked in, its definition wins. */
-__attribute__((weak)) bool wh_err_set(wh_err_t *err, wh_code_t code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->code = code;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return false;
-}
-
 static unsigned long n_pass, n_fail;
 static bool case_ok;
 static char case_name[256];
