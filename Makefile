@@ -59,6 +59,7 @@ mongo-jars: .deps/debian.stamp
 
 include tests/c/plan.mk
 include tests/c/mongo.mk
+include benchmarks/bench.mk
 
 # C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
 STORE_CSRC := tests/c/test_store.c ext/util.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c ext/wh_mongo.c

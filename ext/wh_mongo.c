@@ -473,9 +473,9 @@ static bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exi
     for (int attempt = 0; ok && attempt < 3; attempt++) {
         ok = wh__find_one(m, c, &filter, &doc, &found, "read store state", err);
         if (!ok || found || !create) break;
-        /* Generation ids start at the wall clock in microseconds: larger
+        /* Generation ids start at the wall clock in nanoseconds: larger
          * than any id the store had before it was wiped. */
-        uint64_t g0 = wh_now_real_ns() / 1000;
+        uint64_t g0 = wh_now_real_ns();
         bson_t init = BSON_INITIALIZER, hist;
         BSON_APPEND_UTF8(&init, "_id", "state");
         BSON_APPEND_INT64(&init, "read_gen", 0);

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,12 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     const wh_store_config_t *c = &s->base.cfg;
     uint64_t slot_bytes = wh__page_up(c->byte_budget), index_off = 0, data_off = 0, total = 0;
     if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
+    /* Name the creator before the (possibly slow) fallocate, so openers
+     * keep waiting for a live creator instead of calling it stale. */
+    int64_t me = getpid();
+    if (ftruncate(fd, (off_t)wh__page_up(sizeof(wh__hdr_t))) != 0 ||
+        pwrite(fd, &me, sizeof me, offsetof(wh__hdr_t, creator_pid)) != (ssize_t)sizeof me)
+        return wh_err_set(err, WH_E_SYS, "shm store '%s': %s", s->shm_name + 10, strerror(errno));
     int r = posix_fallocate(fd, 0, (off_t)total);
     if (r != 0) {
         struct statvfs vfs;
@@ -206,9 +213,10 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     bool ok = wh__init_mutex(&h->lock);
     for (int i = 0; i < WH__SLOTS && ok; i++) ok = wh__init_mutex(&h->slots[i].lock);
     if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
-    /* Generation ids start from the wall clock in microseconds, so they keep
-     * increasing even when the store is removed and created again. */
-    uint64_t g0 = wh_now_real_ns() / 1000;
+    /* Generation ids start from the wall clock in nanoseconds, so they keep
+     * increasing even when the store is removed and created again (no store
+     * seals faster than once a nanosecond). */
+    uint64_t g0 = wh_now_real_ns();
     h->slots[g0 % WH__SLOTS].gen = g0;
     h->write_gen = g0;
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
@@ -220,6 +228,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     const wh_store_config_t *c = &s->base.cfg;
     *stale = false;
     uint64_t deadline = wh_now_mono_ns() + (uint64_t)WH__OPEN_WAIT_MS * 1000000ull;
+    uint64_t hard_deadline = deadline + 600ull * 1000000000ull;
     struct stat sb;
     wh__hdr_t *h = NULL;
     for (;;) {
@@ -232,14 +241,17 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             }
             if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == WH__SHM_MAGIC) break;
         }
-        if (wh_now_mono_ns() > deadline) {
-            /* creator died before finishing: the segment is stale */
-            int64_t creator = h ? h->creator_pid : 0;
+        int64_t creator = h ? h->creator_pid : 0;
+        uint64_t now = wh_now_mono_ns();
+        /* a creator that died before finishing leaves a stale segment; a
+         * live one (reserving a large store) is waited for, up to a bound */
+        if (now > deadline && (!creator || !wh__pid_alive(creator))) {
             if (h) munmap(h, sizeof(wh__hdr_t));
-            if (!creator || !wh__pid_alive(creator)) {
-                *stale = true;
-                return false;
-            }
+            *stale = true;
+            return false;
+        }
+        if (now > hard_deadline) {
+            if (h) munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_TIMEOUT, "shm store '%s' is still being created by pid %lld",
                               s->shm_name + 10, (long long)creator);
         }
