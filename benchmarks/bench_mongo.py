@@ -218,7 +218,7 @@ def write_table(a, where, modes, runs, chunk):
         return statistics.median(vals) if vals else None
 
     sizes = sorted({r["size_mib"] for r in runs})
-    lines = [f"# MongoDB store throughput", "",
+    lines = ["# MongoDB store throughput", "",
              f"Server: {where}. Chunks of {chunk / 2**20:g} MiB; {a.total_mib} MiB of payload "
              f"per run; median of {a.reps} runs; MB/s = 10^6 bytes of sample payload per second.",
              f"Command: `.venv/bin/python benchmarks/bench_mongo.py {' '.join(shlex.quote(x) for x in sys.argv[1:])}`",
