@@ -83,9 +83,10 @@ class Order:
         self.swap_cap = cfg["SWAP_CAP"]
 
     def plan(self, workers=0, worker=0, batch=0):
-        pad_batches = batch if self.pad != "drop" else 0
+        """Arguments of the C order functions (pad='drop' never pads; the
+        batch size still counts batches on resume)."""
         return dict(swap_cap=self.swap_cap, world=self.world_size, rank=self.rank,
-                    workers=workers, worker=worker, batch=pad_batches, shuffle=self.shuffle,
+                    workers=workers, worker=worker, batch=batch, shuffle=self.shuffle,
                     seed=self.seed, pad=PAD_CODES[self.pad])
 
 

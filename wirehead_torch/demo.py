@@ -193,17 +193,6 @@ def _check_children(children):
             raise RuntimeError(ch.describe_exit())
 
 
-def _has_generation(st):
-    """True once the store reports a sealed, readable generation."""
-    seals = st.get("seals")
-    if isinstance(seals, (list, tuple)):
-        return len(seals) > 0
-    if isinstance(seals, (int, np.integer)):
-        return seals > 0
-    rg = st.get("read_gen")
-    return isinstance(rg, (int, np.integer)) and rg >= 0
-
-
 def _wait_first_generation(cfg, children, timeout):
     import wirehead_torch as wh
     deadline = time.monotonic() + timeout
@@ -211,9 +200,9 @@ def _wait_first_generation(cfg, children, timeout):
     while time.monotonic() < deadline:
         _check_children(children)
         try:
-            if _has_generation(wh.status(cfg)):
+            if wh.status(cfg)["read_gen"]:
                 return
-        except Exception as e:  # store not created yet
+        except (wh.WireheadError, ValueError) as e:
             last_err = e
         time.sleep(0.1)
     raise TimeoutError(
@@ -448,56 +437,23 @@ _INTERNAL = {
 
 
 def _batches(cfg, batch_size):
-    """Endless batches: dicts of 'input', 'label', 'is_pad', 'generation', 'position'.
-
-    Uses wirehead_torch.WireheadLoader (the C batch loader; under DDP it takes
-    this rank's share) and goes round its epochs forever. Without it, falls
-    back to MongoTupleheadDataset with random positions per batch, reading
-    the generation from status() (approximate: a swap between the status call
-    and the reads mislabels at most that one batch).
-    """
-    import torch
+    """Endless batches: dicts of 'input', 'label', 'is_pad', 'generation',
+    'position', from WireheadLoader (the C batch loader; under DDP it takes
+    this rank's share), going round its epochs forever."""
     import wirehead_torch as wh
 
-    loader_cls = getattr(wh, "WireheadLoader", None)
-    if loader_cls is not None:
-        loader = loader_cls(config=cfg, batch_size=batch_size, num_threads=2,
-                            prefetch=2, shuffle=True)
-        try:
-            while True:
-                n = 0
-                for batch in loader:
-                    n += 1
-                    yield batch
-                if n == 0:
-                    raise RuntimeError("WireheadLoader yielded an empty epoch")
-        finally:
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-        return
-
-    ds = wh.MongoTupleheadDataset(config=cfg)
-    n = len(ds)
-    rng = np.random.default_rng()
-    order = rng.permutation(n)
-    k = 0
-    while True:
-        gen = int(wh.status(cfg)["read_gen"])
-        idx = []
-        for _ in range(batch_size):
-            if k == n:
-                order, k = rng.permutation(n), 0
-            idx.append(int(order[k]))
-            k += 1
-        items = [ds[i] for i in idx]
-        yield {
-            "input": torch.stack([x for x, _ in items]),
-            "label": torch.stack([y for _, y in items]),
-            "is_pad": torch.zeros(batch_size, dtype=torch.bool),
-            "generation": torch.full((batch_size,), gen, dtype=torch.int64),
-            "position": torch.tensor(idx, dtype=torch.int64),
-        }
+    loader = wh.WireheadLoader(config=cfg, batch_size=batch_size, num_threads=2, prefetch=2,
+                               shuffle=True)
+    try:
+        while True:
+            n = 0
+            for batch in loader:
+                n += 1
+                yield batch
+            if n == 0:
+                raise RuntimeError("WireheadLoader yielded an empty epoch")
+    finally:
+        loader.close()
 
 
 # --------------------------------------------------------------------------
@@ -553,7 +509,7 @@ def _store_status(cfg):
     import wirehead_torch as wh
     try:
         return wh.status(cfg)
-    except Exception:
+    except wh.WireheadError:
         return {}
 
 
