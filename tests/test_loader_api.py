@@ -194,3 +194,22 @@ def test_generation_refresh_step_moves_on(store_cfg):
     assert nxt["generation"].item() > g1 and nxt["position"].item() == 1
     whlib.check_sample(nxt["id"].numpy(), nxt["data"].numpy())
     assert nxt["id"][0].item() == 2
+
+
+def test_dtype_torch_cannot_hold_needs_an_explicit_cast(store_cfg):
+    cfg = store_cfg(swap_cap=2, sample=("img", "lbl"))
+    items = [(np.full(3, i, np.float32), np.full(3, 60000 + i, np.uint16)) for i in range(2)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    if hasattr(torch, "uint16"):
+        b = next(iter(wt.WireheadLoader(config=cfg, batch_size=2)))
+        assert b["lbl"].dtype == torch.uint16
+        return
+    with pytest.raises(TypeError) as e:
+        list(wt.WireheadLoader(config=cfg, batch_size=2))
+    assert "'lbl'" in str(e.value) and "uint16" in str(e.value) and "cast=" in str(e.value)
+    assert "output=" not in str(e.value)
+    b = next(iter(wt.WireheadLoader(config=cfg, batch_size=2, cast={"lbl": "int32"})))
+    assert b["lbl"].dtype == torch.int32 and sorted(b["lbl"][:, 0].tolist()) == [60000, 60001]
+    it = next(iter(wt.WireheadIterableDataset(config=cfg, cast={"lbl": "int64"})))
+    assert it["lbl"].dtype == torch.int64 and it["lbl"][0] >= 60000

@@ -69,16 +69,17 @@ def to_store_arrays(item, names):
     return out
 
 
-def needs_cast_message(name, dtype):
+def needs_cast_message(name, dtype, numpy_ok=True):
+    way = "read it as numpy (output='numpy') or ask" if numpy_ok else "ask"
     return (f"field '{name}' is stored as {dtype}, which torch {torch.__version__} cannot "
-            f"hold; read it as numpy (output='numpy') or ask for a cast, e.g. "
-            f"cast={{'{name}': 'int64'}}")
+            f"hold; {way} for a cast, e.g. cast={{'{name}': 'int64'}}")
 
 
-def to_output(arr, name, output="torch", cast=None):
+def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
     """A _C.Array -> torch tensor (exact dtype) or numpy array, no copy.
 
-    cast maps field name -> dtype name for an explicit, user-requested cast."""
+    cast maps field name -> dtype name for an explicit, user-requested cast;
+    numpy_ok says whether the caller offers output='numpy' (for the error)."""
     target = (cast or {}).get(name)
     if output == "numpy":
         if arr.dtype == "bfloat16":
@@ -91,7 +92,7 @@ def to_output(arr, name, output="torch", cast=None):
     tdt = _torch_dtype(arr.dtype)
     if tdt is None:
         if target is None:
-            raise TypeError(needs_cast_message(name, arr.dtype))
+            raise TypeError(needs_cast_message(name, arr.dtype, numpy_ok))
         t = torch.from_numpy(np.from_dlpack(arr).astype(target))
         return t
     t = torch.from_dlpack(arr)

@@ -160,7 +160,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     is_pad, pos = True, (pos + 1) % o.swap_cap
             else:
                 raise _C.CorruptSampleError(f"every sample of generation {gen} failed its check")
-            item = {name: to_output(arrs[i], name, "torch", self.cast)
+            item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
                     for i, name in zip(o.want, o.fields)}
             if is_pad and o.pad == "ignore":
                 for name in o.label_fields:

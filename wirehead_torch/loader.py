@@ -92,7 +92,7 @@ class WireheadLoader:
             pad_t = torch.from_dlpack(is_pad).view(torch.bool)
             batch = {}
             for i, name in zip(o.want, o.fields):
-                t = to_output(fields[i], name, "torch", self.cast)
+                t = to_output(fields[i], name, "torch", self.cast, numpy_ok=False)
                 if name in o.label_fields and o.pad == "ignore" and bool(pad_t.any()):
                     check_ignore_fits(t.dtype, o.ignore_index, name)
                     t[pad_t] = o.ignore_index
