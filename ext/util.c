@@ -113,6 +113,7 @@ void wh_sleep_ms(unsigned ms) {
 }
 
 wh_buf_t *wh_buf_new(size_t size) {
+    if (size > SIZE_MAX - WH_ALIGN) return NULL;
     wh_buf_t *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->data = aligned_alloc(WH_ALIGN, WH_ALIGN_UP(size ? size : 1));

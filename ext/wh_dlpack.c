@@ -31,14 +31,20 @@ typedef struct {
     size_t offset;
     int dtype;
     int ndim;
-    int64_t shape[WH_MAX_NDIM];
-    int64_t strides[WH_MAX_NDIM]; /* in elements, C order */
+    /* a stored field has up to WH_MAX_NDIM dims; a batch adds one */
+    int64_t shape[WH_MAX_NDIM + 1];
+    int64_t strides[WH_MAX_NDIM + 1]; /* in elements, C order */
 } wh__array_t;
 
 static PyTypeObject *wh__array_type;
 
 PyObject *wh_array_new(wh_buf_t *buf, size_t offset, int dtype, int ndim,
                        const int64_t *shape) {
+    if (ndim < 0 || ndim > WH_MAX_NDIM + 1) {
+        PyErr_Format(PyExc_ValueError, "wirehead_torch.Array: %d dimensions, at most %d", ndim,
+                     WH_MAX_NDIM + 1);
+        return NULL;
+    }
     wh__array_t *a = PyObject_New(wh__array_t, wh__array_type);
     if (!a) return NULL;
     wh_buf_ref(buf);
@@ -84,8 +90,8 @@ typedef struct {
         wh__managed_versioned_t v1;
     } m;
     wh_buf_t *buf;
-    int64_t shape[WH_MAX_NDIM];
-    int64_t strides[WH_MAX_NDIM];
+    int64_t shape[WH_MAX_NDIM + 1];
+    int64_t strides[WH_MAX_NDIM + 1];
 } wh__export_t;
 
 static void wh__export_free(wh__export_t *e) {

@@ -7,8 +7,8 @@
 
 #include "wh.h"
 
-/* New _C.Array viewing buf at offset with dtype/shape (C order); takes a
- * new reference to buf. Returns a new Python reference or NULL with an
+/* New _C.Array viewing buf at offset with dtype/shape (C order, at most
+ * WH_MAX_NDIM + 1 dims: a batch of fields); takes a new reference to buf. Returns a new Python reference or NULL with an
  * exception set. GIL held. */
 PyObject *wh_array_new(wh_buf_t *buf, size_t offset, int dtype, int ndim,
                        const int64_t *shape);

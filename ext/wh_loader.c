@@ -147,7 +147,8 @@ static bool wh__layout(wh__fill_t *c, const wh_sample_meta_t *m, wh_err_t *err) 
         s->b.meta[f] = m->f[f];
         s->b.off[f] = off;
         if (!(ld->cfg.want & (1u << f))) continue;
-        if (!wh_mul_ok(m->f[f].nbytes, n, &part) || !wh_add_ok(off, WH_ALIGN_UP(part), &off))
+        if (!wh_mul_ok(m->f[f].nbytes, n, &part) || part > WH_SAMPLE_MAX_BYTES * 64 ||
+            !wh_add_ok(off, WH_ALIGN_UP(part), &off))
             return wh_err_set(err, WH_E_INVALID, "batch size overflows");
     }
     s->b.pad_off = off;

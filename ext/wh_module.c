@@ -80,6 +80,11 @@ static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
         PyErr_SetString(wh__exc.value, "SWAP_CAP must be between 1 and 2**30");
         goto fail;
     }
+    if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {
+        PyErr_SetString(wh__exc.value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
+                                       "numbers of seconds below 10^6");
+        goto fail;
+    }
     c->swap_cap = (uint32_t)swap_cap;
     c->byte_budget = byte_budget;
     c->chunk_bytes = chunk_bytes;
@@ -116,12 +121,15 @@ fail:
 typedef struct {
     PyObject_HEAD
     wh_store_t *st;
-    pthread_mutex_t mu; /* one C call at a time per handle */
+    pthread_mutex_t mu; /* one C call at a time per handle; lives until dealloc */
+    bool inited;
+    int nfields;       /* copies, readable after close */
+    uint32_t swap_cap;
 } wh__pystore_t;
 
 static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     wh__cfgbuf_t cb;
-    if (self->st) {
+    if (self->inited) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
         return -1;
     }
@@ -138,12 +146,15 @@ static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     }
     pthread_mutex_init(&self->mu, NULL);
     self->st = st;
+    self->inited = true;
+    self->nfields = st->cfg.schema.nfields;
+    self->swap_cap = st->cfg.swap_cap;
     return 0;
 }
 
 static void wh__store_dealloc(wh__pystore_t *self) {
     PyTypeObject *tp = Py_TYPE(self);
-    if (self->st) {
+    if (self->inited) {
         wh_store_destroy(self->st);
         pthread_mutex_destroy(&self->mu);
     }
@@ -156,26 +167,32 @@ static bool wh__open(wh__pystore_t *self) {
     return self->st != NULL;
 }
 
-#define WH__CALL(self, ok, expr)              \
-    do {                                      \
-        Py_BEGIN_ALLOW_THREADS                \
-        pthread_mutex_lock(&(self)->mu);      \
-        ok = (expr);                          \
-        pthread_mutex_unlock(&(self)->mu);    \
-        Py_END_ALLOW_THREADS                  \
+/* Runs expr with the GIL released and the handle's mutex held. handle is
+ * the field (st or ld) checked under the mutex: a close() from another
+ * thread may have detached it meanwhile, which reads as "closed". */
+#define WH__CALL(self, handle, ok, err, expr)                                   \
+    do {                                                                      \
+        Py_BEGIN_ALLOW_THREADS                                                \
+        pthread_mutex_lock(&(self)->mu);                                      \
+        if ((self)->handle)                                                   \
+            ok = (expr);                                                      \
+        else                                                                  \
+            ok = wh_err_set(err, WH_E_INVALID, "the handle was closed");      \
+        pthread_mutex_unlock(&(self)->mu);                                    \
+        Py_END_ALLOW_THREADS                                                  \
     } while (0)
 
 static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
     (void)unused;
-    if (self->st) {
-        wh_store_t *st = self->st;
-        self->st = NULL;
+    if (self->inited) {
+        wh_store_t *st;
         Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&self->mu);
-        wh_store_destroy(st);
+        pthread_mutex_lock(&self->mu); /* waits for a call in another thread */
+        st = self->st;
+        self->st = NULL;
         pthread_mutex_unlock(&self->mu);
+        wh_store_destroy(st);
         Py_END_ALLOW_THREADS
-        pthread_mutex_destroy(&self->mu);
     }
     Py_RETURN_NONE;
 }
@@ -237,7 +254,7 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
         wh_put_status_t status = WH_PUT_WAIT;
         uint64_t gen = 0;
         bool ok;
-        WH__CALL(self, ok, wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
+        WH__CALL(self, st, ok, &err, wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
         res = ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen)
                  : wh_module_raise(&err);
     }
@@ -252,7 +269,7 @@ static PyObject *wh__store_lead(wh__pystore_t *self, PyObject *unused) {
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     bool ok, leader = false;
-    WH__CALL(self, ok, wh_store_lead(self->st, &leader, &err));
+    WH__CALL(self, st, ok, &err, wh_store_lead(self->st, &leader, &err));
     if (!ok) return wh_module_raise(&err);
     return PyBool_FromLong(leader);
 }
@@ -262,7 +279,7 @@ static PyObject *wh__store_resign(wh__pystore_t *self, PyObject *unused) {
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    WH__CALL(self, ok, wh_store_resign(self->st, &err));
+    WH__CALL(self, st, ok, &err, wh_store_resign(self->st, &err));
     if (!ok) return wh_module_raise(&err);
     Py_RETURN_NONE;
 }
@@ -273,7 +290,7 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
     wh_err_t err = {0};
     wh_seal_info_t info = {0};
     bool ok, sealed = false;
-    WH__CALL(self, ok, wh_store_seal(self->st, &sealed, &info, &err));
+    WH__CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
     if (!ok) return wh_module_raise(&err);
     if (!sealed) Py_RETURN_NONE;
     return Py_BuildValue("{sKsKsKsd}", "generation", (unsigned long long)info.generation,
@@ -287,7 +304,7 @@ static PyObject *wh__store_current(wh__pystore_t *self, PyObject *unused) {
     wh_err_t err = {0};
     uint64_t gen = 0;
     bool ok;
-    WH__CALL(self, ok, wh_store_current(self->st, &gen, &err));
+    WH__CALL(self, st, ok, &err, wh_store_current(self->st, &gen, &err));
     if (!ok) return wh_module_raise(&err);
     return PyLong_FromUnsignedLongLong(gen);
 }
@@ -317,7 +334,7 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     PyObject *want = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|O", kwlist, &gen, &pos, &want)) return NULL;
     if (!wh__open(self)) return NULL;
-    int nf = self->st->cfg.schema.nfields;
+    int nf = self->nfields;
     wh__readctx_t ctx = {0};
     if (want == Py_None) {
         ctx.want = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
@@ -338,7 +355,7 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
-    WH__CALL(self, ok, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
+    WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
     PyObject *out = NULL;
     if (!ok) {
         wh_module_raise(&err);
@@ -406,7 +423,7 @@ static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
         wh__intoctx_t ctx = {views, (int)n};
         wh_err_t err = {0};
         bool ok;
-        WH__CALL(self, ok, wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, NULL, &err));
+        WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, NULL, &err));
         if (ok) {
             res = Py_None;
             Py_INCREF(res);
@@ -450,7 +467,7 @@ static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
     wh_err_t err = {0};
     wh_status_t s;
     bool ok;
-    WH__CALL(self, ok, wh_store_status(self->st, &s, &err));
+    WH__CALL(self, st, ok, &err, wh_store_status(self->st, &s, &err));
     if (!ok) return wh_module_raise(&err);
     return wh__status_dict(&s);
 }
@@ -458,7 +475,7 @@ static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
 static PyObject *wh__store_get_swap_cap(wh__pystore_t *self, void *c) {
     (void)c;
     if (!wh__open(self)) return NULL;
-    return PyLong_FromUnsignedLong(self->st->cfg.swap_cap);
+    return PyLong_FromUnsignedLong(self->swap_cap);
 }
 
 static PyMethodDef wh__store_methods[] = {
@@ -506,6 +523,7 @@ typedef struct {
     long pid;
     uint32_t want;
     int nfields;
+    bool inited;
 } wh__pyloader_t;
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
@@ -517,7 +535,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     int drop_last, shuffle, pad, pad_batches, refresh;
     unsigned long long seed;
     double timeout_s;
-    if (self->ld) {
+    if (self->inited) {
         PyErr_SetString(PyExc_RuntimeError, "Loader already initialised");
         return -1;
     }
@@ -526,6 +544,11 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
                                      &shuffle, &seed, &pad, &pad_batches, &want, &refresh,
                                      &timeout_s))
         return -1;
+    if (!(timeout_s > 0 && timeout_s < 1e6)) {
+        PyErr_SetString(wh__exc.value, "READ_TIMEOUT must be a positive number of seconds below "
+                                       "10^6");
+        return -1;
+    }
     PyObject *empty = PyTuple_New(0);
     if (!empty) return -1;
     wh__cfgbuf_t cb;
@@ -576,6 +599,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     }
     pthread_mutex_init(&self->mu, NULL);
     self->ld = ld;
+    self->inited = true;
     self->pid = (long)getpid();
     self->want = lc.want;
     self->nfields = cb.cfg.schema.nfields;
@@ -583,21 +607,25 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
 }
 
 static void wh__loader_close_ld(wh__pyloader_t *self) {
-    wh_loader_t *ld = self->ld;
-    self->ld = NULL;
-    if (!ld) return;
-    if ((long)getpid() != self->pid) return; /* threads did not cross the fork */
+    if (!self->inited) return;
+    if ((long)getpid() != self->pid) { /* threads did not cross the fork */
+        self->ld = NULL;
+        return;
+    }
+    wh_loader_t *ld;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
-    wh_loader_destroy(ld);
+    pthread_mutex_lock(&self->mu); /* waits for a call in another thread */
+    ld = self->ld;
+    self->ld = NULL;
     pthread_mutex_unlock(&self->mu);
+    wh_loader_destroy(ld);
     Py_END_ALLOW_THREADS
-    pthread_mutex_destroy(&self->mu);
 }
 
 static void wh__loader_dealloc(wh__pyloader_t *self) {
     PyTypeObject *tp = Py_TYPE(self);
     wh__loader_close_ld(self);
+    if (self->inited) pthread_mutex_destroy(&self->mu);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -620,7 +648,7 @@ static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    WH__CALL(self, ok, wh_loader_start(self->ld, epoch, start, gen, &err));
+    WH__CALL(self, ld, ok, &err, wh_loader_start(self->ld, epoch, start, gen, &err));
     if (!ok) return wh_module_raise(&err);
     Py_RETURN_NONE;
 }
@@ -632,7 +660,7 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     bool ok, done;
     wh_err_t err = {0};
     for (;;) {
-        WH__CALL(self, ok, wh_loader_next(self->ld, 100, &b, &done, &err));
+        WH__CALL(self, ld, ok, &err, wh_loader_next(self->ld, 100, &b, &done, &err));
         if (!ok) return wh_module_raise(&err);
         if (done) Py_RETURN_NONE;
         if (b.buf) break;
@@ -667,19 +695,30 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     return res;
 }
 
+static bool wh__loader_stats_locked(wh_loader_t *ld, wh_loader_stats_t *st, uint64_t *sizes) {
+    wh_loader_stats(ld, st);
+    sizes[0] = wh_loader_batches(ld);
+    sizes[1] = wh_loader_items(ld);
+    sizes[2] = wh_loader_generation(ld);
+    return true;
+}
+
 static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     (void)unused;
     if (!wh__loader_ok(self)) return NULL;
     wh_loader_stats_t st;
-    wh_loader_stats(self->ld, &st);
-    return Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch",
-                         (unsigned long long)wh_loader_batches(self->ld), "items_per_epoch",
-                         (unsigned long long)wh_loader_items(self->ld), "batches",
+    memset(&st, 0, sizeof st);
+    uint64_t sz[3] = {0, 0, 0};
+    wh_err_t err = {0};
+    bool ok;
+    WH__CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, &st, sz));
+    if (!ok) return wh_module_raise(&err);
+    return Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0],
+                         "items_per_epoch", (unsigned long long)sz[1], "batches",
                          (unsigned long long)st.batches, "items", (unsigned long long)st.items,
                          "corrupt", (unsigned long long)st.corrupt, "gone",
                          (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9,
-                         "ring", st.ring, "generation",
-                         (unsigned long long)wh_loader_generation(self->ld), "last_skip",
+                         "ring", st.ring, "generation", (unsigned long long)sz[2], "last_skip",
                          st.last_skip);
 }
 

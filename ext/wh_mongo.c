@@ -1266,7 +1266,11 @@ static bool wh__mongo_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
 static void wh__mongo_destroy(wh_store_t *st) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     if (!m) return;
-    if (m->client) mongoc_client_destroy(m->client);
+    if (m->client) {
+        /* in a forked child the socket is the parent's: drop it unused */
+        if (getpid() != m->pid) mongoc_client_reset(m->client);
+        mongoc_client_destroy(m->client);
+    }
     free(m->buf);
     free(m->seen);
     free(m);

@@ -1,6 +1,7 @@
 /* Sample encode/decode with bounds checks; see wh_sample.h for the layout. */
 #define _GNU_SOURCE
 #define XXH_STATIC_LINKING_ONLY
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,9 +89,9 @@ bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n,
         f->ndim = a->ndim;
         f->offset = off;
         f->nbytes = nb;
-        if (!wh_add_ok(off, nb, &off) || off > UINT64_MAX - WH_ALIGN)
-            return wh_err_set(err, WH_E_INVALID, "field '%s': sample size overflows",
-                              s->names[i]);
+        if (!wh_add_ok(off, nb, &off) || off > WH_SAMPLE_MAX_BYTES)
+            return wh_err_set(err, WH_E_INVALID, "field '%s': sample larger than %llu bytes",
+                              s->names[i], (unsigned long long)WH_SAMPLE_MAX_BYTES);
         off = WH_ALIGN_UP(off);
     }
     meta->total_size = off;
@@ -246,6 +247,8 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s,
                           "sample was written with another SAMPLE schema (%u fields)", nf);
     uint64_t hsize = WH_ALIGN_UP((uint64_t)WH_SAMPLE_HDR_SIZE + (uint64_t)nf * WH_SAMPLE_DESC_SIZE);
     uint64_t total = wh__get_u64(b + 16);
+    if (total > WH_SAMPLE_MAX_BYTES) /* also keeps every aligned offset below from wrapping */
+        return wh_err_set(err, WH_E_CORRUPT, "sample claims %llu bytes", (unsigned long long)total);
     if (wh__get_u64(b + 24) != hsize || len < hsize)
         return wh_err_set(err, WH_E_CORRUPT, "sample header size wrong or truncated");
     if (wh__get_u64(b + 32) != wh__header_hash(b, hsize))
@@ -328,10 +331,19 @@ bool wh_field_meta_same(const wh_field_meta_t *a, const wh_field_meta_t *b) {
     return true;
 }
 
-void wh_fault_put_midway(void) {
+static double wh__fault_secs = -1; /* < 0: no fault point */
+static pthread_once_t wh__fault_once = PTHREAD_ONCE_INIT;
+
+/* Read once: getenv is not safe against a concurrent setenv in another thread. */
+static void wh__fault_init(void) {
     const char *v = getenv("WIREHEAD_FAULT_PUT_PAUSE");
-    if (!v || !*v) return;
-    double secs = atof(v);
+    if (v && *v) wh__fault_secs = atof(v);
+}
+
+void wh_fault_put_midway(void) {
+    pthread_once(&wh__fault_once, wh__fault_init);
+    double secs = wh__fault_secs;
+    if (secs < 0) return;
     fprintf(stderr, "wirehead: fault pause in put\n");
     fflush(stderr);
     if (secs > 0) wh_sleep_ms((unsigned)(secs * 1000.0));

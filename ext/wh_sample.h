@@ -16,6 +16,9 @@
 #define WH_SAMPLE_MAGIC 0x31534857u /* "WHS1" */
 #define WH_SAMPLE_HDR_SIZE 64
 #define WH_SAMPLE_DESC_SIZE 96
+/* Largest encoded sample (2^48 bytes): far above any real sample, low
+ * enough that sizes read from a store cannot wrap when rounded up. */
+#define WH_SAMPLE_MAX_BYTES (1ull << 48)
 
 /* The SAMPLE schema: ordered field names and their hash. */
 typedef struct {

@@ -35,6 +35,7 @@
 typedef struct {
     int32_t pid; /* 0: free entry */
     uint32_t pad;
+    uint64_t token;     /* this put's, so a pruned entry is never taken for ours */
     uint64_t off, size; /* the bytes this put reserved */
 } wh__writer_t;
 
@@ -63,6 +64,8 @@ typedef struct {
     uint64_t magic; /* written last at creation (release) */
     uint32_t format_version;
     uint32_t swap_cap;
+    uint64_t hdr_size; /* sizeof(wh__hdr_t) of the creating build */
+    uint64_t pidns;    /* inode of the creator's PID namespace (0: unknown) */
     uint64_t schema_hash;
     uint32_t nfields;
     uint32_t pad0;
@@ -93,7 +96,11 @@ typedef struct {
     wh__hdr_t *hdr;
     size_t map_len;
     uint64_t token;
+    uint64_t puts;
     pid_t pid;
+    /* geometry, checked once at open and never re-read from shared memory */
+    uint32_t swap_cap;
+    uint64_t slot_bytes, index_off, data_off;
 } wh__shm_t;
 
 static const wh_store_ops_t wh__shm_ops;
@@ -132,12 +139,26 @@ static bool wh__init_mutex(pthread_mutex_t *m) {
 
 static uint64_t wh__page_up(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
 
-static wh__entry_t *wh__index(wh__hdr_t *h, int slot) {
-    return (wh__entry_t *)((char *)h + h->index_off) + (size_t)slot * h->swap_cap;
+static wh__entry_t *wh__index(const wh__shm_t *s, int slot) {
+    return (wh__entry_t *)((char *)s->hdr + s->index_off) + (size_t)slot * s->swap_cap;
 }
 
-static char *wh__data(wh__hdr_t *h, int slot) {
-    return (char *)h + h->data_off + (size_t)slot * h->slot_bytes;
+static char *wh__data(const wh__shm_t *s, int slot) {
+    return (char *)s->hdr + s->data_off + (size_t)slot * s->slot_bytes;
+}
+
+/* Liveness is judged by pid, so every participant must share one PID
+ * namespace; the namespace is recorded to refuse mixed ones clearly. */
+static uint64_t wh__pidns(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static void wh__geometry(wh__shm_t *s) {
+    s->swap_cap = s->hdr->swap_cap;
+    s->slot_bytes = s->hdr->slot_bytes;
+    s->index_off = s->hdr->index_off;
+    s->data_off = s->hdr->data_off;
 }
 
 /* Segment name from the store name: only characters safe in a file name. */
@@ -200,6 +221,8 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     s->map_len = total;
     /* fallocate gave zeroed pages; fill in everything but the magic */
     h->format_version = WH_FORMAT_VERSION;
+    h->hdr_size = sizeof(wh__hdr_t);
+    h->pidns = wh__pidns();
     h->swap_cap = c->swap_cap;
     h->schema_hash = c->schema.hash;
     h->nfields = (uint32_t)c->schema.nfields;
@@ -219,6 +242,7 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     uint64_t g0 = wh_now_real_ns();
     h->slots[g0 % WH__SLOTS].gen = g0;
     h->write_gen = g0;
+    wh__geometry(s);
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
     return true;
 }
@@ -233,6 +257,12 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     wh__hdr_t *h = NULL;
     for (;;) {
         if (fstat(fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
+        if (sb.st_nlink == 0) { /* the creator gave up and unlinked it: open the name again */
+            if (h) munmap(h, sizeof(wh__hdr_t));
+            *stale = false;
+            return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
+                              s->shm_name + 10);
+        }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
                 void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -259,10 +289,16 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     }
     uint64_t index_off = 0, data_off = 0, total = 0;
     bool ok = true;
-    if (h->format_version != WH_FORMAT_VERSION) {
+    uint64_t ns = wh__pidns();
+    if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
         ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' has format version %u, this build uses %d; "
                         "remove it with `wirehead-torch clean`", s->shm_name + 10,
                         h->format_version, WH_FORMAT_VERSION);
+    } else if (h->pidns && ns && h->pidns != ns) {
+        ok = wh_err_set(err, WH_E_INVALID, "shm store '%s' was created in another PID namespace "
+                        "(another container?); every participant of an shm store must share "
+                        "one (docker: --pid=host or a shared --pid), or use a mongodb:// store",
+                        s->shm_name + 10);
     } else if (h->schema_hash != c->schema.hash || h->nfields != (uint32_t)c->schema.nfields) {
         char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
         for (uint32_t i = 0; i < h->nfields && i < WH_MAX_FIELDS; i++) {
@@ -291,6 +327,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
     s->hdr = p;
     s->map_len = total;
+    wh__geometry(s);
     return true;
 }
 
@@ -309,7 +346,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
     s->token |= 1;
     if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
-    for (int attempt = 0; attempt < 3; attempt++) {
+    for (int attempt = 0; attempt < 5; attempt++) {
         int fd = shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd >= 0) {
             bool ok = wh__create(s, fd, err);
@@ -331,14 +368,30 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
             goto fail;
         }
         bool stale;
-        bool ok = wh__attach(s, fd, &stale, err);
+        wh_err_t e = {0};
+        bool ok = wh__attach(s, fd, &stale, &e);
+        if (ok) {
+            close(fd);
+            return &s->base;
+        }
+        if (stale) {
+            /* half-created by a dead process: remove it, unless another
+             * opener already replaced it with a fresh one under the name */
+            char path[300];
+            struct stat mine, named;
+            snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+            if (fstat(fd, &mine) == 0 && stat(path, &named) == 0 && mine.st_ino == named.st_ino)
+                shm_unlink(s->shm_name);
+        }
         close(fd);
-        if (ok) return &s->base;
-        if (!stale) goto fail;
-        shm_unlink(s->shm_name); /* half-created by a dead process */
+        if (!stale && e.code != WH_E_NOTFOUND) {
+            if (err) *err = e;
+            goto fail;
+        }
     }
     wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
 fail:
+    if (s->hdr) munmap(s->hdr, s->map_len);
     free(s);
     return NULL;
 }
@@ -420,12 +473,12 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     wh_sample_meta_t meta;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
     uint64_t size = meta.total_size;
-    if (size > h->slot_bytes)
+    if (size > s->slot_bytes)
         return wh_err_set(err, WH_E_TOOBIG,
                           "sample of %llu bytes does not fit a generation's BYTE_BUDGET of %llu "
                           "bytes; raise BYTE_BUDGET to at least SWAP_CAP x sample size (%llu)",
-                          (unsigned long long)size, (unsigned long long)h->slot_bytes,
-                          (unsigned long long)size * h->swap_cap);
+                          (unsigned long long)size, (unsigned long long)s->slot_bytes,
+                          (unsigned long long)size * s->swap_cap);
     uint64_t deadline = wh_now_mono_ns() + (uint64_t)wait_ms * 1000000ull;
     uint64_t gen, off = 0;
     int slot, wi;
@@ -434,7 +487,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
         slot = (int)(gen % WH__SLOTS);
         wh__slot_t *sl = &h->slots[slot];
         if (genp) *genp = gen;
-        if (__atomic_load_n(&sl->count, __ATOMIC_ACQUIRE) >= h->swap_cap) {
+        if (__atomic_load_n(&sl->count, __ATOMIC_ACQUIRE) >= s->swap_cap) {
             __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
             *status = WH_PUT_DISCARDED;
             return true;
@@ -444,19 +497,20 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
             wh__unlock(&sl->lock);
             continue;
         }
-        if (sl->count >= h->swap_cap) {
+        if (sl->count >= s->swap_cap) {
             wh__unlock(&sl->lock);
             __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
             *status = WH_PUT_DISCARDED;
             return true;
         }
         wi = wh__take_writer(sl, s->pid);
+        if (wi >= 0) sl->writers[wi].token = s->token + 2 * ++s->puts;
         bool fits = false;
         if (wi >= 0) {
-            fits = wh__reserve(sl, h->slot_bytes, size, &off);
+            fits = wh__reserve(sl, s->slot_bytes, size, &off);
             if (!fits) {
                 wh__prune_writers(sl);
-                fits = wh__reserve(sl, h->slot_bytes, size, &off);
+                fits = wh__reserve(sl, s->slot_bytes, size, &off);
             }
             if (fits) {
                 sl->writers[wi].off = off;
@@ -474,8 +528,8 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
                               "generation %llu filled its BYTE_BUDGET of %llu bytes with only "
                               "%u of SWAP_CAP=%u samples; raise BYTE_BUDGET to at least "
                               "SWAP_CAP x sample size (%llu bytes)",
-                              (unsigned long long)gen, (unsigned long long)h->slot_bytes, count,
-                              h->swap_cap, (unsigned long long)size * h->swap_cap);
+                              (unsigned long long)gen, (unsigned long long)s->slot_bytes, count,
+                              s->swap_cap, (unsigned long long)size * s->swap_cap);
         /* Backpressure: wait for in-flight puts to commit or a seal. */
         if (wh_now_mono_ns() >= deadline) {
             *status = WH_PUT_WAIT;
@@ -484,13 +538,16 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
         wh_sleep_ms(1);
     }
     wh__slot_t *sl = &h->slots[slot];
-    char *dst = wh__data(h, slot) + off;
+    char *dst = wh__data(s, slot) + off;
     bool ok = wh_sample_encode(dst, size, &st->cfg.schema, arr, &meta, true, err);
     if (!wh__lock(&sl->lock, err)) return false;
-    bool commit = ok && wh__ld(&sl->gen) == gen && sl->count < h->swap_cap;
-    wh__end_writer(sl, wi, commit);
+    uint64_t token = s->token + 2 * s->puts;
+    bool mine = sl->writers[wi].pid == s->pid && sl->writers[wi].token == token;
+    /* an entry pruned under us means the bytes may have been handed out again */
+    bool commit = mine && ok && wh__ld(&sl->gen) == gen && sl->count < s->swap_cap;
+    if (mine) wh__end_writer(sl, wi, commit);
     if (commit) {
-        wh__entry_t *e = &wh__index(h, slot)[sl->count];
+        wh__entry_t *e = &wh__index(s, slot)[sl->count];
         e->off = off;
         e->size = size;
         __atomic_store_n(&sl->count, sl->count + 1, __ATOMIC_RELEASE); /* commit point */
@@ -551,7 +608,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     wh__slot_t *cur = &h->slots[w % WH__SLOTS];
     wh__slot_t *next = &h->slots[(w + 1) % WH__SLOTS];
     bool ok = true;
-    if (__atomic_load_n(&cur->count, __ATOMIC_ACQUIRE) < h->swap_cap) goto out;
+    if (__atomic_load_n(&cur->count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
     /* The next write area holds the retiring generation's slot: recycle it
      * only when no live writer still writes into it. */
     if (!wh__lock(&next->lock, err)) {
@@ -605,9 +662,9 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
-    if (pos >= h->swap_cap)
+    if (pos >= s->swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          h->swap_cap);
+                          s->swap_cap);
     uint64_t rg = wh__ld(&h->read_gen);
     if (gen == 0 || gen > rg)
         return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
@@ -615,10 +672,10 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     int slot = (int)(gen % WH__SLOTS);
     wh__slot_t *sl = &h->slots[slot];
     if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
-    wh__entry_t e = wh__index(h, slot)[pos];
+    wh__entry_t e = wh__index(s, slot)[pos];
     wh_sample_meta_t meta;
-    const char *src = wh__data(h, slot) + (e.off <= h->slot_bytes ? e.off : 0);
-    if (e.off > h->slot_bytes || e.size > h->slot_bytes - e.off ||
+    const char *src = wh__data(s, slot) + (e.off <= s->slot_bytes ? e.off : 0);
+    if (e.off > s->slot_bytes || e.size > s->slot_bytes - e.off ||
         !wh_sample_decode_meta(src, e.size, schema, &meta, err) || meta.total_size != e.size) {
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
@@ -649,8 +706,8 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__slot_t *w = &h->slots[o->write_gen % WH__SLOTS];
     o->write_fill = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE);
     o->write_bytes = __atomic_load_n(&w->used, __ATOMIC_RELAXED);
-    o->swap_cap = h->swap_cap;
-    o->byte_budget = h->slot_bytes;
+    o->swap_cap = s->swap_cap;
+    o->byte_budget = s->slot_bytes;
     o->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
     o->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
     o->seals = __atomic_load_n(&h->seals, __ATOMIC_RELAXED);

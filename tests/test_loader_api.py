@@ -213,3 +213,41 @@ def test_dtype_torch_cannot_hold_needs_an_explicit_cast(store_cfg):
     assert b["lbl"].dtype == torch.int32 and sorted(b["lbl"][:, 0].tolist()) == [60000, 60001]
     it = next(iter(wt.WireheadIterableDataset(config=cfg, cast={"lbl": "int64"})))
     assert it["lbl"].dtype == torch.int64 and it["lbl"][0] >= 60000
+
+
+def test_eight_dimensional_fields_through_the_loader(store_cfg):
+    cfg = store_cfg(swap_cap=2, sample=("x", "y"))
+    shape = (2,) * 8
+    items = [(np.arange(256, dtype=np.float32).reshape(shape) + i, np.int64(i)) for i in range(2)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    b = next(iter(wt.WireheadLoader(config=cfg, batch_size=2, shuffle=False)))
+    assert tuple(b["x"].shape) == (2,) + shape
+    assert b["x"].stride() == tuple(256 // 2 ** k for k in range(9))
+    for row, y in zip(b["x"], b["y"]):
+        assert np.array_equal(row.numpy(), items[int(y)][0])
+
+
+def test_close_while_another_thread_reads(store_cfg):
+    import threading
+    from whlib import open_store
+    cfg = store_cfg(swap_cap=1)
+    wt.WireheadGenerator(iter([whlib.sample(1, 0)]), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    for _ in range(20):
+        st = open_store(cfg)
+        gen = st.current()
+        errors = []
+
+        def reader():
+            try:
+                while True:
+                    st.read(gen, 0)
+            except wt.WireheadError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        st.close()
+        t.join(30)
+        assert not t.is_alive() and errors and "closed" in errors[0]

@@ -54,25 +54,38 @@ def spawn(kind, cfg, *args, env=None, stderr=subprocess.PIPE, stdout=subprocess.
                             env=env_for_child(env), stdout=stdout, stderr=stderr, text=True)
 
 
+_pending = {}  # fd -> text read past the last line returned
+
+
 def wait_line(stream, text, timeout):
     """Reads stream until a line containing text; returns all lines read.
-    Raises TimeoutError after timeout seconds."""
-    sel = selectors.DefaultSelector()
-    sel.register(stream, selectors.EVENT_READ)
+    Raises TimeoutError after timeout seconds.
+
+    Reads the pipe with os.read, not readline: a buffered readline can pull
+    the next line into Python's buffer, where select() cannot see it."""
+    fd = stream.fileno()
+    buf = _pending.pop(fd, "")
     deadline = time.monotonic() + timeout
     lines = []
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
     try:
         while True:
+            while "\n" in buf:
+                line, buf = buf.split("\n", 1)
+                lines.append(line + "\n")
+                if text in line:
+                    _pending[fd] = buf
+                    return lines
             left = deadline - time.monotonic()
             if left <= 0:
+                _pending[fd] = buf
                 raise TimeoutError(f"no line with {text!r} within {timeout}s; got {lines[-5:]}")
             if sel.select(left):
-                line = stream.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     raise EOFError(f"stream closed before {text!r}; got {lines[-5:]}")
-                lines.append(line)
-                if text in line:
-                    return lines
+                buf += chunk.decode(errors="replace")
     finally:
         sel.close()
 
@@ -88,6 +101,7 @@ def stop(proc, sig=signal.SIGTERM, timeout=20):
             proc.wait(10)
     for s in (proc.stdout, proc.stderr):
         if s:
+            _pending.pop(s.fileno(), None)  # the fd number will be reused
             s.close()
     return proc.returncode
 
