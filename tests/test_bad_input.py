@@ -10,6 +10,8 @@ import wirehead_torch as wt
 
 import whlib
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 
 def filled(cfg, n=None):
     n = cfg["SWAP_CAP"] if n is None else n

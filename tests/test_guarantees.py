@@ -12,6 +12,8 @@ import wirehead_torch as wt
 import whlib
 from whlib import open_store, read_generation
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 
 def test_killed_mid_put_leaves_nothing_and_others_carry_on(shm_cfg):
     cfg = shm_cfg(swap_cap=6)
@@ -37,7 +39,6 @@ def test_killed_mid_put_leaves_nothing_and_others_carry_on(shm_cfg):
     assert wt.status(cfg)["seals"] == 4
 
 
-@pytest.mark.asan
 def test_three_generators_reader_through_20_swaps(store_cfg):
     swap_cap = 10
     cfg = store_cfg(swap_cap=swap_cap, budget="1MiB")

@@ -8,6 +8,8 @@ import wirehead_torch as wt
 
 import whlib
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 N = 10
 
 

@@ -22,6 +22,8 @@ import whlib
 from whlib import open_store, read_generation
 from mongo_server import MongoTestServer, RawClient, binary, unbinary
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 READER = os.path.join(whlib.HERE, "mongo", "reader_proc.py")
 SMALL_CHUNK = 1 / 2048  # CHUNKSIZE in MiB: 512-byte chunks, so samples span several
 

@@ -7,6 +7,8 @@ import wirehead_torch as wt
 from wirehead_torch import _C
 from wirehead_torch._arrays import to_output, to_store_arrays, torch_holds
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 DTYPES = ["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
           "float16", "float32", "float64", "complex64", "complex128"]
 
@@ -52,7 +54,6 @@ def store(store_cfg):
     st.close()
 
 
-@pytest.mark.asan
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(), (7,), (3, 4, 5, 6)])
 def test_store_roundtrip_bit_exact(store, dtype, shape):

@@ -11,6 +11,8 @@ from wirehead_torch import _C
 
 import whlib
 
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
 N = 12
 ITEM_BYTES = 2 * 8 + 256 * 4  # id int64[2] + data float32[256]
 
@@ -28,7 +30,6 @@ def check_batch(b):
         whlib.check_sample(ident.numpy(), data.numpy())
 
 
-@pytest.mark.asan
 def test_loader_copies_each_byte_once_and_shares_its_buffer(filled):
     ld = wt.WireheadLoader(config=filled, batch_size=4, num_threads=2, shuffle=False)
     ld._loader()  # threads up; nothing read before start
@@ -52,7 +53,6 @@ def test_loader_copies_each_byte_once_and_shares_its_buffer(filled):
     ld.close()
 
 
-@pytest.mark.asan
 def test_held_batches_are_never_overwritten(filled):
     ld = wt.WireheadLoader(config=filled, batch_size=2, num_threads=2, prefetch=1)
     held = []
@@ -75,7 +75,6 @@ def test_held_batches_are_never_overwritten(filled):
     assert views[0].shape == (2, 256) and np.isfinite(views[0]).all()
 
 
-@pytest.mark.asan
 def test_dataset_copies_at_most_once(filled):
     ds = wt.WireheadIterableDataset(config=filled, shuffle=False)
     _C.counters_reset()
