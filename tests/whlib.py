@@ -100,7 +100,7 @@ def stop(proc, sig=signal.SIGTERM, timeout=20):
             proc.kill()
             proc.wait(10)
     for s in (proc.stdout, proc.stderr):
-        if s:
+        if s and not s.closed:
             _pending.pop(s.fileno(), None)  # the fd number will be reused
             s.close()
     return proc.returncode
