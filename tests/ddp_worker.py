@@ -19,8 +19,10 @@ The spec (a JSON file) says what to run:
   seed        order seed
   out         output path; "{rank}" is replaced by the rank
 
-Every sample is checked against its id; an all_reduce runs after every
-batch. The rank writes JSON: len, and per epoch the epoch number, the
+Between two epochs rank 0 waits (bounded) until the manager has sealed a
+generation newer than any read so far, so the next epoch reads another one
+however slow the machine. Every sample is checked against its id; an
+all_reduce runs after every batch. The rank writes JSON: len, and per epoch the epoch number, the
 steps, every item [generation, position, is_pad, tag, counter] in order
 and the all-reduced [ranks, real items, batch index] of every step."""
 import json
@@ -114,6 +116,12 @@ def main():
                 break
         if result["state"] is not None:
             break
+        if len(result["epochs"]) < spec["epochs"]:
+            if rank == 0:
+                newest = max(it[0] for it in ep["items"])
+                whlib.until(lambda: wt.status(spec["cfg"])["read_gen"] > newest, 45,
+                            "a generation newer than this epoch's")
+            dist.barrier()
     dist.barrier()
     out = spec["out"].replace("{rank}", str(rank))
     with open(out + ".tmp", "w") as f:
