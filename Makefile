@@ -12,6 +12,10 @@ DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
             openjdk-17-jdk-headless maven
 
+# libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
+# not to, and a killed test process leaves them behind.
+export MONGOC_DISABLE_SHM := 1
+
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
