@@ -1,10 +1,10 @@
 /* Sample encode/decode with bounds checks; see wh_sample.h for the layout. */
 #define _GNU_SOURCE
 #define XXH_STATIC_LINKING_ONLY
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 #include <xxh_x86dispatch.h> /* XXH3 with the widest SIMD the CPU has, chosen at run time */
@@ -332,16 +332,15 @@ bool wh_field_meta_same(const wh_field_meta_t *a, const wh_field_meta_t *b) {
 }
 
 static double wh__fault_secs = -1; /* < 0: no fault point */
-static pthread_once_t wh__fault_once = PTHREAD_ONCE_INIT;
-
-/* Read once: getenv is not safe against a concurrent setenv in another thread. */
-static void wh__fault_init(void) {
-    const char *v = getenv("WIREHEAD_FAULT_PUT_PAUSE");
-    if (v && *v) wh__fault_secs = atof(v);
-}
+static int wh__fault_pid;          /* process that read it: a forked child reads again */
 
 void wh_fault_put_midway(void) {
-    pthread_once(&wh__fault_once, wh__fault_init);
+    /* read once per process: getenv is not safe against a concurrent setenv */
+    if (__atomic_load_n(&wh__fault_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
+        const char *v = getenv("WIREHEAD_FAULT_PUT_PAUSE");
+        wh__fault_secs = (v && *v) ? atof(v) : -1;
+        __atomic_store_n(&wh__fault_pid, (int)getpid(), __ATOMIC_RELEASE);
+    }
     double secs = wh__fault_secs;
     if (secs < 0) return;
     fprintf(stderr, "wirehead: fault pause in put\n");
