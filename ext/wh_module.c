@@ -58,16 +58,16 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
 static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
     static char *kwlist[] = {"uri", "swap_cap", "fields", "byte_budget", "chunk_bytes",
                              "dbname", "prefix", "lease_s", "connect_timeout_s",
-                             "verify_reads", NULL};
+                             "verify_reads", "create", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = 256ull << 20, chunk_bytes = 4ull << 20;
     double lease_s = 10.0, connect_timeout_s = 10.0;
-    int verify = 1;
+    int verify = 1, create = 1;
     memset(out, 0, sizeof *out);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddp", kwlist, &uri, &swap_cap, &fields,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddpp", kwlist, &uri, &swap_cap, &fields,
                                      &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
-                                     &connect_timeout_s, &verify))
+                                     &connect_timeout_s, &verify, &create))
         return false;
     out->keep = PyList_New(0);
     if (!out->keep) return false;
@@ -91,6 +91,7 @@ static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
     c->lease_s = lease_s;
     c->connect_timeout_s = connect_timeout_s;
     c->verify_reads = verify;
+    c->no_create = !create;
     PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
     if (!seq) goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -292,6 +293,8 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
     bool ok, sealed = false;
     WH__CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
     if (!ok) return wh_module_raise(&err);
+    if (!sealed && info.blocked_pid)
+        return Py_BuildValue("{sK}", "blocked_pid", (unsigned long long)info.blocked_pid);
     if (!sealed) Py_RETURN_NONE;
     return Py_BuildValue("{sKsKsKsd}", "generation", (unsigned long long)info.generation,
                          "generated", (unsigned long long)info.generated, "discarded",
@@ -483,7 +486,7 @@ static PyMethodDef wh__store_methods[] = {
      "put(arrays, wait_ms=100) -> (status, generation)"},
     {"lead", (PyCFunction)wh__store_lead, METH_NOARGS, "acquire or renew the manager lease"},
     {"resign", (PyCFunction)wh__store_resign, METH_NOARGS, "give the manager lease up"},
-    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS, "seal if full: info dict or None"},
+    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS, "seal if full: info dict; {'blocked_pid': P} while a live writer holds the next area; else None"},
     {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
     {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
      "read(gen, pos, want=None) -> list of Array"},

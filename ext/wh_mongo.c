@@ -1320,7 +1320,9 @@ wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
     /* Reaches the server (bounded by the connect timeout), creates the state
      * on first use and checks the schema. */
     wh__state_t s;
-    if (!wh__state_get(m, true, &s, NULL, err)) {
+    bool exists = true;
+    if (!wh__state_get(m, !cfg->no_create, &s, &exists, err) ||
+        (!exists && !wh_err_set(err, WH_E_NOTFOUND, "no such store (no state document)"))) {
         wh_err_prefix(err, "open store '%s'", m->prefix);
         wh__mongo_destroy(&m->base);
         return NULL;

@@ -311,6 +311,12 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SAMPLE [%s], config "
                         "says another; use another store name or `wirehead-torch clean`",
                         s->shm_name + 10, have);
+    } else if (!c->no_create && h->slot_bytes != wh__page_up(c->byte_budget)) {
+        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with BYTE_BUDGET=%llu, "
+                        "config says %llu; the budget is fixed when the store is created: "
+                        "use the same value, or `wirehead-torch clean` and start again",
+                        s->shm_name + 10, (unsigned long long)h->slot_bytes,
+                        (unsigned long long)c->byte_budget);
     } else if (h->swap_cap != c->swap_cap) {
         ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SWAP_CAP=%u, config "
                         "says %u; use another store name or `wirehead-torch clean`",
@@ -347,7 +353,8 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     s->token |= 1;
     if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
     for (int attempt = 0; attempt < 5; attempt++) {
-        int fd = shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        int fd = cfg->no_create ? -1 : shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (cfg->no_create) errno = EEXIST;
         if (fd >= 0) {
             bool ok = wh__create(s, fd, err);
             close(fd);
@@ -363,6 +370,11 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         }
         fd = shm_open(s->shm_name, O_RDWR, 0600);
         if (fd < 0) {
+            if (errno == ENOENT && cfg->no_create) {
+                wh_err_set(err, WH_E_NOTFOUND, "no shm store '%s' (/dev/shm%s)", name,
+                           s->shm_name);
+                goto fail;
+            }
             if (errno == ENOENT) continue; /* removed meanwhile: create it */
             wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
             goto fail;
@@ -476,7 +488,9 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     if (size > s->slot_bytes)
         return wh_err_set(err, WH_E_TOOBIG,
                           "sample of %llu bytes does not fit a generation's BYTE_BUDGET of %llu "
-                          "bytes; raise BYTE_BUDGET to at least SWAP_CAP x sample size (%llu)",
+                          "bytes; raise BYTE_BUDGET to at least SWAP_CAP x sample size (%llu) "
+                          "(the budget is fixed when the store is created: `wirehead-torch "
+                          "clean` first)",
                           (unsigned long long)size, (unsigned long long)s->slot_bytes,
                           (unsigned long long)size * s->swap_cap);
     uint64_t deadline = wh_now_mono_ns() + (uint64_t)wait_ms * 1000000ull;
@@ -527,7 +541,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
             return wh_err_set(err, WH_E_TOOBIG,
                               "generation %llu filled its BYTE_BUDGET of %llu bytes with only "
                               "%u of SWAP_CAP=%u samples; raise BYTE_BUDGET to at least "
-                              "SWAP_CAP x sample size (%llu bytes)",
+                              "SWAP_CAP x sample size (%llu bytes) after `wirehead-torch clean`",
                               (unsigned long long)gen, (unsigned long long)s->slot_bytes, count,
                               s->swap_cap, (unsigned long long)size * s->swap_cap);
         /* Backpressure: wait for in-flight puts to commit or a seal. */
@@ -617,6 +631,8 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     }
     wh__prune_writers(next);
     if (next->nwriters) {
+        for (int i = 0; i < WH__MAX_WRITERS; i++)
+            if (next->writers[i].pid) info->blocked_pid = (uint64_t)next->writers[i].pid;
         wh__unlock(&next->lock);
         goto out;
     }

@@ -26,6 +26,7 @@ typedef struct {
     double lease_s;           /* manager lease; a dead leader is replaced after this */
     double connect_timeout_s; /* mongo: bounded wait for the server */
     bool verify_reads;        /* check XXH3 of every field read */
+    bool no_create;           /* open only an existing store (WH_E_NOTFOUND otherwise) */
 } wh_store_config_t;
 
 typedef enum {
@@ -39,6 +40,8 @@ typedef struct {
     uint64_t generated;    /* samples accepted into all generations so far */
     uint64_t discarded;    /* surplus puts discarded so far */
     uint64_t seal_ns;      /* time the seal itself took */
+    uint64_t blocked_pid;  /* not sealed: a live writer (pid) still writes into the
+                              area the next generation needs (shm); 0 otherwise */
 } wh_seal_info_t;
 
 typedef struct {

@@ -129,7 +129,7 @@ def test_stale_segment_from_crashed_creator_is_replaced(shm_cfg):
         f.truncate(1 << 16)
     os.chmod(path, 0o600)
     t0 = time.monotonic()
-    st = wt.status(cfg)
+    st = open_store(cfg).status()
     assert st["read_gen"] == 0 and st["swap_cap"] == 2
     assert time.monotonic() - t0 < 15
     assert os.stat(path).st_mode & 0o777 == 0o600
@@ -168,7 +168,7 @@ def test_surplus_is_discarded_and_counted(store_cfg):
 
 def test_segment_mode_and_clean_removes_only_this_store(shm_cfg):
     a, b = shm_cfg(swap_cap=1), shm_cfg(swap_cap=1)
-    wt.status(a), wt.status(b)
+    open_store(a), open_store(b)
     pa = f"/dev/shm/wirehead.{a['STORE'][6:]}"
     pb = f"/dev/shm/wirehead.{b['STORE'][6:]}"
     assert os.stat(pa).st_mode & 0o777 == 0o600
@@ -208,3 +208,45 @@ def test_cli_status_and_manager_json(store_cfg, tmp_path):
     out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
                           str(bad)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "SWAP_CAP" in out.stderr and str(bad) in out.stderr
+
+
+def test_status_of_a_missing_store_creates_nothing(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2)
+    with pytest.raises(wt.NotFoundError, match="no shm store"):
+        wt.status(cfg)
+    assert not os.path.exists(f"/dev/shm/wirehead.{cfg['STORE'][6:]}")
+    p = tmp_path / "c.yaml"
+    p.write_text(json.dumps(cfg))
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+                          str(p)], env=whlib.env_for_child(), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "no shm store" in out.stderr
+
+
+def test_byte_budget_is_fixed_at_creation(shm_cfg):
+    cfg = shm_cfg(swap_cap=2, budget="64KiB")
+    open_store(cfg)
+    with pytest.raises(wt.SchemaMismatchError, match="BYTE_BUDGET=65536.*clean"):
+        open_store(dict(cfg, BYTE_BUDGET="1MiB"))
+    wt.clean(cfg)
+    assert open_store(dict(cfg, BYTE_BUDGET="1MiB")).status()["byte_budget"] == 1 << 20
+
+
+def test_seal_blocked_by_a_paused_writer_is_logged(shm_cfg):
+    """A live generator paused inside a put holds bytes in the area the
+    generation after next needs: sealing waits, and the manager says why."""
+    cfg = shm_cfg(swap_cap=2)
+    victim = whlib.spawn("gen", cfg, 66, env={"WIREHEAD_FAULT_PUT_PAUSE": "120"})
+    mgr = whlib.spawn("manager", cfg, stdout=subprocess.PIPE)
+    gen = whlib.spawn("gen", cfg, 7)
+    try:
+        whlib.wait_line(victim.stderr, "fault pause in put", 60)
+        lines = whlib.wait_line(mgr.stderr, "sealing waits for it", 60)
+        assert f"generator pid {victim.pid}" in lines[-1]
+        seals = wt.status(cfg)["seals"]
+        victim.kill()
+        victim.wait(10)
+        whlib.until(lambda: wt.status(cfg)["seals"] > seals, 60, "a seal after the writer died")
+    finally:
+        codes = [whlib.stop(p) for p in (gen, mgr, victim)]
+    assert codes[:2] == [0, 0]

@@ -253,3 +253,36 @@ def test_close_while_another_thread_reads(store_cfg):
         st.close()
         t.join(30)
         assert not t.is_alive() and errors and "closed" in errors[0]
+
+
+def test_resume_then_set_epoch_loop(filled):
+    """The usual loop calls set_epoch(e) after load_state_dict: the state
+    for epoch e still applies; a state for another epoch is dropped."""
+    ld = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    ld.set_epoch(1)
+    it = iter(ld)
+    first = positions([next(it), next(it)])
+    state = ld.state_dict()
+    del it
+    again = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    rest = positions(list(again))
+    assert sorted(p for p, pad in first + rest if not pad) == list(range(N))
+    assert len(first) + len(rest) == len(ld) * 3
+    other = wt.WireheadLoader(config=filled, batch_size=3, seed=5)
+    other.load_state_dict(state)
+    other.set_epoch(2)
+    assert len(list(other)) == len(other)
+    ds = wt.WireheadIterableDataset(config=filled, batch_size=3, num_workers=0, seed=1)
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=3))
+    head = positions([next(it)])
+    dstate = ds.state_dict(batches_consumed=1)
+    del it
+    ds2 = wt.WireheadIterableDataset(config=filled, batch_size=3, num_workers=0, seed=1)
+    ds2.load_state_dict(dstate)
+    ds2.set_epoch(dstate["epoch"])
+    tail = positions(list(torch.utils.data.DataLoader(ds2, batch_size=3)))
+    assert sorted(p for p, pad in head + tail if not pad) == list(range(N))
+    ds2.set_epoch(dstate["epoch"])  # after an iteration: the whole epoch again
+    assert len(positions(list(torch.utils.data.DataLoader(ds2, batch_size=3)))) == len(ds2)

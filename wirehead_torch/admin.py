@@ -10,7 +10,7 @@ def status(config=None, config_path=None):
     if isinstance(config, str):
         config, config_path = None, config
     cfg = get_config(config_path, config)
-    ps = ProcessStore(cfg)
+    ps = ProcessStore(cfg, create=False)  # a typo in a config must not make a store
     try:
         st = ps.get().status()
     finally:

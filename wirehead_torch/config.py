@@ -73,6 +73,9 @@ def _check(cfg, where):
                          f"got {sample!r}")
     if len(set(sample)) != len(sample):
         raise ValueError(f"{where}: SAMPLE names a field twice: {sample!r}")
+    if not isinstance(cfg["VERIFY_READS"], bool):
+        raise ValueError(f"{where}: VERIFY_READS must be true or false, got "
+                         f"{cfg['VERIFY_READS']!r}")
     for key in ("LEASE_SECONDS", "READ_TIMEOUT", "CONNECT_TIMEOUT", "MANAGER_POLL", "PORT",
                 "CHUNKSIZE"):
         v = cfg[key]
@@ -135,9 +138,11 @@ def redact(uri):
     return re.sub(r"(?<=://)[^/@]*@", "***@", uri)
 
 
-def store_kwargs(cfg):
-    """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config."""
+def store_kwargs(cfg, create=True):
+    """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
+    (create=False: open only an existing store)."""
     return dict(
+        create=create,
         uri=cfg["STORE"],
         swap_cap=cfg["SWAP_CAP"],
         fields=cfg["SAMPLE"],

@@ -96,13 +96,17 @@ def _check_args(p, a):
         p.error("--ddp must be >= 1")
 
 
-def demo_config(store, swap_cap):
-    """The config dict every demo process uses."""
+def demo_config(store, swap_cap, size):
+    """The config dict every demo process uses. The byte budget fits
+    SWAP_CAP samples (float32 image + uint8 labels, size^3 each) with room
+    for puts in flight, so the demo runs in a small /dev/shm too."""
+    sample = size ** 3 * 5 + 4096
     return {
         "STORE": store,
         "SWAP_CAP": int(swap_cap),
         "SAMPLE": ["input", "label"],
         "DBNAME": "demo",
+        "BYTE_BUDGET": sample * (int(swap_cap) + 8),
     }
 
 
@@ -214,7 +218,7 @@ def _run_demo(args):
     out = sys.stdout
     err = sys.stderr
     store = args.store or f"shm://wh-demo-{os.getpid()}"
-    cfg = demo_config(store, args.swap_cap)
+    cfg = demo_config(store, args.swap_cap, args.size)
     cfg_json = json.dumps(cfg)
     base_seed = args.seed if args.seed is not None else int(
         np.random.SeedSequence().entropy % (2 ** 31))

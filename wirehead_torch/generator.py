@@ -28,6 +28,7 @@ class WireheadGenerator:
         self.discarded = 0
         self.waits = 0
         self._store = ProcessStore(self.cfg)
+        self._stop = StopFlag()
 
     def _put(self, store, arrays, stop):
         """Puts one sample; waits out a full write area and a server outage
@@ -58,12 +59,17 @@ class WireheadGenerator:
             if stop:
                 return None
 
+    def stop(self):
+        """Asks a running ``run()`` (e.g. in another thread) to return after
+        the current put."""
+        self._stop.set()
+
     def run(self):
         names = self.cfg["SAMPLE"]
-        store = self._store.get()
         puts = 0
         it = iter(self.generator)
-        with StopFlag() as stop:
+        with self._stop as stop:
+            store = self._store.get()  # after the handlers: a SIGTERM while connecting is clean
             while not stop and (self.n_samples is None or puts < self.n_samples):
                 try:
                     item = next(it)
@@ -77,6 +83,7 @@ class WireheadGenerator:
                     self.accepted += 1
                 else:
                     self.discarded += 1
+        self._stop = StopFlag()  # a later run() starts afresh
         return puts
 
     run_generator = run

@@ -72,7 +72,17 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     # --- epochs and resume --------------------------------------------
     def set_epoch(self, epoch):
-        """The next iteration runs this epoch (later ones count on from it)."""
+        """The next iteration runs this epoch (later ones count on from it).
+        A state loaded for the same epoch still applies (the usual
+        load_state_dict, then set_epoch loop); one for another epoch is
+        dropped."""
+        sh = self._shared
+        untouched = not any(sh[_COUNTS + w] for w in range(_MAX_WORKERS))
+        if sh[_RESUME] >= 0 and sh[_BASE] == int(epoch) and untouched:
+            return
+        self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch):
         self._shared[_BASE] = int(epoch)
         self._shared[_RESUME] = -1
         for w in range(_MAX_WORKERS):
@@ -106,7 +116,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
                                  f"dataset has {have!r} (the worker count, batch size, world "
                                  f"size and seed must not change mid-epoch)")
-        self.set_epoch(state["epoch"])
+        self._set_epoch(state["epoch"])
         self._shared[_RESUME] = int(state["batches_consumed"])
         self._shared[_RESUME_GEN] = int(state.get("generation", 0))
         self._shared[_GEN] = self._shared[_RESUME_GEN]
@@ -146,9 +156,10 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
             if o.refresh == "step":
-                g = store.current()
-                if g > gen:
-                    gen = g
+                try:
+                    gen = max(gen, store.current())
+                except _C.StoreUnavailableError:
+                    pass  # keep reading gen; read_sample waits out the outage
             for _attempt in range(o.swap_cap + 1):
                 try:
                     gen, arrs = read_sample(store, gen, pos, o.want, self.cfg, self.timeout)

@@ -4,7 +4,9 @@ import os
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, log_skips
+from ._store import ProcessStore
 from .config import get_config, store_kwargs
+from .dataset import wait_for_generation
 
 import torch
 
@@ -44,20 +46,24 @@ class WireheadLoader:
         steps = info["steps"]
         self._batches = steps // batch_size if self.drop_last else -(-steps // batch_size)
         self._epoch = 0          # the epoch the next iteration runs
-        self._explicit = False   # set_epoch() was called for it
         self._resume = None      # (epoch, start_batch, generation)
         self._current = None     # (epoch, generation) of the running iteration
         self._consumed = 0
         self._skips = 0
         self._ld = None
         self._pid = None
+        self._store = ProcessStore(self.cfg)
 
     def __len__(self):
         return self._batches
 
     def set_epoch(self, epoch):
+        """The next iteration runs this epoch. A state loaded for the same
+        epoch still applies (the usual load_state_dict, then set_epoch
+        loop); one for another epoch is dropped."""
         self._epoch = int(epoch)
-        self._explicit = True
+        if self._resume is not None and self._resume[0] != self._epoch:
+            self._resume = None
 
     def _loader(self):
         if self._ld is None or self._pid != os.getpid():
@@ -73,14 +79,12 @@ class WireheadLoader:
 
     def __iter__(self):
         ld = self._loader()
-        if self._resume is not None:
-            epoch, start, gen = self._resume
-            self._resume = None
-        else:
-            epoch, start, gen = self._epoch, 0, 0
+        epoch, start, gen = self._resume or (self._epoch, 0, 0)
+        # wait here, not in C, so Ctrl-C and a server outage are handled
+        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout)
+        ld.start(epoch, start, gen or newest)
+        self._resume = None
         self._epoch = epoch + 1
-        self._explicit = False
-        ld.start(epoch, start, gen)
         self._current = (epoch, ld.info()["generation"])
         self._consumed = start
         o = self.order
@@ -138,6 +142,7 @@ class WireheadLoader:
         if self._ld is not None and self._pid == os.getpid():
             self._ld.close()
         self._ld = None
+        self._store.close()
 
     def __getstate__(self):
         d = dict(self.__dict__)

@@ -50,6 +50,12 @@ class WireheadManager:
         self.swaps = 0
         self.records = []
         self._store = ProcessStore(self.cfg)
+        self._stop = StopFlag()
+
+    def stop(self):
+        """Asks a running ``run()`` (e.g. in another thread) to give the lease
+        up and return."""
+        self._stop.set()
 
     def _emit(self, rec):
         self.records.append(rec)
@@ -60,14 +66,16 @@ class WireheadManager:
             log.info(line)
 
     def run(self, max_swaps=None):
-        store = self._store.get()
         poll = float(self.cfg["MANAGER_POLL"])
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
         leader, last_lead, waiting_logged, down = False, 0.0, False, False
+        blocked = None
         prev_time, prev_generated = time.time(), None
+        store = None
         try:
-            with StopFlag() as stop:
+            with self._stop as stop:
+                store = self._store.get()
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
                     try:
                         if prev_generated is None:
@@ -101,18 +109,29 @@ class WireheadManager:
                     if down:
                         log.warning("wirehead manager: the store is reachable again")
                         down = False
+                    if info is not None and "blocked_pid" in info:
+                        if blocked != info["blocked_pid"]:
+                            blocked = info["blocked_pid"]
+                            log.warning("wirehead manager: the write generation is full but "
+                                        "generator pid %d (alive, paused or stopped?) is still "
+                                        "writing into the area the next generation needs; "
+                                        "sealing waits for it", blocked)
+                        info = None
                     if info is None:
                         stop.wait(poll)
                         continue
+                    blocked = None
                     now = time.time()
                     self._emit(swap_record(info, prev_time, prev_generated, now))
                     prev_time, prev_generated = now, info["generated"]
                     self.swaps += 1
         finally:
             try:
-                store.resign()
+                if store is not None:
+                    store.resign()
             except _C.WireheadError as e:
                 log.warning("wirehead manager: could not release the lease: %s", e)
+            self._stop = StopFlag()  # a later run() starts afresh
         return self.swaps
 
     run_manager = run
