@@ -10,7 +10,8 @@ receives (a sum over a uint64 view) in every contender, the baseline included.
 
 Contenders (samples/s and GB/s of sample bytes delivered):
   raw store reads        Store.read_into a warm, reused buffer: one copy, one thread
-  WireheadLoader         C threads assemble batches into a ring of buffers
+  WireheadLoader         2 C threads assemble batches into a ring of buffers
+  WireheadIterableDataset iterated in-process: one copy into a fresh buffer per sample
   DataLoader(WireheadIterableDataset, num_workers=2)
   DataLoader(MongoTupleheadDataset, num_workers=2)   a plain map-style reader
 """
@@ -75,6 +76,21 @@ def bench_loader(cfg, n, epochs, batch):
     return items, dt
 
 
+def bench_dataset_in_process(cfg, epochs):
+    """WireheadIterableDataset iterated directly: the dataset's own cost
+    (one read into a fresh buffer per sample), without DataLoader workers."""
+    ds = wt.WireheadIterableDataset(config=cfg)
+    for it in ds:
+        pass
+    items = 0
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for it in ds:
+            touch(it["input"].numpy(), it["label"].numpy())
+            items += 1
+    return items, time.perf_counter() - t0
+
+
 def bench_dataloader(ds, n, epochs, batch):
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, persistent_workers=True,
                                      shuffle=not isinstance(ds, torch.utils.data.IterableDataset))
@@ -109,6 +125,8 @@ def main(argv=None):
         for name, fn in [
             ("raw store reads (1 copy, warm buffer)", lambda: bench_raw(cfg, a.size, a.swap_cap, a.epochs)),
             ("WireheadLoader (2 C threads)", lambda: bench_loader(cfg, a.swap_cap, a.epochs, a.batch)),
+            ("WireheadIterableDataset in-process (no DataLoader)",
+             lambda: bench_dataset_in_process(cfg, a.epochs)),
             ("DataLoader(WireheadIterableDataset, num_workers=2)",
              lambda: bench_dataloader(wt.WireheadIterableDataset(config=cfg, batch_size=a.batch,
                                                                  num_workers=2),
