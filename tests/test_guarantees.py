@@ -250,3 +250,16 @@ def test_seal_blocked_by_a_paused_writer_is_logged(shm_cfg):
     finally:
         codes = [whlib.stop(p) for p in (gen, mgr, victim)]
     assert codes[:2] == [0, 0]
+
+
+def test_sigint_also_ends_generator_and_manager_cleanly(shm_cfg):
+    import signal
+    cfg = shm_cfg(swap_cap=4)
+    gen = whlib.spawn("gen", cfg, 3)
+    mgr = whlib.spawn("manager", cfg, stdout=subprocess.PIPE)
+    try:
+        whlib.wait_line(mgr.stdout, '"generation"', 60)
+    finally:
+        codes = [whlib.stop(p, sig=signal.SIGINT) for p in (gen, mgr)]
+    assert codes == [0, 0]
+    assert wt.status(cfg)["leader_pid"] == 0

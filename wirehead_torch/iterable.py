@@ -28,7 +28,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     an epoch (DESIGN.md, "Sample order").
 
     Pass the DataLoader's ``batch_size`` and ``num_workers`` to pad every
-    worker to whole batches and make ``len(DataLoader)`` exact."""
+    worker to whole batches and make ``len(DataLoader)`` exact.
+
+    The epoch counters are shared with the DataLoader's worker processes
+    (fork, spawn or forkserver), so the dataset pickles only while a worker
+    process is being started, not with ``pickle.dumps`` or ``deepcopy``."""
 
     def __init__(self, config_path=None, config=None, *, fields=None, batch_size=None,
                  num_workers=None, shuffle=True, seed=0, pad="repeat", ignore_index=-100,
