@@ -574,11 +574,11 @@ static bool wh__gen_full(wh__mongo_t *m, uint64_t gen, bool *full, uint64_t *fil
 
 /* ---- put ---- */
 
-static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid,
-                              uint64_t nchunks, wh_err_t *err) {
-    if (!nchunks) return true;
-    bson_t sel = BSON_INITIALIZER, id, in;
-    BSON_APPEND_DOCUMENT_BEGIN(&sel, "_id", &id);
+/* {_id: {$in: [{s: sid, c: 0}, ..., {s: sid, c: nchunks-1}]}}: one sample's
+ * chunks, found through the _id index. */
+static void wh__chunk_filter(bson_t *q, int64_t sid, uint64_t nchunks) {
+    bson_t id, in;
+    BSON_APPEND_DOCUMENT_BEGIN(q, "_id", &id);
     BSON_APPEND_ARRAY_BEGIN(&id, "$in", &in);
     for (uint64_t i = 0; i < nchunks; i++) {
         char key[24];
@@ -591,7 +591,14 @@ static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t si
         bson_append_document_end(&in, &one);
     }
     bson_append_array_end(&id, &in);
-    bson_append_document_end(&sel, &id);
+    bson_append_document_end(q, &id);
+}
+
+static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid,
+                              uint64_t nchunks, wh_err_t *err) {
+    if (!nchunks) return true;
+    bson_t sel = BSON_INITIALIZER;
+    wh__chunk_filter(&sel, sid, nchunks);
     bson_error_t e;
     bool ok = mongoc_collection_delete_many(c, &sel, NULL, NULL, &e);
     bson_destroy(&sel);
@@ -1134,21 +1141,8 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
     if (any && nchunks) {
         if (!wh__grow(&m->seen, &m->seen_cap, nchunks, err)) return false;
         memset(m->seen, 0, nchunks);
-        bson_t q = BSON_INITIALIZER, id, in;
-        BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &id);
-        BSON_APPEND_ARRAY_BEGIN(&id, "$in", &in);
-        for (uint64_t i = 0; i < nchunks; i++) {
-            char key[24];
-            const char *kk;
-            bson_t one;
-            bson_uint32_to_string((uint32_t)i, &kk, key, sizeof key);
-            BSON_APPEND_DOCUMENT_BEGIN(&in, kk, &one);
-            BSON_APPEND_INT64(&one, "s", sid);
-            BSON_APPEND_INT64(&one, "c", (int64_t)i);
-            bson_append_document_end(&in, &one);
-        }
-        bson_append_array_end(&id, &in);
-        bson_append_document_end(&q, &id);
+        bson_t q = BSON_INITIALIZER;
+        wh__chunk_filter(&q, sid, nchunks);
         uint64_t per = WH__BATCH_BYTES / (cb + 256);
         if (per < 1) per = 1;
         if (per > nchunks) per = nchunks;

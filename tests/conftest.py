@@ -13,24 +13,35 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
 
 
-@pytest.fixture
-def shm_cfg():
-    """A factory of configs for fresh shm stores, removed afterwards."""
-    import wirehead_torch as wt
+def _config_factory(store_uri, **defaults):
+    """make(swap_cap, sample, budget, **extra) -> a config for a fresh store,
+    and the list of configs made (to clean up)."""
     made = []
 
     def make(swap_cap=8, sample=("id", "data"), budget="2MiB", **extra):
-        cfg = {"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
-               "SAMPLE": list(sample), "BYTE_BUDGET": budget, "READ_TIMEOUT": 30,
-               "LEASE_SECONDS": 5}
+        cfg = {"STORE": store_uri(), "SWAP_CAP": swap_cap, "SAMPLE": list(sample),
+               "READ_TIMEOUT": 30, "LEASE_SECONDS": 5, **defaults}
+        if budget is not None and cfg["STORE"].startswith("shm://"):
+            cfg["BYTE_BUDGET"] = budget
         cfg.update(extra)
         made.append(cfg)
         return cfg
 
-    yield make
+    return make, made
+
+
+def _clean_all(made):
+    import wirehead_torch as wt
     for cfg in made:
         wt.clean(cfg)
 
+
+@pytest.fixture
+def shm_cfg():
+    """A factory of configs for fresh shm stores, removed afterwards."""
+    make, made = _config_factory(lambda: f"shm://{whlib.unique_name()}")
+    yield make
+    _clean_all(made)
 
 
 @pytest.fixture(scope="session")
@@ -48,21 +59,11 @@ def store_cfg(request, shm_cfg):
     if request.param == "shm":
         yield shm_cfg
         return
-    import wirehead_torch as wt
     srv = request.getfixturevalue("mongo_server")
-    made = []
-
-    def make(swap_cap=8, sample=("id", "data"), budget=None, **extra):
-        cfg = {"STORE": f"{srv.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": swap_cap,
-               "SAMPLE": list(sample), "READ_TIMEOUT": 30, "LEASE_SECONDS": 5,
-               "CONNECT_TIMEOUT": 10}
-        cfg.update(extra)
-        made.append(cfg)
-        return cfg
-
+    make, made = _config_factory(lambda: f"{srv.uri}/{whlib.unique_name('whm')}",
+                                 CONNECT_TIMEOUT=10)
     yield make
-    for cfg in made:
-        wt.clean(cfg)
+    _clean_all(made)
 
 
 def _gpu_skip(report):

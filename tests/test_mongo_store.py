@@ -415,7 +415,13 @@ def test_server_restart_while_everything_runs(tmp_path):
             whlib.wait_line(mgr.stderr, "MongoDB", 60)
             assert all(p.poll() is None for p in procs), "a process died during the outage"
             srv.start()  # same port, empty
-            whlib.until(lambda: wt.status(cfg)["read_gen"] > first_epoch, 90,
+            def read_gen():
+                try:
+                    return wt.status(cfg)["read_gen"]
+                except wt.NotFoundError:  # wiped: nobody has re-created the store yet
+                    return 0
+
+            whlib.until(lambda: read_gen() > first_epoch, 90,
                         "a generation sealed after the restart")
             # the reader continues on new generations: samples newer than any before
             top = before["max"]
