@@ -1,12 +1,12 @@
 # wirehead_torch: `make demo` and `make test` do all set-up on a fresh Debian
-# machine (Debian packages when run as root, the venv, the extension, the
-# MongoDB test server's jars), each step only when missing or out of date.
+# machine (Debian packages when run as root, the venv, the extension; for
+# `make test` also the MongoDB test server's jars), each step only when
+# missing or out of date.
 SHELL := /bin/bash
 PY     := .venv/bin/python
 PIP    := .venv/bin/pip
-EXT    := wirehead_torch/_C$(shell /usr/bin/python3-config --extension-suffix 2>/dev/null || echo .so)
+EXT    := wirehead_torch/_C$(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null || echo .so)
 CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h)
-PKG    := $(wildcard wirehead_torch/*.py)
 
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
