@@ -68,12 +68,6 @@ const char *wh_dtype_name(int dtype) {
     return (dtype > 0 && dtype < WH_DT_MAX_) ? wh__dtypes[dtype].name : "?";
 }
 
-int wh_dtype_from_name(const char *name) {
-    for (int i = 1; i < WH_DT_MAX_; i++)
-        if (strcmp(wh__dtypes[i].name, name) == 0) return i;
-    return 0;
-}
-
 static wh_counters_t wh__counters;
 
 void wh_counters_get(wh_counters_t *out) {

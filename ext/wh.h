@@ -59,8 +59,6 @@ typedef enum {
 size_t wh_dtype_size(int dtype);
 /* Short name ("float32"), "?" for an unknown code. */
 const char *wh_dtype_name(int dtype);
-/* Code for a short name, 0 if unknown. */
-int wh_dtype_from_name(const char *name);
 
 /* A caller's array: any strides (in bytes, may be negative), 0-d allowed.
  * data points at element [0,...,0]. Not owned. */

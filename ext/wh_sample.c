@@ -48,12 +48,6 @@ bool wh_schema_init(wh_schema_t *s, int n, const char *const *names, wh_err_t *e
     return true;
 }
 
-int wh_schema_find(const wh_schema_t *s, const char *name) {
-    for (int i = 0; i < s->nfields; i++)
-        if (strcmp(s->names[i], name) == 0) return i;
-    return -1;
-}
-
 bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n,
                     wh_sample_meta_t *meta, wh_err_t *err) {
     memset(meta, 0, sizeof *meta);

@@ -28,9 +28,6 @@ typedef struct {
 } wh_schema_t;
 
 bool wh_schema_init(wh_schema_t *s, int n, const char *const *names, wh_err_t *err);
-/* Index of name in the schema, -1 if absent. */
-int wh_schema_find(const wh_schema_t *s, const char *name);
-
 typedef struct {
     int dtype;
     int ndim;

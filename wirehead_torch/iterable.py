@@ -156,7 +156,6 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             self._shared[_GEN] = gen
         positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
         positions = memoryview(positions).cast("q")
-        skipped = 0
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
             if o.refresh == "step":
@@ -169,7 +168,6 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen, arrs = read_sample(store, gen, pos, o.want, self.cfg, self.timeout)
                     break
                 except _C.CorruptSampleError as e:
-                    skipped += 1
                     log.warning("WireheadIterableDataset: skipped corrupt sample (%s); a "
                                 "neighbour stands in as padding", e)
                     is_pad, pos = True, (pos + 1) % o.swap_cap
