@@ -15,6 +15,8 @@ DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-
 # libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
 # not to, and a killed test process leaves them behind.
 export MONGOC_DISABLE_SHM := 1
+# Our own builds treat warnings as errors; users' pip installs do not.
+export WH_WERROR := 1
 
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
@@ -43,6 +45,9 @@ deps: .deps/debian.stamp
 .venv/.stamp: .deps/debian.stamp pyproject.toml
 	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages .venv
 	$(PY) -c 'import pytest' 2>/dev/null || $(PIP) install -q pytest
+	# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66
+	$(PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+	  2>/dev/null || $(PIP) install -q 'setuptools>=77'
 	touch $@
 
 # The extension is rebuilt whenever a C file changes; the editable install
