@@ -32,12 +32,35 @@ from ._C import (  # noqa: E402
     WireheadError,
 )
 from .admin import clean, status  # noqa: E402
-from .config import load_config
-from .dataset import MongoheadDataset, MongoTupleheadDataset
-from .generator import WireheadGenerator
-from .iterable import WireheadIterableDataset
-from .loader import WireheadLoader
-from .manager import WireheadManager
+from .config import load_config  # noqa: E402
+from .generator import WireheadGenerator  # noqa: E402
+from .manager import WireheadManager  # noqa: E402
+
+# The readers need torch (the map-style ones also run without it, with
+# output="numpy"); generators, the manager and the CLI do not, so readers are
+# imported on first use and `import wirehead_torch` never imports torch.
+_LAZY = {"WireheadIterableDataset": ".iterable", "WireheadLoader": ".loader",
+         "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        try:
+            mod = importlib.import_module(_LAZY[name], __name__)
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(f"wirehead_torch.{name} needs PyTorch, which is not installed: "
+                              f"pip install 'wirehead_torch[torch]' (or torch itself)") from e
+        value = getattr(mod, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
 
 __version__ = "0.1.0"
 

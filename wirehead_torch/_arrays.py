@@ -1,20 +1,35 @@
 """Conversions between user arrays, store dtype codes and torch tensors."""
+import sys
+
 import numpy as np
 
 from . import _C
 
-try:
-    import torch
-except ImportError:  # the generator side can run without torch
-    torch = None
+# torch is imported only by readers: a generator that yields tensors has
+# imported it already, and one that yields numpy arrays never needs it.
+torch = None
+
+# torch >= 2.3 has these types, but most of its ops raise "not implemented"
+# for them; they are handed out only when cast= names them explicitly.
+_LIMITED_UNSIGNED = {"uint16", "uint32", "uint64"}
+
+
+def _import_torch():
+    global torch
+    if torch is None:
+        import torch as t
+        torch = t
+    return torch
 
 # numpy dtype name -> store dtype name (bool and every numeric type)
 _NUMPY_OK = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
              "float16", "float32", "float64", "complex64", "complex128"}
 
 
-def _torch_dtype(name):
-    return getattr(torch, name, None) if torch is not None else None
+def _torch_dtype(name, asked=False):
+    if name in _LIMITED_UNSIGNED and not asked:
+        return None
+    return getattr(_import_torch(), name, None)
 
 
 def to_store_arrays(item, names):
@@ -40,14 +55,16 @@ def to_store_arrays(item, names):
     out = []
     for name, a in zip(names, item):
         code = None
-        if torch is not None and isinstance(a, torch.Tensor):
+        t = sys.modules.get("torch")
+        if t is not None and isinstance(a, t.Tensor):
             if a.device.type != "cpu":
                 raise _C.InvalidSampleError(
                     f"field '{name}': tensor on {a.device}; move it to the CPU first")
             a = a.detach()
-            if a.dtype == torch.bfloat16:
-                a, code = a.view(torch.int16), _C.DTYPES["bfloat16"]
-            a = a.resolve_conj().resolve_neg() if a.is_complex() else a
+            # conj/neg views are lazy bits numpy cannot see: materialise them
+            a = a.resolve_conj().resolve_neg()
+            if a.dtype == t.bfloat16:
+                a, code = a.view(t.int16), _C.DTYPES["bfloat16"]
             try:
                 a = a.numpy()
             except TypeError as e:
@@ -71,7 +88,14 @@ def to_store_arrays(item, names):
 
 def needs_cast_message(name, dtype, numpy_ok=True):
     way = "read it as numpy (output='numpy') or ask" if numpy_ok else "ask"
-    return (f"field '{name}' is stored as {dtype}, which torch {torch.__version__} cannot "
+    t = _import_torch()
+    if dtype in _LIMITED_UNSIGNED and getattr(t, dtype, None) is not None:
+        return (f"field '{name}' is stored as {dtype}; torch {t.__version__} has {dtype} "
+                f"tensors but most of its ops are not implemented for them, so they are "
+                f"handed out only on request: {way} for a cast, e.g. "
+                f"cast={{'{name}': 'int64'}}, or cast={{'{name}': '{dtype}'}} for the "
+                f"{dtype} tensor as stored")
+    return (f"field '{name}' is stored as {dtype}, which torch {t.__version__} cannot "
             f"hold; {way} for a cast, e.g. cast={{'{name}': 'int64'}}")
 
 
@@ -81,6 +105,9 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
     cast maps field name -> dtype name for an explicit, user-requested cast;
     numpy_ok says whether the caller offers output='numpy' (for the error)."""
     target = (cast or {}).get(name)
+    if target is not None and output != "numpy" and _torch_dtype(target, asked=True) is None:
+        raise TypeError(f"cast={{'{name}': {target!r}}}: torch {_import_torch().__version__} "
+                        f"has no dtype {target!r}")
     if output == "numpy":
         if arr.dtype == "bfloat16":
             raise TypeError(f"field '{name}' is bfloat16, which numpy cannot hold; "
@@ -89,7 +116,8 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
         if arr.dtype == "bool":
             x = x.view(np.bool_)
         return x.astype(target) if target else x
-    tdt = _torch_dtype(arr.dtype)
+    _import_torch()
+    tdt = _torch_dtype(arr.dtype, asked=(target == arr.dtype))
     if tdt is None:
         if target is None:
             raise TypeError(needs_cast_message(name, arr.dtype, numpy_ok))
@@ -98,10 +126,7 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
     t = torch.from_dlpack(arr)
     if arr.dtype == "bool" and t.dtype != torch.bool:
         t = t.view(torch.bool)
-    if target:
-        t = t.to(_torch_dtype(target))
+    if target and target != arr.dtype:
+        t = t.to(_torch_dtype(target, asked=True))
     return t
 
-
-def torch_holds(dtype_name):
-    return _torch_dtype(dtype_name) is not None
