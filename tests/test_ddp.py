@@ -7,7 +7,6 @@ checks every sample against its id, all-reduces after every batch and
 writes what it saw to a JSON file; the assertions are made here."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -72,12 +71,6 @@ def feed(store_cfg):
             whlib.stop(p)
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path, name, rank_env=True, **spec):
     """Runs WORLD ranks of ddp_worker.py with spec; returns their results
     by rank. Fails (after killing the ranks) if any takes too long.
@@ -88,7 +81,7 @@ def launch(tmp_path, name, rank_env=True, **spec):
     spec["out"] = str(tmp_path / f"{name}.{{rank}}.json")
     spec_path = tmp_path / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    port = free_port()
+    port = whlib.free_port()
     procs, logs = [], []
     for rank in range(WORLD):
         log = open(tmp_path / f"{name}.{rank}.log", "w")

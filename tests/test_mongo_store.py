@@ -6,7 +6,6 @@ restart test gets a server of its own (a restart wipes everything)."""
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -83,14 +82,6 @@ def spawn_reader(kind, cfg):
     return subprocess.Popen([sys.executable, READER, kind, json.dumps(cfg)],
                             env=whlib.env_for_child(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # -- basics ------------------------------------------------------------------
@@ -236,7 +227,7 @@ def test_schema_mismatch_is_refused(mongo_cfg):
 
 
 def test_unreachable_server_gives_a_clear_error_after_a_bounded_wait():
-    port = free_port()  # nothing listens there
+    port = whlib.free_port()  # nothing listens there
     cfg = {"STORE": f"mongodb://alice:hunter2pw@127.0.0.1:{port}/db?authSource=admin",
            "SWAP_CAP": 4, "SAMPLE": ["id", "data"], "CONNECT_TIMEOUT": 1.5}
     t0 = time.monotonic()

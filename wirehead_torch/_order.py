@@ -9,20 +9,28 @@ PAD_CODES = {"repeat": 0, "ignore": 1, "drop": 2}
 REFRESH = ("epoch", "step")
 
 
-def rank_world(rank=None, world_size=None):
-    """(rank, world_size): explicit values win, then an initialised
-    torch.distributed, then RANK/WORLD_SIZE, then 0/1."""
-    r = w = None
+def _found_rank_world():
+    """(rank, world_size) this process can find by itself: an initialised
+    torch.distributed, then RANK/WORLD_SIZE; None where neither says."""
     try:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
+            return dist.get_rank(), dist.get_world_size()
     except ImportError:
         pass
-    if w is None and os.environ.get("WORLD_SIZE"):
+    if os.environ.get("WORLD_SIZE"):
         w = _int_env("WORLD_SIZE")
-        if os.environ.get("RANK"):
-            r = _int_env("RANK")
+        return (_int_env("RANK") if os.environ.get("RANK") else None), w
+    return None
+
+
+def rank_world(rank=None, world_size=None, inherited=None):
+    """(rank, world_size): explicit values win, then what this process finds
+    (torch.distributed, then RANK/WORLD_SIZE), then what the process that
+    pickled the dataset found (a DataLoader worker started with spawn has no
+    process group of its own), then 0/1."""
+    found = _found_rank_world() or inherited
+    r, w = found if found else (None, None)
     if world_size is not None:
         w = world_size
     if rank is not None:
@@ -79,13 +87,34 @@ class Order:
         self.ignore_index = ignore_index
         self.label_fields = list(label_fields)
         self.refresh = refresh
-        self.rank, self.world_size = rank_world(rank, world_size)
+        # Rank and world size are looked up whenever they are used, not here:
+        # a dataset is often built before the process group exists (Lightning
+        # datamodules, ddp_spawn), and would otherwise read everything as rank 0.
+        if rank is not None and world_size is not None:
+            rank_world(rank, world_size)  # explicit values are checked at once
+        self._rank_arg, self._world_arg = rank, world_size
+        self._inherited = None
         self.swap_cap = cfg["SWAP_CAP"]
+
+    @property
+    def rank(self):
+        return rank_world(self._rank_arg, self._world_arg, self._inherited)[0]
+
+    @property
+    def world_size(self):
+        return rank_world(self._rank_arg, self._world_arg, self._inherited)[1]
+
+    def __getstate__(self):
+        # Pickled for a spawned worker: hand on what this process knows.
+        d = dict(self.__dict__)
+        d["_inherited"] = _found_rank_world() or self._inherited
+        return d
 
     def plan(self, workers=0, worker=0, batch=0):
         """Arguments of the C order functions (pad='drop' never pads; the
         batch size still counts batches on resume)."""
-        return dict(swap_cap=self.swap_cap, world=self.world_size, rank=self.rank,
+        rank, world = rank_world(self._rank_arg, self._world_arg, self._inherited)
+        return dict(swap_cap=self.swap_cap, world=world, rank=rank,
                     workers=workers, worker=worker, batch=batch, shuffle=self.shuffle,
                     seed=self.seed, pad=PAD_CODES[self.pad])
 

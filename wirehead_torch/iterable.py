@@ -18,6 +18,11 @@ _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
 # generation, generation in use, iterations of worker 0, of worker 1, ...]
 _BASE, _RESUME, _RESUME_GEN, _GEN, _COUNTS = range(5)
+_REGION = _COUNTS + _MAX_WORKERS
+# A dataset pickled to several rank processes before they exist (ddp_spawn)
+# carries one shared array to all of them: each rank keeps its state in its
+# own region (rank mod _RANK_REGIONS; ranks that share memory share a host).
+_RANK_REGIONS = 64
 
 
 class WireheadIterableDataset(torch.utils.data.IterableDataset):
@@ -55,10 +60,17 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self._store = ProcessStore(self.cfg)
         # Shared with worker processes (fork, spawn, forkserver) so that
         # persistent and fresh workers agree on the epoch.
-        self._shared = multiprocessing.RawArray("q", _COUNTS + _MAX_WORKERS)
-        self._shared[_RESUME] = -1
+        self._raw = multiprocessing.RawArray("q", _REGION * _RANK_REGIONS)
+        for r in range(_RANK_REGIONS):
+            self._raw[r * _REGION + _RESUME] = -1
         self._local_resume = None  # StatefulDataLoader protocol (per worker)
         self._progress = (0, 0, 0)  # (epoch, items yielded, generation) in this process
+
+    @property
+    def _shared(self):
+        """This rank's region of the shared epoch state."""
+        start = (self.order.rank % _RANK_REGIONS) * _REGION
+        return memoryview(self._raw).cast("B").cast("q")[start:start + _REGION]
 
     # --- sizes -------------------------------------------------------
     def _steps(self, workers):
@@ -81,19 +93,21 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         load_state_dict, then set_epoch loop); one for another epoch is
         dropped."""
         sh = self._shared
-        untouched = not any(sh[_COUNTS + w] for w in range(_MAX_WORKERS))
+        untouched = not any(sh[_COUNTS:])
         if sh[_RESUME] >= 0 and sh[_BASE] == int(epoch) and untouched:
             return
         self._set_epoch(epoch)
 
     def _set_epoch(self, epoch):
-        self._shared[_BASE] = int(epoch)
-        self._shared[_RESUME] = -1
+        sh = self._shared
+        sh[_BASE] = int(epoch)
+        sh[_RESUME] = -1
         for w in range(_MAX_WORKERS):
-            self._shared[_COUNTS + w] = 0
+            sh[_COUNTS + w] = 0
 
     def _epoch_of_running(self):
-        return self._shared[_BASE] + max(self._shared[_COUNTS] - 1, 0)
+        sh = self._shared
+        return sh[_BASE] + max(sh[_COUNTS] - 1, 0)
 
     def state_dict(self, batches_consumed=None):
         """With batches_consumed (the rank's batches taken this epoch): the
@@ -121,9 +135,10 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                                  f"dataset has {have!r} (the worker count, batch size, world "
                                  f"size and seed must not change mid-epoch)")
         self._set_epoch(state["epoch"])
-        self._shared[_RESUME] = int(state["batches_consumed"])
-        self._shared[_RESUME_GEN] = int(state.get("generation", 0))
-        self._shared[_GEN] = self._shared[_RESUME_GEN]
+        sh = self._shared
+        sh[_RESUME] = int(state["batches_consumed"])
+        sh[_RESUME_GEN] = int(state.get("generation", 0))
+        sh[_GEN] = sh[_RESUME_GEN]
 
     # --- iteration ------------------------------------------------------
     def __iter__(self):
@@ -141,6 +156,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         if self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
+            # later iterations of this worker go on from the resumed epoch
+            sh[_COUNTS + worker] = max(epoch - sh[_BASE] + 1, 1)
         elif count == 0 and sh[_RESUME] >= 0:
             start = _C.plan_resume_step(**plan, a=sh[_RESUME])
             gen = sh[_RESUME_GEN]

@@ -42,9 +42,6 @@ class WireheadLoader:
         self.transform = transform
         self.cast = cast
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
-        info = _C.plan_info(**self.order.plan(batch=batch_size))
-        steps = info["steps"]
-        self._batches = steps // batch_size if self.drop_last else -(-steps // batch_size)
         self._epoch = 0          # the epoch the next iteration runs
         self._resume = None      # (epoch, start_batch, generation)
         self._current = None     # (epoch, generation) of the running iteration
@@ -52,10 +49,13 @@ class WireheadLoader:
         self._skips = 0
         self._ld = None
         self._pid = None
+        self._rw = None
         self._store = ProcessStore(self.cfg)
 
     def __len__(self):
-        return self._batches
+        # from the plan each time: the rank may be known only once iterating
+        steps = _C.plan_info(**self.order.plan(batch=self.batch_size))["steps"]
+        return steps // self.batch_size if self.drop_last else -(-steps // self.batch_size)
 
     def set_epoch(self, epoch):
         """The next iteration runs this epoch. A state loaded for the same
@@ -66,12 +66,18 @@ class WireheadLoader:
             self._resume = None
 
     def _loader(self):
+        o = self.order
+        plan = o.plan()
+        rw = (plan["rank"], plan["world"])
+        if self._ld is not None and self._pid == os.getpid() and self._rw != rw:
+            self._ld.close()  # built before the process group existed
+            self._ld = None
         if self._ld is None or self._pid != os.getpid():
-            o = self.order
+            self._rw = rw
             self._ld = _C.Loader(
                 store=store_kwargs(self.cfg), batch=self.batch_size, threads=self.num_threads,
-                prefetch=self.prefetch, drop_last=self.drop_last, world=o.world_size,
-                rank=o.rank, shuffle=o.shuffle, seed=o.seed, pad=o.plan()["pad"],
+                prefetch=self.prefetch, drop_last=self.drop_last, world=rw[1],
+                rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                 pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
                 timeout_s=self.timeout)
             self._pid = os.getpid()
