@@ -5,11 +5,11 @@ The test sample has two fields: 'id' (int64 [2]: producer tag, counter) and
 check every sample it gets against its id."""
 import json
 import os
-import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -57,45 +57,80 @@ def env_for_child(extra=None):
 
 
 def spawn(kind, cfg, *args, env=None, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL):
-    """Starts tests/procs.py KIND CFG_JSON ARGS... as a child process."""
-    return subprocess.Popen([sys.executable, PROCS, kind, json.dumps(cfg), *map(str, args)],
+    """Starts tests/procs.py KIND CFG_JSON ARGS... as a child process. Its
+    pipes are drained from the start (wait_line reads what was drained), so
+    a child never blocks on a full pipe that the test stopped reading."""
+    proc = subprocess.Popen([sys.executable, PROCS, kind, json.dumps(cfg), *map(str, args)],
                             env=env_for_child(env), stdout=stdout, stderr=stderr, text=True)
+    for s in (proc.stdout, proc.stderr):
+        if s is not None:
+            _drain(s)
+    return proc
 
 
-_pending = {}  # fd -> text read past the last line returned
+class _Drain:
+    """Reads one pipe to its end on a thread; lines wait for wait_line."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.lines = []
+        self.taken = 0
+        self.eof = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        fd, buf = self.stream.fileno(), ""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk.decode(errors="replace")
+            *done, buf = buf.split("\n")
+            if done:
+                with self.cond:
+                    self.lines += [line + "\n" for line in done]
+                    self.cond.notify_all()
+        with self.cond:
+            if buf:
+                self.lines.append(buf)
+            self.eof = True
+            self.cond.notify_all()
+
+
+_drains = {}  # id(stream) -> _Drain
+
+
+def _drain(stream):
+    d = _drains.get(id(stream))
+    if d is None or d.stream is not stream:
+        d = _drains[id(stream)] = _Drain(stream)
+    return d
 
 
 def wait_line(stream, text, timeout):
-    """Reads stream until a line containing text; returns all lines read.
-    Raises TimeoutError after timeout seconds.
-
-    Reads the pipe with os.read, not readline: a buffered readline can pull
-    the next line into Python's buffer, where select() cannot see it."""
-    fd = stream.fileno()
-    buf = _pending.pop(fd, "")
+    """Waits for a line of a child's pipe containing text; returns the lines
+    read since the last call, that one included. Raises TimeoutError after
+    timeout seconds, EOFError if the pipe closes first."""
+    d = _drain(stream)
     deadline = time.monotonic() + timeout
-    lines = []
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    try:
+    with d.cond:
         while True:
-            while "\n" in buf:
-                line, buf = buf.split("\n", 1)
-                lines.append(line + "\n")
-                if text in line:
-                    _pending[fd] = buf
-                    return lines
+            for i in range(d.taken, len(d.lines)):
+                if text in d.lines[i]:
+                    got, d.taken = d.lines[d.taken:i + 1], i + 1
+                    return got
+            seen = d.lines[d.taken:][-5:]
+            if d.eof:
+                raise EOFError(f"stream closed before {text!r}; got {seen}")
             left = deadline - time.monotonic()
             if left <= 0:
-                _pending[fd] = buf
-                raise TimeoutError(f"no line with {text!r} within {timeout}s; got {lines[-5:]}")
-            if sel.select(left):
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise EOFError(f"stream closed before {text!r}; got {lines[-5:]}")
-                buf += chunk.decode(errors="replace")
-    finally:
-        sel.close()
+                raise TimeoutError(f"no line with {text!r} within {timeout}s; got {seen}")
+            d.cond.wait(left)
 
 
 def stop(proc, sig=signal.SIGTERM, timeout=20):
@@ -109,7 +144,9 @@ def stop(proc, sig=signal.SIGTERM, timeout=20):
             proc.wait(10)
     for s in (proc.stdout, proc.stderr):
         if s and not s.closed:
-            _pending.pop(s.fileno(), None)  # the fd number will be reused
+            d = _drains.pop(id(s), None)
+            if d is not None:
+                d.thread.join(10)  # to EOF: the fd must not be closed under the reader
             s.close()
     return proc.returncode
 
