@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build test test-c test-py test-asan demo clean-build mongo-jars
+.PHONY: all install deps build test test-c test-py test-asan test-installed demo clean-build mongo-jars
 
 all: install
 
@@ -101,7 +101,28 @@ test-asan: install mongo-jars
 	WIREHEAD_EXT_DIR=build/asan/wirehead_torch \
 	  $(PY) -m pytest -q -x -m asan $(PYTEST_ARGS)
 
-test: test-c test-py test-asan
+# The package as pip users get it: `pip install .` (not editable) into its
+# own venv, then tests run from outside the source tree against it.
+INST_PY := .venv-inst/bin/python
+INST_TESTS := tests/test_install.py tests/test_roundtrip.py tests/test_loader_api.py \
+              tests/test_late_rank.py tests/test_demo.py
+
+.venv-inst/.stamp: .deps/debian.stamp pyproject.toml
+	test -x $(INST_PY) || /usr/bin/python3 -m venv --system-site-packages .venv-inst
+	$(INST_PY) -c 'import pytest' 2>/dev/null || $(INST_PY) -m pip install -q pytest
+	$(INST_PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+	  2>/dev/null || $(INST_PY) -m pip install -q 'setuptools>=77'
+	touch $@
+
+test-installed: .venv-inst/.stamp mongo-jars
+	$(INST_PY) -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+	mkdir -p build/installed-run
+	cd build/installed-run && $(CURDIR)/$(INST_PY) -c 'import wirehead_torch, sys; \
+	  f = wirehead_torch.__file__; print("testing", f); sys.exit("site-packages" not in f)'
+	cd build/installed-run && $(CURDIR)/$(INST_PY) -m pytest -q -p no:cacheprovider \
+	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(INST_TESTS))
+
+test: test-c test-py test-asan test-installed
 
 demo: install
 	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)

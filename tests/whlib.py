@@ -50,7 +50,11 @@ def check_sample(ident, data):
 
 def env_for_child(extra=None):
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    # children import the package the tests run against: the source tree's
+    # under an editable install, site-packages' under a real one
+    import wirehead_torch
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(wirehead_torch.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, HERE, env.get("PYTHONPATH")) if p)
     env.pop("WIREHEAD_FAULT_PUT_PAUSE", None)
     env.update(extra or {})
     return env
