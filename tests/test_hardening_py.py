@@ -112,3 +112,53 @@ def test_dict_config_checked_too():
         wt.config.get_config(config={"SWAP_CAP": 2 ** 64 + 3, "SAMPLE": ["a"], "STORE": "shm://x"})
     with pytest.raises(ValueError, match="SAMPLE"):
         wt.config.get_config(config={"SWAP_CAP": 4, "SAMPLE": ["a\x00"], "STORE": "shm://x"})
+
+
+def odd_tensors():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) - 7.5
+    c = torch.complex(torch.arange(6.0), torch.arange(6.0) + 1)
+    return {
+        "neg bit (imag of conj)": c.conj().imag,
+        "neg bit view": torch._neg_view(base),
+        "neg bit transposed": torch._neg_view(base).t(),
+        "conj": c.conj(),
+        "conj of neg": c.conj().neg(),
+        "non-contiguous": base[:, ::2],
+        "transposed": base.t(),
+        "expanded": torch.arange(3.0).expand(4, 3),
+        "zero-size": torch.zeros(0, 5),
+        "requires_grad": (base * 2).requires_grad_(),
+        "bfloat16 neg bit": torch._neg_view(base.to(torch.bfloat16)),
+        "int neg bit": torch._neg_view(torch.arange(5, dtype=torch.int32)),
+        "scalar": torch.tensor(3.25),
+    }
+
+
+@pytest.mark.parametrize("kind", list(odd_tensors()))
+def test_odd_tensors_store_what_the_user_sees(shm_cfg, kind):
+    t = odd_tensors()[kind]
+    want = t.detach().clone().resolve_conj().resolve_neg()
+    cfg = shm_cfg(swap_cap=2, sample=("x", "y"))
+    assert wt.WireheadGenerator(iter([(t, t), (t, t)]), config=cfg).run() == 2
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    ds = wt.MongoTupleheadDataset(config=cfg)
+    for i in range(2):
+        for got in ds[i]:
+            assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
+            assert torch.equal(got, want), kind
+
+
+def test_sparse_tensor_refused_clearly(shm_cfg):
+    cfg = shm_cfg(swap_cap=1, sample=("x",))
+    sp = torch.eye(3).to_sparse()
+    with pytest.raises(wt.InvalidSampleError, match="field 'x'.*to_dense"):
+        wt.WireheadGenerator(iter([(sp,)]), config=cfg).run()
+
+
+def test_to_store_arrays_neg_bit_directly():
+    c = torch.complex(torch.arange(4.0), torch.arange(4.0))
+    t = c.conj().imag  # the negative bit set: numpy() refuses it
+    assert t.is_neg()
+    ((arr, code),) = to_store_arrays((t,), ["x"])
+    assert np.array_equal(np.asarray(arr), np.array([-0.0, -1.0, -2.0, -3.0], np.float32))
+    assert code == _C.DTYPES["float32"]

@@ -44,10 +44,14 @@ def to_store_arrays(item, names):
             if a.device.type != "cpu":
                 raise _C.InvalidSampleError(
                     f"field '{name}': tensor on {a.device}; move it to the CPU first")
-            a = a.detach()
+            if a.is_sparse or a.layout != torch.strided:
+                raise _C.InvalidSampleError(
+                    f"field '{name}': {a.layout} tensor; convert it with .to_dense() first")
+            # the lazy negative/conjugate bits (x.neg() views, x.conj()) are
+            # not in the memory numpy sees: materialise what the user sees
+            a = a.detach().resolve_conj().resolve_neg()
             if a.dtype == torch.bfloat16:
                 a, code = a.view(torch.int16), _C.DTYPES["bfloat16"]
-            a = a.resolve_conj().resolve_neg() if a.is_complex() else a
             try:
                 a = a.numpy()
             except TypeError as e:
