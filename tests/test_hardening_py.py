@@ -32,6 +32,8 @@ BASE = "STORE: shm://hard\nSAMPLE: [a]\n"
     ("SWAP_CAP: 4\nCONNECT_TIMEOUT: 1e300", "CONNECT_TIMEOUT"),
     ("SWAP_CAP: 4\nMANAGER_POLL: -.inf", "MANAGER_POLL"),
     ("SWAP_CAP: 4\nCHUNKSIZE: .nan", "CHUNKSIZE"),
+    ("SWAP_CAP: 4\nCHUNKSIZE: 0.000001", "CHUNKSIZE"),   # 1-byte chunks
+    ("SWAP_CAP: 4\nCHUNKSIZE: 16", "CHUNKSIZE"),         # over MongoDB's document limit
     ("SWAP_CAP: 4\nBYTE_BUDGET: .inf", "BYTE_BUDGET"),
     ("SWAP_CAP: 4\nBYTE_BUDGET: 99999999999999999999999999", "BYTE_BUDGET"),
     ("SWAP_CAP: 4\nBYTE_BUDGET: '" + "9" * 400 + "'", "BYTE_BUDGET"),

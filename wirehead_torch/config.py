@@ -66,8 +66,11 @@ def parse_bytes(value, key="BYTE_BUDGET", where="config"):
 # Ranges the C side takes (wh_module.c): SWAP_CAP 1..2**30; byte counts fit
 # in uint64 with headroom; timeouts below 1e6 s; names under WH_MAX_NAME.
 _INT_RANGES = {"SWAP_CAP": (1, 1 << 30), "PORT": (1, 65535)}
-_NUM_RANGES = {"LEASE_SECONDS": 1e6, "READ_TIMEOUT": 1e6, "CONNECT_TIMEOUT": 1e6,
-               "MANAGER_POLL": 3600.0, "CHUNKSIZE": float(1 << 20)}
+# (least, most); all must be positive. CHUNKSIZE (MiB): a chunk document
+# must fit MongoDB's 16 MiB limit, and tiny chunks make reads of millions.
+_NUM_RANGES = {"LEASE_SECONDS": (0, 1e6), "READ_TIMEOUT": (0, 1e6),
+               "CONNECT_TIMEOUT": (0, 1e6), "MANAGER_POLL": (0, 3600.0),
+               "CHUNKSIZE": (1 / 2048, 15.0)}
 _BYTES_MAX = 1 << 62
 _NAME_MAX = 63
 _NAME_KEYS = ("DBNAME", "WRITE_COLLECTION", "READ_COLLECTION", "COUNTER_COLLECTION",
@@ -112,10 +115,10 @@ def _check(cfg, where):
         v = cfg[key] = _number(cfg[key], key, where, integer=True)
         if not lo <= v <= hi:
             raise ValueError(f"{where}: {key} must be in {lo}..{hi}, got {v!r}")
-    for key, hi in _NUM_RANGES.items():
+    for key, (lo, hi) in _NUM_RANGES.items():
         v = cfg[key] = _number(cfg[key], key, where, integer=False)
-        if not 0 < v <= hi:
-            raise ValueError(f"{where}: {key} must be a positive number at most {hi:g}, "
+        if not (v > 0 and lo <= v <= hi):
+            raise ValueError(f"{where}: {key} must be a positive number in {lo:g}..{hi:g}, "
                              f"got {v!r}")
     sample = cfg["SAMPLE"]
     if not isinstance(sample, (list, tuple)) or not sample:
