@@ -164,3 +164,25 @@ def test_to_store_arrays_neg_bit_directly():
     ((arr, code),) = to_store_arrays((t,), ["x"])
     assert np.array_equal(np.asarray(arr), np.array([-0.0, -1.0, -2.0, -3.0], np.float32))
     assert code == _C.DTYPES["float32"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensor_to_generator_is_refused_clearly(shm_cfg):
+    cfg = shm_cfg(swap_cap=1, sample=("x", "y"))
+    t = torch.zeros(2, device="cuda")
+    with pytest.raises(wt.InvalidSampleError, match="field 'y': tensor on cuda.*CPU"):
+        wt.WireheadGenerator(iter([(torch.zeros(2), t)]), config=cfg).run()
+    assert wt.status(cfg)["write_fill"] == 0
+
+
+def test_manager_keeps_a_bounded_number_of_swap_records(shm_cfg, monkeypatch):
+    import whlib
+    monkeypatch.setattr(wt.WireheadManager, "RECORDS_KEPT", 3)
+    cfg = shm_cfg(swap_cap=1)
+    mgr = wt.WireheadManager(config=cfg)
+    for i in range(5):
+        wt.WireheadGenerator(iter([whlib.sample(1, i)]), config=cfg).run()
+        assert mgr.run(max_swaps=i + 1) == i + 1  # counts across runs
+    assert len(mgr.records) == 3
+    gens = [r["generation"] for r in mgr.records]
+    assert gens == sorted(gens) and gens[-1] == wt.status(cfg)["read_gen"]
