@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build test test-c test-py test-asan test-installed demo clean-build mongo-jars
+.PHONY: all install deps build test test-c test-py test-asan test-installed demo soak clean-build mongo-jars
 
 all: install
 
@@ -126,6 +126,11 @@ test: test-c test-py test-asan test-installed
 
 demo: install
 	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
+
+# Not in CI: generators, manager and a byte-checking reader for SOAK_SECONDS
+# (default 300); fails on any wrong sample (benchmarks/soak.py).
+soak: install
+	SOAK_SECONDS=$(or $(SOAK_SECONDS),300) $(PY) benchmarks/soak.py
 
 clean-build:
 	rm -rf build $(EXT) *.egg-info .venv/.installed

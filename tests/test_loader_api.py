@@ -309,3 +309,40 @@ def test_resume_then_set_epoch_loop(filled):
     assert sorted(p for p, pad in head + tail if not pad) == list(range(N))
     ds2.set_epoch(dstate["epoch"])  # after an iteration: the whole epoch again
     assert len(positions(list(torch.utils.data.DataLoader(ds2, batch_size=3)))) == len(ds2)
+
+
+def test_second_thread_iterating_one_loader_is_an_error(shm_filled):
+    import threading
+    ld = wt.WireheadLoader(config=shm_filled, batch_size=3, shuffle=False)
+    it = iter(ld)
+    got = [next(it)]
+    errors = []
+
+    def other():
+        try:
+            got.extend(ld)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and errors and "another thread" in errors[0]
+    got.extend(it)
+    assert len(got) == len(ld) == 4
+    assert sorted(p for p, pad in positions(got) if not pad) == list(range(N))
+    # once the first iteration is over, another thread may iterate
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and len(errors) == 1 and len(got) == 2 * len(ld)
+
+
+def test_new_iter_in_same_thread_supersedes_the_old(shm_filled):
+    ld = wt.WireheadLoader(config=shm_filled, batch_size=3, shuffle=False)
+    old = iter(ld)
+    next(old)
+    new = list(ld)
+    assert len(new) == len(ld)
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(old)

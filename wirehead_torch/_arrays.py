@@ -60,9 +60,12 @@ def to_store_arrays(item, names):
             if a.device.type != "cpu":
                 raise _C.InvalidSampleError(
                     f"field '{name}': tensor on {a.device}; move it to the CPU first")
-            a = a.detach()
-            # conj/neg views are lazy bits numpy cannot see: materialise them
-            a = a.resolve_conj().resolve_neg()
+            if a.is_sparse or a.layout != t.strided:
+                raise _C.InvalidSampleError(
+                    f"field '{name}': {a.layout} tensor; convert it with .to_dense() first")
+            # the lazy negative/conjugate bits (x.neg() views, x.conj()) are
+            # not in the memory numpy sees: materialise what the user sees
+            a = a.detach().resolve_conj().resolve_neg()
             if a.dtype == t.bfloat16:
                 a, code = a.view(t.int16), _C.DTYPES["bfloat16"]
             try:

@@ -2,6 +2,7 @@
 
 Every key but ``SWAP_CAP`` and ``SAMPLE`` has a default (see ``DEFAULTS``).
 """
+import math
 import os
 import re
 import warnings
@@ -46,6 +47,8 @@ def parse_bytes(value, key="BYTE_BUDGET", where="config"):
     """``1048576``, ``"64MiB"``, ``"1.5GB"`` -> bytes (int)."""
     if isinstance(value, bool):
         raise ValueError(f"{where}: {key} must be a byte count, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {key} must be a finite byte count, got {value!r}")
     if isinstance(value, (int, float)):
         n = int(value)
     else:
@@ -53,34 +56,86 @@ def parse_bytes(value, key="BYTE_BUDGET", where="config"):
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"{where}: {key} must be a byte count like 268435456 or '256MiB', "
                              f"got {value!r}")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError(f"{where}: {key} must be positive, got {value!r}")
+        f = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        n = int(f) if math.isfinite(f) else 0
+    if not 0 < n <= _BYTES_MAX:
+        raise ValueError(f"{where}: {key} must be in 1..{_BYTES_MAX} bytes, got {value!r}")
     return n
+
+
+# Ranges the C side takes (wh_module.c): SWAP_CAP 1..2**30; byte counts fit
+# in uint64 with headroom; timeouts below 1e6 s; names under WH_MAX_NAME.
+_INT_RANGES = {"SWAP_CAP": (1, 1 << 30), "PORT": (1, 65535)}
+# (least, most); all must be positive. CHUNKSIZE (MiB): a chunk document
+# must fit MongoDB's 16 MiB limit, and tiny chunks make reads of millions.
+_NUM_RANGES = {"LEASE_SECONDS": (0, 1e6), "READ_TIMEOUT": (0, 1e6),
+               "CONNECT_TIMEOUT": (0, 1e6), "MANAGER_POLL": (0, 3600.0),
+               "CHUNKSIZE": (1 / 2048, 15.0)}
+_BYTES_MAX = 1 << 62
+_NAME_MAX = 63
+_NAME_KEYS = ("DBNAME", "WRITE_COLLECTION", "READ_COLLECTION", "COUNTER_COLLECTION",
+              "TEMP_COLLECTION", "COLLECTION_PREFIX", "MONGOHOST")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _number(v, key, where, integer):
+    """An int (or float) from a YAML value; quoted numbers are accepted as the
+    original wirehead did."""
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            v = int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else (
+                None if integer else float(text))
+        except ValueError:
+            v = None
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or (
+            integer and not isinstance(v, int)):
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{where}: {key} must be {kind}, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{where}: {key} must be a finite number, got {v!r}")
+    return v
+
+
+def _name(v, key, where, limit=_NAME_MAX):
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{where}: {key} must be a non-empty string, got {v!r}")
+    if _CONTROL.search(v):
+        raise ValueError(f"{where}: {key} contains a control character: {v!r}")
+    if len(v.encode()) > limit:
+        raise ValueError(f"{where}: {key} is longer than {limit} bytes: {v!r}")
+    return v
 
 
 def _check(cfg, where):
     for key in REQUIRED:
         if key not in cfg or cfg[key] is None:
             raise ValueError(f"{where}: required key {key} is missing")
-    cap = cfg["SWAP_CAP"]
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ValueError(f"{where}: SWAP_CAP must be a positive integer, got {cap!r}")
+    for key, (lo, hi) in _INT_RANGES.items():
+        v = cfg[key] = _number(cfg[key], key, where, integer=True)
+        if not lo <= v <= hi:
+            raise ValueError(f"{where}: {key} must be in {lo}..{hi}, got {v!r}")
+    for key, (lo, hi) in _NUM_RANGES.items():
+        v = cfg[key] = _number(cfg[key], key, where, integer=False)
+        if not (v > 0 and lo <= v <= hi):
+            raise ValueError(f"{where}: {key} must be a positive number in {lo:g}..{hi:g}, "
+                             f"got {v!r}")
     sample = cfg["SAMPLE"]
-    if (not isinstance(sample, (list, tuple)) or not sample
-            or not all(isinstance(s, str) and s for s in sample)):
+    if not isinstance(sample, (list, tuple)) or not sample:
         raise ValueError(f"{where}: SAMPLE must be a non-empty list of field names, "
                          f"got {sample!r}")
+    for i, s in enumerate(sample):
+        _name(s, f"SAMPLE[{i}]", where)
     if len(set(sample)) != len(sample):
         raise ValueError(f"{where}: SAMPLE names a field twice: {sample!r}")
+    for key in _NAME_KEYS:
+        if cfg.get(key) is not None:
+            _name(cfg[key], key, where, limit=200)
+    if cfg.get("STORE") is not None:
+        _name(cfg["STORE"], "STORE", where, limit=4096)
     if not isinstance(cfg["VERIFY_READS"], bool):
         raise ValueError(f"{where}: VERIFY_READS must be true or false, got "
                          f"{cfg['VERIFY_READS']!r}")
-    for key in ("LEASE_SECONDS", "READ_TIMEOUT", "CONNECT_TIMEOUT", "MANAGER_POLL", "PORT",
-                "CHUNKSIZE"):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ValueError(f"{where}: {key} must be a positive number, got {v!r}")
 
 
 def resolve(raw, where="config"):
@@ -111,14 +166,38 @@ def resolve(raw, where="config"):
     return cfg
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe loading without anchors/aliases: a few hundred bytes of nested
+    aliases ("billion laughs") would expand to gigabytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            ev = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML alias *{ev.anchor} is not allowed in a config", ev.start_mark)
+        return super().compose_node(parent, index)
+
+
+_FILE_MAX = 1 << 20
+
+
 def load_config(path):
     """Reads a wirehead YAML config and returns the resolved mapping."""
     path = os.fspath(path)
     try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            data = f.read(_FILE_MAX + 1)
     except OSError as e:
         raise ValueError(f"{path}: cannot read config: {e.strerror}") from None
+    if len(data) > _FILE_MAX:
+        raise ValueError(f"{path}: config is larger than {_FILE_MAX} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: config is not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None
+    try:
+        raw = yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML: {e}") from None
     return resolve(raw if raw is not None else {}, where=path)

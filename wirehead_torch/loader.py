@@ -1,5 +1,6 @@
 """WireheadLoader: the C-native batch loader (no Python worker processes)."""
 import os
+import threading
 
 from . import _C
 from ._arrays import to_output
@@ -11,6 +12,7 @@ from .dataset import wait_for_generation
 import torch
 
 _REFRESH = {"epoch": 0, "step": 1}
+_ITER_LOCK = threading.Lock()  # guards WireheadLoader._active only
 
 
 class WireheadLoader:
@@ -50,6 +52,7 @@ class WireheadLoader:
         self._ld = None
         self._pid = None
         self._rw = None
+        self._active = None      # (thread id, token) of the running iteration
         self._store = ProcessStore(self.cfg)
 
     def __len__(self):
@@ -84,6 +87,23 @@ class WireheadLoader:
         return self._ld
 
     def __iter__(self):
+        # one C loader feeds one iteration: a second thread would take
+        # batches of the same epoch (or restart it) and break len()
+        me, token = threading.get_ident(), object()
+        with _ITER_LOCK:
+            if self._active is not None and self._active[0] != me:
+                raise RuntimeError(
+                    "this WireheadLoader is already being iterated by another thread; "
+                    "give each thread its own WireheadLoader")
+            self._active = (me, token)
+        try:
+            yield from self._batches_of(token)
+        finally:
+            with _ITER_LOCK:
+                if self._active is not None and self._active[1] is token:
+                    self._active = None
+
+    def _batches_of(self, token):
         ld = self._loader()
         epoch, start, gen = self._resume or (self._epoch, 0, 0)
         # wait here, not in C, so Ctrl-C and a server outage are handled
@@ -118,6 +138,9 @@ class WireheadLoader:
                 batch = self.transform(batch)
             self._consumed = index + 1
             yield batch
+            if self._active is None or self._active[1] is not token:
+                raise RuntimeError("this WireheadLoader iteration was superseded by a newer "
+                                   "iter() of the same loader, which restarted it")
 
     def state_dict(self):
         """Resume state: the running epoch, batches consumed in it, the
@@ -152,5 +175,5 @@ class WireheadLoader:
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d["_ld"], d["_pid"] = None, None
+        d["_ld"], d["_pid"], d["_active"] = None, None, None
         return d

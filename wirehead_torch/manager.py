@@ -1,4 +1,5 @@
 """WireheadManager: seals full write generations, one line per swap."""
+import collections
 import json
 import logging
 import os
@@ -43,12 +44,16 @@ class WireheadManager:
     until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
     gives the lease up and returns the number of swaps it made."""
 
+    RECORDS_KEPT = 1000
+
     def __init__(self, config_path=None, config=None, json_lines=False, out=None):
         self.cfg = get_config(config_path, config)
         self.json_lines = json_lines
         self.out = out
         self.swaps = 0
-        self.records = []
+        # the latest swap records only: a manager runs for weeks (a list grew
+        # ~430 bytes per swap in the soak)
+        self.records = collections.deque(maxlen=self.RECORDS_KEPT)
         self._store = ProcessStore(self.cfg)
         self._stop = StopFlag()
 

@@ -1,0 +1,188 @@
+"""Hostile or odd input on the Python side: config values, YAML bombs,
+tensor bits, concurrent loader iteration."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import wirehead_torch as wt
+from wirehead_torch import _C
+from wirehead_torch._arrays import to_store_arrays
+
+
+def cfg_file(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+BASE = "STORE: shm://hard\nSAMPLE: [a]\n"
+
+
+@pytest.mark.parametrize("line,key", [
+    ("SWAP_CAP: 18446744073709551619", "SWAP_CAP"),   # 2**64+3 would wrap to 3
+    ("SWAP_CAP: 1073741825", "SWAP_CAP"),
+    ("SWAP_CAP: 0", "SWAP_CAP"),
+    ("SWAP_CAP: 2.5", "SWAP_CAP"),
+    ("SWAP_CAP: 4\nPORT: 70000", "PORT"),
+    ("SWAP_CAP: 4\nPORT: 0", "PORT"),
+    ("SWAP_CAP: 4\nLEASE_SECONDS: .nan", "LEASE_SECONDS"),
+    ("SWAP_CAP: 4\nREAD_TIMEOUT: .inf", "READ_TIMEOUT"),
+    ("SWAP_CAP: 4\nCONNECT_TIMEOUT: 1e300", "CONNECT_TIMEOUT"),
+    ("SWAP_CAP: 4\nMANAGER_POLL: -.inf", "MANAGER_POLL"),
+    ("SWAP_CAP: 4\nCHUNKSIZE: .nan", "CHUNKSIZE"),
+    ("SWAP_CAP: 4\nCHUNKSIZE: 0.000001", "CHUNKSIZE"),   # 1-byte chunks
+    ("SWAP_CAP: 4\nCHUNKSIZE: 16", "CHUNKSIZE"),         # over MongoDB's document limit
+    ("SWAP_CAP: 4\nBYTE_BUDGET: .inf", "BYTE_BUDGET"),
+    ("SWAP_CAP: 4\nBYTE_BUDGET: 99999999999999999999999999", "BYTE_BUDGET"),
+    ("SWAP_CAP: 4\nBYTE_BUDGET: '" + "9" * 400 + "'", "BYTE_BUDGET"),
+    ("SWAP_CAP: 4\nDBNAME: \"a\\0b\"", "DBNAME"),
+    ("SWAP_CAP: 4\nCOLLECTION_PREFIX: \"p\\nq\"", "COLLECTION_PREFIX"),
+    ("SWAP_CAP: 4\nSTORE: \"shm://x\\0y\"", "STORE"),
+])
+def test_out_of_range_values_name_key_and_file(tmp_path, line, key):
+    p = cfg_file(tmp_path, "SAMPLE: [a]\n" + line + "\n")
+    with pytest.raises(ValueError) as ei:
+        wt.load_config(p)
+    assert key in str(ei.value) and str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("sample,what", [
+    ('["a\\0b"]', "control character"),
+    ('["a", "b\\tc"]', "control character"),
+    ('["a", "a"]', "twice"),
+    ('["' + "x" * 64 + '"]', "longer than 63"),
+    ('[""]', "non-empty"),
+    ("[1]", "non-empty string"),
+])
+def test_bad_sample_names(tmp_path, sample, what):
+    p = cfg_file(tmp_path, f"SWAP_CAP: 4\nSAMPLE: {sample}\n")
+    with pytest.raises(ValueError, match=what) as ei:
+        wt.load_config(p)
+    assert "SAMPLE" in str(ei.value) and str(p) in str(ei.value)
+
+
+def test_quoted_numbers_accepted_like_the_original(tmp_path, monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    p = cfg_file(tmp_path, 'MONGOHOST: h\nPORT: "45055"\nSWAP_CAP: "100"\nSAMPLE: [a]\n'
+                           'CHUNKSIZE: "8"\nLEASE_SECONDS: "2.5"\n')
+    cfg = wt.load_config(p)
+    assert cfg["PORT"] == 45055 and cfg["SWAP_CAP"] == 100
+    assert cfg["CHUNKSIZE"] == 8 and cfg["LEASE_SECONDS"] == 2.5
+    assert cfg["STORE"] == "mongodb://h:45055/wirehead"
+    assert wt.config.store_kwargs(cfg)["swap_cap"] == 100
+    for bad in ('"1e99999"', '"nan"', '"0x10"', '"18446744073709551619"'):
+        with pytest.raises(ValueError, match="SWAP_CAP"):
+            wt.load_config(cfg_file(tmp_path, f"SWAP_CAP: {bad}\nSAMPLE: [a]\n"))
+
+
+def test_billion_laughs_refused_quickly(tmp_path):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    p = cfg_file(tmp_path, "\n".join(lines) + "\nSWAP_CAP: 4\nSAMPLE: [a]\n")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="alias") as ei:
+        wt.load_config(p)
+    assert time.monotonic() - t0 < 5
+    assert str(p) in str(ei.value)
+
+
+def test_single_alias_also_refused(tmp_path):
+    p = cfg_file(tmp_path, "SAMPLE: &s [a]\nREAD_COLLECTION: *s\nSWAP_CAP: 4\n")
+    with pytest.raises(ValueError, match=r"alias \*s"):
+        wt.load_config(p)
+
+
+@pytest.mark.parametrize("data", [
+    bytes(range(256)),
+    b"\xff\xfe\x00S\x00W\x00A\x00P",
+    b"SWAP_CAP: 4\nSAMPLE: [a]\n\x00\x01\x02",
+    b"SWAP_CAP: 4\n" + b"#" * ((1 << 20) + 1),
+])
+def test_binary_garbage_names_file(tmp_path, data):
+    p = cfg_file(tmp_path, data)
+    with pytest.raises(ValueError) as ei:
+        wt.load_config(p)
+    assert str(p) in str(ei.value)
+
+
+def test_dict_config_checked_too():
+    with pytest.raises(ValueError, match="SWAP_CAP"):
+        wt.config.get_config(config={"SWAP_CAP": 2 ** 64 + 3, "SAMPLE": ["a"], "STORE": "shm://x"})
+    with pytest.raises(ValueError, match="SAMPLE"):
+        wt.config.get_config(config={"SWAP_CAP": 4, "SAMPLE": ["a\x00"], "STORE": "shm://x"})
+
+
+def odd_tensors():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) - 7.5
+    c = torch.complex(torch.arange(6.0), torch.arange(6.0) + 1)
+    return {
+        "neg bit (imag of conj)": c.conj().imag,
+        "neg bit view": torch._neg_view(base),
+        "neg bit transposed": torch._neg_view(base).t(),
+        "conj": c.conj(),
+        "conj of neg": c.conj().neg(),
+        "non-contiguous": base[:, ::2],
+        "transposed": base.t(),
+        "expanded": torch.arange(3.0).expand(4, 3),
+        "zero-size": torch.zeros(0, 5),
+        "requires_grad": (base * 2).requires_grad_(),
+        "bfloat16 neg bit": torch._neg_view(base.to(torch.bfloat16)),
+        "int neg bit": torch._neg_view(torch.arange(5, dtype=torch.int32)),
+        "scalar": torch.tensor(3.25),
+    }
+
+
+@pytest.mark.parametrize("kind", list(odd_tensors()))
+def test_odd_tensors_store_what_the_user_sees(shm_cfg, kind):
+    t = odd_tensors()[kind]
+    want = t.detach().clone().resolve_conj().resolve_neg()
+    cfg = shm_cfg(swap_cap=2, sample=("x", "y"))
+    assert wt.WireheadGenerator(iter([(t, t), (t, t)]), config=cfg).run() == 2
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    ds = wt.MongoTupleheadDataset(config=cfg)
+    for i in range(2):
+        for got in ds[i]:
+            assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
+            assert torch.equal(got, want), kind
+
+
+def test_sparse_tensor_refused_clearly(shm_cfg):
+    cfg = shm_cfg(swap_cap=1, sample=("x",))
+    sp = torch.eye(3).to_sparse()
+    with pytest.raises(wt.InvalidSampleError, match="field 'x'.*to_dense"):
+        wt.WireheadGenerator(iter([(sp,)]), config=cfg).run()
+
+
+def test_to_store_arrays_neg_bit_directly():
+    c = torch.complex(torch.arange(4.0), torch.arange(4.0))
+    t = c.conj().imag  # the negative bit set: numpy() refuses it
+    assert t.is_neg()
+    ((arr, code),) = to_store_arrays((t,), ["x"])
+    assert np.array_equal(np.asarray(arr), np.array([-0.0, -1.0, -2.0, -3.0], np.float32))
+    assert code == _C.DTYPES["float32"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensor_to_generator_is_refused_clearly(shm_cfg):
+    cfg = shm_cfg(swap_cap=1, sample=("x", "y"))
+    t = torch.zeros(2, device="cuda")
+    with pytest.raises(wt.InvalidSampleError, match="field 'y': tensor on cuda.*CPU"):
+        wt.WireheadGenerator(iter([(torch.zeros(2), t)]), config=cfg).run()
+    assert wt.status(cfg)["write_fill"] == 0
+
+
+def test_manager_keeps_a_bounded_number_of_swap_records(shm_cfg, monkeypatch):
+    import whlib
+    monkeypatch.setattr(wt.WireheadManager, "RECORDS_KEPT", 3)
+    cfg = shm_cfg(swap_cap=1)
+    mgr = wt.WireheadManager(config=cfg)
+    for i in range(5):
+        wt.WireheadGenerator(iter([whlib.sample(1, i)]), config=cfg).run()
+        assert mgr.run(max_swaps=i + 1) == i + 1  # counts across runs
+    assert len(mgr.records) == 3
+    gens = [r["generation"] for r in mgr.records]
+    assert gens == sorted(gens) and gens[-1] == wt.status(cfg)["read_gen"]
