@@ -47,6 +47,7 @@
 
 #include <mongoc/mongoc.h>
 
+#include "wh_fault.h"
 #include "wh_store.h"
 
 #define WH__HIST 16
@@ -914,18 +915,6 @@ static bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_
     return ok;
 }
 
-/* Fault injection for tests: WIREHEAD_FAULT_SEAL_PAUSE=<seconds> pauses a
- * seal after the swap and before reclaiming old generations, printing
- * "wirehead: fault pause in seal" to stderr first. */
-static void wh__fault_seal_midway(void) {
-    const char *v = getenv("WIREHEAD_FAULT_SEAL_PAUSE");
-    if (!v || !*v) return;
-    double secs = atof(v);
-    fprintf(stderr, "wirehead: fault pause in seal\n");
-    fflush(stderr);
-    if (secs > 0) wh_sleep_ms((unsigned)(secs * 1000.0));
-}
-
 /* Drops generation collections older than keep_from except keep (the
  * retiring generation). Also catches collections a stale writer recreated. */
 static bool wh__sweep(wh__mongo_t *m, uint64_t keep_from, uint64_t keep, wh_err_t *err) {
@@ -1011,7 +1000,7 @@ static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, w
     info->seal_ns = seal_ns;
     /* Reclaim: keep w (read), s.read_gen (retiring), w+1 (write). A failure
      * here is retried by the next seal's sweep; the seal itself stands. */
-    wh__fault_seal_midway();
+    wh_fault_seal_midway();
     wh_err_t ignored;
     wh__sweep(m, w, s.read_gen, &ignored);
     return true;

@@ -73,3 +73,75 @@ bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
         return wh_mongo_clean(cfg, err);
     return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");
 }
+
+bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
+                       const bool *stop, uint64_t *gen, wh_err_t *err) {
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s > 0 ? timeout_s * 1e9 : 0);
+    unsigned delay = WH_READ_BACKOFF_MIN_MS;
+    for (;;) {
+        uint64_t g = 0;
+        wh_err_t e = {0};
+        bool ok = wh_store_current(st, &g, &e);
+        if (ok && g && g != newer_than) {
+            *gen = g;
+            return true;
+        }
+        if (!ok && e.code != WH_E_UNAVAIL) {
+            if (err) *err = e;
+            return false;
+        }
+        if (wh_now_mono_ns() >= deadline || (stop && __atomic_load_n(stop, __ATOMIC_RELAXED))) {
+            if (!ok) {
+                if (err) *err = e;
+            } else if (newer_than) {
+                wh_err_set(err, WH_E_TIMEOUT,
+                           "generation %llu is gone and no newer one appeared within %gs",
+                           (unsigned long long)newer_than, timeout_s);
+            } else {
+                wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs", timeout_s);
+            }
+            return false;
+        }
+        wh_sleep_ms(delay); /* bounded poll: a store has no wake-up channel across processes */
+        delay = delay * 2 < WH_READ_BACKOFF_MAX_MS ? delay * 2 : WH_READ_BACKOFF_MAX_MS;
+    }
+}
+
+bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                          wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err) {
+    uint32_t cap = st->cfg.swap_cap;
+    at->pad = false;
+    at->gone = at->corrupt = 0;
+    at->last_skip[0] = 0;
+    if (cap == 0 || at->pos >= cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u",
+                          at->pos, cap);
+    if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
+    for (;;) {
+        wh_err_t e = {0};
+        if (wh_store_read(st, at->gen, at->pos, fn, ctx, meta, &e)) return true;
+        if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_UNAVAIL) {
+            if (++at->gone > WH_READ_GONE_RETRIES) {
+                if (err) *err = e;
+                return wh_err_prefix(err, "position %u: generations were reclaimed %d times "
+                                     "in a row while reading; is the reader starved of CPU?",
+                                     at->pos, WH_READ_GONE_RETRIES);
+            }
+            if (!wh_store_wait_gen(st, at->gen, timeout_s, stop, &at->gen, err)) return false;
+            continue;
+        }
+        if (e.code == WH_E_CORRUPT && !at->strict) {
+            memcpy(at->last_skip, e.message, sizeof at->last_skip);
+            if (++at->corrupt >= cap) {
+                if (err) *err = e;
+                return wh_err_prefix(err, "every sample of generation %llu failed its check",
+                                     (unsigned long long)at->gen);
+            }
+            at->pad = true;
+            at->pos = (at->pos + 1) % cap;
+            continue;
+        }
+        if (err) *err = e;
+        return false;
+    }
+}
