@@ -339,8 +339,6 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
 
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     const char *name = cfg->uri + strlen("shm://");
-    if (cfg->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
     if (cfg->byte_budget < 4096)
         return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
     wh__shm_t *s = calloc(1, sizeof *s);
@@ -422,12 +420,6 @@ static void wh__shm_destroy(wh_store_t *st) {
     free(s);
 }
 
-static bool wh__forked(wh__shm_t *s, wh_err_t *err) {
-    if (getpid() != s->pid)
-        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
-    return false;
-}
-
 /* Slot lock held for all of these. */
 static void wh__add_hole(wh__slot_t *sl, uint64_t off, uint64_t size) {
     if (size && sl->nholes < WH__MAX_HOLES) sl->holes[sl->nholes++] = (wh__hole_t){off, size};
@@ -481,7 +473,6 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
                         wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     wh_sample_meta_t meta;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
     uint64_t size = meta.total_size;
@@ -578,7 +569,6 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
 static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     if (!wh__lock(&h->lock, err)) return false;
     uint64_t now = wh_now_real_ns();
     bool mine = h->leader_token == s->token;
@@ -596,7 +586,6 @@ static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
 static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     if (!wh__lock(&h->lock, err)) return false;
     if (h->leader_token == s->token) {
         h->leader_token = 0;
@@ -611,7 +600,6 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     *sealed = false;
-    if (getpid() != s->pid) return wh__forked(s, err);
     uint64_t t0 = wh_now_mono_ns();
     if (!wh__lock(&h->lock, err)) return false;
     if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
@@ -670,7 +658,7 @@ static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
 }
 
 static bool wh__gone(uint64_t gen, wh_err_t *err) {
-    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+    return wh_store_err_gone(err, gen);
 }
 
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
@@ -678,9 +666,6 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
-    if (pos >= s->swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          s->swap_cap);
     uint64_t rg = wh__ld(&h->read_gen);
     if (gen == 0 || gen > rg)
         return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",

@@ -93,6 +93,7 @@ struct wh_store {
     const wh_store_ops_t *ops;
     wh_store_config_t cfg;
     char *uri;  /* owned copy of cfg.uri */
+    int pid;    /* process that opened it: the fork guard */
 };
 
 /* Opens (creating on first use) the store named by cfg->uri. The returned
@@ -157,6 +158,10 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
  * at->pos as they are for the attempt it is called in. */
 bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err);
+
+/* The protocol's shared error texts: every backend reports these cases
+ * with the same code and words. */
+bool wh_store_err_gone(wh_err_t *err, uint64_t gen);
 
 /* Removes everything this store holds (shm segments or mongo collections);
  * nothing else. Works whether or not the store exists. */
