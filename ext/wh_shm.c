@@ -263,6 +263,16 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
                               s->shm_name + 10);
         }
+        /* another user's segment (or one others may write) could hand us
+         * hostile bytes while we read: refuse it before mapping */
+        if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
+            if (h) munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_INVALID, "shm store '%s' belongs to uid %u with mode "
+                              "%03o; a store must be owned by this user (uid %u) with mode "
+                              "0600: remove it or use another name", s->shm_name + 10,
+                              (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                              (unsigned)geteuid());
+        }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
                 void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -354,7 +364,10 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         int fd = cfg->no_create ? -1 : shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (cfg->no_create) errno = EEXIST;
         if (fd >= 0) {
-            bool ok = wh__create(s, fd, err);
+            /* 0600 whatever the umask: openers refuse any other mode */
+            bool ok = (fchmod(fd, 0600) == 0 ||
+                       wh_err_set(err, WH_E_SYS, "shm fchmod: %s", strerror(errno))) &&
+                      wh__create(s, fd, err);
             close(fd);
             if (!ok) {
                 shm_unlink(s->shm_name);
