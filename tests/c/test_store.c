@@ -1282,7 +1282,6 @@ out:
     clean_store(&c);
 }
 
-/* A handle used after fork refuses instead of corrupting state. */
 /* A segment others may write, or another user's, is refused with a
  * message saying why; set right again, it opens. */
 static void t_segment_owner_mode(void) {
@@ -1317,6 +1316,7 @@ out:
     clean_store(&c);
 }
 
+/* A handle used after fork refuses instead of corrupting state. */
 static void t_fork_handle(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
