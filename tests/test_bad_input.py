@@ -1,6 +1,5 @@
 """Bad input gets a clear error naming the problem and loses nothing stored."""
 import glob
-import os
 
 import numpy as np
 import pytest
