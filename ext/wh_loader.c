@@ -127,8 +127,8 @@ static wh__lslot_t *wh__slot_free(wh_loader_t *ld) {
 typedef struct {
     wh_loader_t *ld;
     wh__lslot_t *s;
-    uint32_t i, n, pos;
-    uint64_t gen;
+    uint32_t i, n;
+    const wh_read_at_t *at; /* the attempt in progress (for messages) */
 } wh__fill_t;
 
 static void wh__shape_str(const wh_field_meta_t *f, char *out, size_t cap) {
@@ -185,7 +185,7 @@ static bool wh__dest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t 
                               "the batch's first sample is %s; samples stacked in one batch "
                               "need one shape (use WireheadIterableDataset with a collate_fn "
                               "for ragged samples)",
-                              schema->names[f], c->pos, (unsigned long long)c->gen, a, b);
+                              schema->names[f], c->at->pos, (unsigned long long)c->at->gen, a, b);
         }
     }
     for (int f = 0; f < m->nfields; f++)
@@ -194,84 +194,38 @@ static bool wh__dest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t 
     return true;
 }
 
-/* Newest generation newer than *gen, waiting (bounded) while there is
- * none, e.g. after a MongoDB server lost its data. */
-static bool wh__newer(wh_loader_t *ld, wh_store_t *st, uint64_t *gen, wh_err_t *err) {
-    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(ld->cfg.timeout_s * 1e9);
-    unsigned delay = 2;
-    for (;;) {
-        uint64_t g = 0;
-        wh_err_t e = {0};
-        bool ok = wh_store_current(st, &g, &e);
-        if (ok && g && g != *gen) {
-            *gen = g;
-            pthread_mutex_lock(&ld->mu);
-            if (g > ld->gen) ld->gen = g;
-            pthread_mutex_unlock(&ld->mu);
-            return true;
-        }
-        if (!ok && e.code != WH_E_UNAVAIL) {
-            if (err) *err = e;
-            return false;
-        }
-        if (wh_now_mono_ns() > deadline || ld->stop) {
-            if (!ok && err) *err = e;
-            else
-                wh_err_set(err, WH_E_TIMEOUT,
-                           "generation %llu is gone and no newer one appeared within %.0fs",
-                           (unsigned long long)*gen, ld->cfg.timeout_s);
-            return false;
-        }
-        wh_sleep_ms(delay);
-        delay = delay < 100 ? delay * 2 : 100;
-    }
-}
-
 static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t index,
                      uint64_t gen, const wh_plan_perm_t *perm, wh_err_t *err) {
     uint64_t first = index * ld->cfg.batch;
     uint32_t n = (uint32_t)(ld->steps - first < ld->cfg.batch ? ld->steps - first : ld->cfg.batch);
-    uint32_t cap = ld->cfg.store.swap_cap;
     s->b.index = index;
     s->b.n = n;
     if (ld->cfg.refresh == WH_REFRESH_STEP) {
         uint64_t g = 0;
         if (wh_store_current(st, &g, NULL) && g > gen) gen = g;
     }
-    wh__fill_t c = {ld, s, 0, n, 0, gen};
+    wh_read_at_t at;
+    wh__fill_t c = {ld, s, 0, n, &at};
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t pos;
         bool pad;
-        wh_plan_item_at(&ld->cfg.plan, perm, first + i, &pos, &pad);
+        memset(&at, 0, sizeof at);
+        at.gen = gen;
+        wh_plan_item_at(&ld->cfg.plan, perm, first + i, &at.pos, &pad);
         c.i = i;
-        for (int attempt = 0;; attempt++) {
-            c.pos = pos;
-            c.gen = gen;
-            wh_err_t e = {0};
-            if (wh_store_read(st, gen, pos, wh__dest, &c, NULL, &e)) break;
-            if (attempt >= 32) {
-                if (err) *err = e;
-                return wh_err_prefix(err, "batch %llu: giving up after %d retries",
-                                     (unsigned long long)index, attempt);
-            }
-            if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_UNAVAIL) {
-                __atomic_fetch_add(&ld->stats.gone, 1, __ATOMIC_RELAXED);
-                if (!wh__newer(ld, st, &gen, err)) return false;
-                continue;
-            }
-            if (e.code == WH_E_CORRUPT) {
-                /* counted skip: a neighbouring sample stands in, marked as padding */
-                pthread_mutex_lock(&ld->mu);
-                ld->stats.corrupt++;
-                memcpy(ld->stats.last_skip, e.message, sizeof e.message);
-                pthread_mutex_unlock(&ld->mu);
-                pad = true;
-                pos = (pos + 1) % cap;
-                continue;
-            }
-            if (err) *err = e;
-            return false;
+        bool ok = wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c,
+                                       NULL, err);
+        if (at.gone) __atomic_fetch_add(&ld->stats.gone, at.gone, __ATOMIC_RELAXED);
+        if (at.corrupt || at.gen > gen) {
+            pthread_mutex_lock(&ld->mu);
+            ld->stats.corrupt += at.corrupt;
+            if (at.corrupt) memcpy(ld->stats.last_skip, at.last_skip, sizeof at.last_skip);
+            if (at.gen > ld->gen) ld->gen = at.gen;
+            pthread_mutex_unlock(&ld->mu);
         }
+        if (!ok) return wh_err_prefix(err, "batch %llu", (unsigned long long)index);
+        gen = at.gen;
+        pad = pad || at.pad;
+        uint32_t pos = at.pos;
         char *base = s->buf.data;
         base[s->b.pad_off + i] = pad;
         int64_t g64 = (int64_t)gen, p64 = pos;

@@ -329,7 +329,47 @@ static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
     return true;
 }
 
-/* read(gen, pos, want=None) -> list of Array (None for fields not wanted). */
+/* want (None: every field) as a bit mask of field indices. */
+static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
+    *mask = 0;
+    if (want == Py_None) {
+        *mask = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
+        return true;
+    }
+    PyObject *seq = PySequence_Fast(want, "want must be a sequence of field indices");
+    if (!seq) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (k < 0 || k >= nf) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
+            return false;
+        }
+        *mask |= 1u << k;
+    }
+    Py_DECREF(seq);
+    return true;
+}
+
+/* List of Array over the buffers read (None for fields not wanted). */
+static PyObject *wh__read_list(int nf, const wh__readctx_t *ctx, const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(nf);
+    for (int i = 0; out && i < nf; i++) {
+        PyObject *a = Py_None;
+        if (ctx->bufs[i]) {
+            a = wh_array_new(ctx->bufs[i], 0, meta->f[i].dtype, meta->f[i].ndim,
+                             meta->f[i].shape);
+            if (!a) Py_CLEAR(out);
+        } else {
+            Py_INCREF(a);
+        }
+        if (out) PyList_SET_ITEM(out, i, a);
+    }
+    return out;
+}
+
+/* read(gen, pos, want=None) -> list of Array (None for fields not wanted);
+ * exactly that sample or an error, no retry. */
 static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"gen", "pos", "want", NULL};
     unsigned long long gen;
@@ -337,49 +377,74 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     PyObject *want = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|O", kwlist, &gen, &pos, &want)) return NULL;
     if (!wh__open(self)) return NULL;
-    int nf = self->nfields;
     wh__readctx_t ctx = {0};
-    if (want == Py_None) {
-        ctx.want = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
-    } else {
-        PyObject *seq = PySequence_Fast(want, "want must be a sequence of field indices");
-        if (!seq) return NULL;
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-            long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-            if (k < 0 || k >= nf) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
-                return NULL;
-            }
-            ctx.want |= 1u << k;
-        }
-        Py_DECREF(seq);
-    }
+    if (!wh__want_mask(self->nfields, want, &ctx.want)) return NULL;
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = NULL;
-    if (!ok) {
-        wh_module_raise(&err);
-        goto done;
-    }
-    out = PyList_New(nf);
-    for (int i = 0; out && i < nf; i++) {
-        PyObject *a = Py_None;
-        if (ctx.bufs[i]) {
-            a = wh_array_new(ctx.bufs[i], 0, meta.f[i].dtype, meta.f[i].ndim, meta.f[i].shape);
-            if (!a) Py_CLEAR(out);
-        } else {
-            Py_INCREF(a);
-        }
-        if (out) PyList_SET_ITEM(out, i, a);
-    }
-done:
+    PyObject *out = ok ? wh__read_list(self->nfields, &ctx, &meta) : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
 
+/* read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos,
+ * is_pad, arrays, skipped): the one read policy (wh_store_read_sample):
+ * moves to the newest generation when gen (0: the newest) was reclaimed,
+ * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
+ * or, with skip=False, raises CorruptSampleError. */
+static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    double timeout = 60.0;
+    int skip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, &timeout,
+                                     &skip))
+        return NULL;
+    if (!wh__open(self)) return NULL;
+    wh__readctx_t ctx = {0};
+    if (!wh__want_mask(self->nfields, want, &ctx.want)) return NULL;
+    wh_read_at_t at = {0};
+    at.gen = gen;
+    at.pos = pos;
+    at.strict = !skip;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    bool ok;
+    WH__CALL(self, st, ok, &err,
+             wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
+    PyObject *out = NULL;
+    if (!ok) {
+        wh_module_raise(&err);
+    } else {
+        PyObject *arrs = wh__read_list(self->nfields, &ctx, &meta);
+        if (arrs)
+            out = Py_BuildValue("KIOOs", (unsigned long long)at.gen, at.pos,
+                                at.pad ? Py_True : Py_False, arrs,
+                                at.corrupt ? at.last_skip : NULL);
+        Py_XDECREF(arrs);
+    }
+    for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
+    return out;
+}
+
+/* wait_generation(newer_than=0, timeout=60.0) -> newest read generation
+ * other than newer_than, waiting with the read policy's backoff. */
+static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"newer_than", "timeout", NULL};
+    unsigned long long newer = 0;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Kd", kwlist, &newer, &timeout)) return NULL;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t gen = 0;
+    bool ok;
+    WH__CALL(self, st, ok, &err, wh_store_wait_gen(self->st, newer, timeout, NULL, &gen, &err));
+    if (!ok) return wh_module_raise(&err);
+    return PyLong_FromUnsignedLongLong(gen);
+}
 
 typedef struct {
     Py_buffer *views;
@@ -490,6 +555,12 @@ static PyMethodDef wh__store_methods[] = {
     {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
     {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
      "read(gen, pos, want=None) -> list of Array"},
+    {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
+     METH_VARARGS | METH_KEYWORDS,
+     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, skipped)"},
+    {"wait_generation", (PyCFunction)(void (*)(void))wh__store_wait_generation,
+     METH_VARARGS | METH_KEYWORDS,
+     "wait_generation(newer_than=0, timeout=60.0) -> newest read generation"},
     {"read_into", (PyCFunction)wh__store_read_into, METH_VARARGS,
      "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},

@@ -47,6 +47,7 @@
 
 #include <mongoc/mongoc.h>
 
+#include "wh_fault.h"
 #include "wh_store.h"
 
 #define WH__HIST 16
@@ -278,13 +279,6 @@ static bool wh__find_one(wh__mongo_t *m, mongoc_collection_t *c, const bson_t *f
     bool ok = !mongoc_cursor_error(cur, &e);
     mongoc_cursor_destroy(cur);
     if (!ok) return wh__merr(m, err, &e, "%s", what);
-    return true;
-}
-
-static bool wh__forked(const wh__mongo_t *m, wh_err_t *err) {
-    if (getpid() != m->pid)
-        return wh_err_set(err, WH_E_INVALID,
-                          "MongoDB store handle used after fork; open it in the child");
     return true;
 }
 
@@ -755,7 +749,6 @@ static bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned
                           wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     WH_UNUSED(wait_ms); /* never waits: storage is the server's */
-    if (!wh__forked(m, err)) return false;
     wh_sample_meta_t meta;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
     if (!wh__grow(&m->buf, &m->buf_cap, meta.total_size, err)) return false;
@@ -840,7 +833,6 @@ out:
 
 static bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
-    if (!wh__forked(m, err)) return false;
     int64_t now = (int64_t)(wh_now_real_ns() / 1000000);
     int64_t exp = now + (int64_t)(st->cfg.lease_s * 1000.0);
     mongoc_collection_t *c = wh__state_coll(m);
@@ -876,7 +868,6 @@ static bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
 
 static bool wh__mongo_resign(wh_store_t *st, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
-    if (!wh__forked(m, err)) return false;
     mongoc_collection_t *c = wh__state_coll(m);
     bson_t *sel = BCON_NEW("_id", BCON_UTF8("lease"), "owner", BCON_INT64((int64_t)m->token));
     bson_error_t e;
@@ -914,18 +905,6 @@ static bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_
     return ok;
 }
 
-/* Fault injection for tests: WIREHEAD_FAULT_SEAL_PAUSE=<seconds> pauses a
- * seal after the swap and before reclaiming old generations, printing
- * "wirehead: fault pause in seal" to stderr first. */
-static void wh__fault_seal_midway(void) {
-    const char *v = getenv("WIREHEAD_FAULT_SEAL_PAUSE");
-    if (!v || !*v) return;
-    double secs = atof(v);
-    fprintf(stderr, "wirehead: fault pause in seal\n");
-    fflush(stderr);
-    if (secs > 0) wh_sleep_ms((unsigned)(secs * 1000.0));
-}
-
 /* Drops generation collections older than keep_from except keep (the
  * retiring generation). Also catches collections a stale writer recreated. */
 static bool wh__sweep(wh__mongo_t *m, uint64_t keep_from, uint64_t keep, wh_err_t *err) {
@@ -958,7 +937,6 @@ static bool wh__sweep(wh__mongo_t *m, uint64_t keep_from, uint64_t keep, wh_err_
 static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     *sealed = false;
-    if (!wh__forked(m, err)) return false;
     uint64_t t0 = wh_now_mono_ns();
     uint64_t owner = 0, pid = 0;
     int64_t left = 0;
@@ -1011,7 +989,7 @@ static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, w
     info->seal_ns = seal_ns;
     /* Reclaim: keep w (read), s.read_gen (retiring), w+1 (write). A failure
      * here is retried by the next seal's sweep; the seal itself stands. */
-    wh__fault_seal_midway();
+    wh_fault_seal_midway();
     wh_err_t ignored;
     wh__sweep(m, w, s.read_gen, &ignored);
     return true;
@@ -1021,7 +999,6 @@ static bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, w
 
 static bool wh__mongo_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
-    if (!wh__forked(m, err)) return false;
     wh__state_t s;
     if (!wh__state_get(m, true, &s, NULL, err)) return false;
     *gen = s.read_gen;
@@ -1035,8 +1012,7 @@ static bool wh__missing(wh__mongo_t *m, uint64_t gen, uint32_t pos, const char *
     bool exists = false;
     if (!wh__state_get(m, false, &s, &exists, err)) return false;
     if (!exists || (gen != s.read_gen && gen != s.retiring))
-        return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed",
-                          (unsigned long long)gen);
+        return wh_store_err_gone(err, gen);
     return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s",
                       (unsigned long long)gen, pos, what);
 }
@@ -1071,7 +1047,6 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
                            wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     const wh_schema_t *schema = &st->cfg.schema;
-    if (!wh__forked(m, err)) return false;
     if (pos >= st->cfg.swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
                           st->cfg.swap_cap);
@@ -1082,8 +1057,7 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
             return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
                               (unsigned long long)gen, (unsigned long long)s.read_gen);
         if (gen > s.read_gen) /* older epoch of a wiped database */
-            return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed",
-                              (unsigned long long)gen);
+            return wh_store_err_gone(err, gen);
     }
 
     /* manifest */
@@ -1220,7 +1194,6 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
 
 static bool wh__mongo_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
-    if (!wh__forked(m, err)) return false;
     memset(o, 0, sizeof *o);
     wh__state_t s;
     if (!wh__state_get(m, true, &s, NULL, err)) return false;
@@ -1299,8 +1272,6 @@ static wh__mongo_t *wh__new(const wh_store_config_t *cfg, wh_err_t *err) {
 }
 
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
-    if (cfg->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
     uint64_t cb = cfg->chunk_bytes ? cfg->chunk_bytes : WH__DEFAULT_CHUNK;
     if (cb > WH__MAX_CHUNK)
         return wh_err_set(err, WH_E_INVALID,

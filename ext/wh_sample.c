@@ -11,7 +11,7 @@
 #endif
 
 #include "wh_sample.h"
-#include "wh_store.h"
+#include "wh_fault.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the sample format is little-endian; big-endian hosts need byte swaps"
@@ -323,21 +323,4 @@ bool wh_field_meta_same(const wh_field_meta_t *a, const wh_field_meta_t *b) {
     for (int k = 0; k < a->ndim; k++)
         if (a->shape[k] != b->shape[k]) return false;
     return true;
-}
-
-static double wh__fault_secs = -1; /* < 0: no fault point */
-static int wh__fault_pid;          /* process that read it: a forked child reads again */
-
-void wh_fault_put_midway(void) {
-    /* read once per process: getenv is not safe against a concurrent setenv */
-    if (__atomic_load_n(&wh__fault_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
-        const char *v = getenv("WIREHEAD_FAULT_PUT_PAUSE");
-        wh__fault_secs = (v && *v) ? atof(v) : -1;
-        __atomic_store_n(&wh__fault_pid, (int)getpid(), __ATOMIC_RELEASE);
-    }
-    double secs = wh__fault_secs;
-    if (secs < 0) return;
-    fprintf(stderr, "wirehead: fault pause in put\n");
-    fflush(stderr);
-    if (secs > 0) wh_sleep_ms((unsigned)(secs * 1000.0));
 }

@@ -263,6 +263,16 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
                               s->shm_name + 10);
         }
+        /* another user's segment (or one others may write) could hand us
+         * hostile bytes while we read: refuse it before mapping */
+        if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
+            if (h) munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_INVALID, "shm store '%s' belongs to uid %u with mode "
+                              "%03o; a store must be owned by this user (uid %u) with mode "
+                              "0600: remove it or use another name", s->shm_name + 10,
+                              (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                              (unsigned)geteuid());
+        }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
                 void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -339,8 +349,6 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
 
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     const char *name = cfg->uri + strlen("shm://");
-    if (cfg->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
     if (cfg->byte_budget < 4096)
         return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
     wh__shm_t *s = calloc(1, sizeof *s);
@@ -356,7 +364,10 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         int fd = cfg->no_create ? -1 : shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (cfg->no_create) errno = EEXIST;
         if (fd >= 0) {
-            bool ok = wh__create(s, fd, err);
+            /* 0600 whatever the umask: openers refuse any other mode */
+            bool ok = (fchmod(fd, 0600) == 0 ||
+                       wh_err_set(err, WH_E_SYS, "shm fchmod: %s", strerror(errno))) &&
+                      wh__create(s, fd, err);
             close(fd);
             if (!ok) {
                 shm_unlink(s->shm_name);
@@ -422,12 +433,6 @@ static void wh__shm_destroy(wh_store_t *st) {
     free(s);
 }
 
-static bool wh__forked(wh__shm_t *s, wh_err_t *err) {
-    if (getpid() != s->pid)
-        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
-    return false;
-}
-
 /* Slot lock held for all of these. */
 static void wh__add_hole(wh__slot_t *sl, uint64_t off, uint64_t size) {
     if (size && sl->nholes < WH__MAX_HOLES) sl->holes[sl->nholes++] = (wh__hole_t){off, size};
@@ -481,7 +486,6 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
                         wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     wh_sample_meta_t meta;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
     uint64_t size = meta.total_size;
@@ -578,7 +582,6 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
 static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     if (!wh__lock(&h->lock, err)) return false;
     uint64_t now = wh_now_real_ns();
     bool mine = h->leader_token == s->token;
@@ -596,7 +599,6 @@ static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
 static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (getpid() != s->pid) return wh__forked(s, err);
     if (!wh__lock(&h->lock, err)) return false;
     if (h->leader_token == s->token) {
         h->leader_token = 0;
@@ -611,7 +613,6 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     *sealed = false;
-    if (getpid() != s->pid) return wh__forked(s, err);
     uint64_t t0 = wh_now_mono_ns();
     if (!wh__lock(&h->lock, err)) return false;
     if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
@@ -670,7 +671,7 @@ static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
 }
 
 static bool wh__gone(uint64_t gen, wh_err_t *err) {
-    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+    return wh_store_err_gone(err, gen);
 }
 
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
@@ -678,9 +679,6 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
-    if (pos >= s->swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          s->swap_cap);
     uint64_t rg = wh__ld(&h->read_gen);
     if (gen == 0 || gen > rg)
         return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "wh_store.h"
 
@@ -9,9 +10,22 @@ static bool wh__is(const char *uri, const char *scheme) {
     return strncmp(uri, scheme, strlen(scheme)) == 0;
 }
 
+bool wh_store_err_gone(wh_err_t *err, uint64_t gen) {
+    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+}
+
+/* The fork guard, one meaning for both backends: a handle belongs to the
+ * process that opened it (shared locks, a MongoDB client's sockets). */
+static bool wh__here(const wh_store_t *st, wh_err_t *err) {
+    if (getpid() != st->pid)
+        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
+    return true;
+}
+
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
+    if (cfg->swap_cap < 1) return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
     if (wh__is(cfg->uri, "shm://"))
         st = wh_shm_open(cfg, err);
     else if (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://"))
@@ -21,6 +35,7 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
                           "store URI must start with shm:// or mongodb:// (STORE key)"),
                NULL;
     if (!st) return NULL;
+    st->pid = (int)getpid();
     /* the caller's strings need not outlive the call */
     st->uri = strdup(cfg->uri);
     st->cfg.uri = st->uri;
@@ -41,29 +56,41 @@ void wh_store_destroy(wh_store_t *st) {
 
 bool wh_store_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                   wh_put_status_t *status, uint64_t *gen, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
     return st->ops->put(st, arr, n, wait_ms, status, gen, err);
 }
 
 bool wh_store_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
     return st->ops->lead(st, leader, err);
 }
 
-bool wh_store_resign(wh_store_t *st, wh_err_t *err) { return st->ops->resign(st, err); }
+bool wh_store_resign(wh_store_t *st, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    return st->ops->resign(st, err);
+}
 
 bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
     return st->ops->seal(st, sealed, info, err);
 }
 
 bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
     return st->ops->current(st, gen, err);
 }
 
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                    wh_sample_meta_t *meta, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (pos >= st->cfg.swap_cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
+                          st->cfg.swap_cap);
     return st->ops->read(st, gen, pos, fn, ctx, meta, err);
 }
 
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
     return st->ops->status(st, out, err);
 }
 
@@ -72,4 +99,76 @@ bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     if (cfg->uri && (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
         return wh_mongo_clean(cfg, err);
     return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");
+}
+
+bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
+                       const bool *stop, uint64_t *gen, wh_err_t *err) {
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s > 0 ? timeout_s * 1e9 : 0);
+    unsigned delay = WH_READ_BACKOFF_MIN_MS;
+    for (;;) {
+        uint64_t g = 0;
+        wh_err_t e = {0};
+        bool ok = wh_store_current(st, &g, &e);
+        if (ok && g && g != newer_than) {
+            *gen = g;
+            return true;
+        }
+        if (!ok && e.code != WH_E_UNAVAIL) {
+            if (err) *err = e;
+            return false;
+        }
+        if (wh_now_mono_ns() >= deadline || (stop && __atomic_load_n(stop, __ATOMIC_RELAXED))) {
+            if (!ok) {
+                if (err) *err = e;
+            } else if (newer_than) {
+                wh_err_set(err, WH_E_TIMEOUT,
+                           "generation %llu is gone and no newer one appeared within %gs",
+                           (unsigned long long)newer_than, timeout_s);
+            } else {
+                wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs", timeout_s);
+            }
+            return false;
+        }
+        wh_sleep_ms(delay); /* bounded poll: a store has no wake-up channel across processes */
+        delay = delay * 2 < WH_READ_BACKOFF_MAX_MS ? delay * 2 : WH_READ_BACKOFF_MAX_MS;
+    }
+}
+
+bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                          wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err) {
+    uint32_t cap = st->cfg.swap_cap;
+    at->pad = false;
+    at->gone = at->corrupt = 0;
+    at->last_skip[0] = 0;
+    if (cap == 0 || at->pos >= cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u",
+                          at->pos, cap);
+    if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
+    for (;;) {
+        wh_err_t e = {0};
+        if (wh_store_read(st, at->gen, at->pos, fn, ctx, meta, &e)) return true;
+        if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_UNAVAIL) {
+            if (++at->gone > WH_READ_GONE_RETRIES) {
+                if (err) *err = e;
+                return wh_err_prefix(err, "position %u: generations were reclaimed %d times "
+                                     "in a row while reading; is the reader starved of CPU?",
+                                     at->pos, WH_READ_GONE_RETRIES);
+            }
+            if (!wh_store_wait_gen(st, at->gen, timeout_s, stop, &at->gen, err)) return false;
+            continue;
+        }
+        if (e.code == WH_E_CORRUPT && !at->strict) {
+            memcpy(at->last_skip, e.message, sizeof at->last_skip);
+            if (++at->corrupt >= cap) {
+                if (err) *err = e;
+                return wh_err_prefix(err, "every sample of generation %llu failed its check",
+                                     (unsigned long long)at->gen);
+            }
+            at->pad = true;
+            at->pos = (at->pos + 1) % cap;
+            continue;
+        }
+        if (err) *err = e;
+        return false;
+    }
 }

@@ -93,6 +93,7 @@ struct wh_store {
     const wh_store_ops_t *ops;
     wh_store_config_t cfg;
     char *uri;  /* owned copy of cfg.uri */
+    int pid;    /* process that opened it: the fork guard */
 };
 
 /* Opens (creating on first use) the store named by cfg->uri. The returned
@@ -127,6 +128,41 @@ bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, vo
                    wh_sample_meta_t *meta, wh_err_t *err);
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err);
 
+/* The one read policy every reader uses (loader threads, map-style and
+ * iterable datasets): a reclaimed generation (GONE, or NOTFOUND/UNAVAIL
+ * after a server lost it) moves the read to the newest generation, waiting
+ * with bounded backoff up to timeout_s; a CORRUPT sample is skipped, counted,
+ * and its next neighbour stands in marked as padding. */
+#define WH_READ_GONE_RETRIES 32   /* reclaims in a row before giving up */
+#define WH_READ_BACKOFF_MIN_MS 2  /* first wait for a newer generation */
+#define WH_READ_BACKOFF_MAX_MS 100
+
+typedef struct {
+    uint64_t gen;      /* in: generation to read (0: the newest); out: the one read */
+    uint32_t pos;      /* in: position; out: the position read (a neighbour after a skip) */
+    bool strict;       /* in: fail on a corrupt sample (an indexed read) instead of skipping */
+    bool pad;          /* out: a corrupt sample was skipped for this item */
+    uint32_t gone;     /* out: reclaims retried */
+    uint32_t corrupt;  /* out: corrupt samples skipped */
+    char last_skip[WH_ERR_LEN]; /* out: why the last sample was skipped */
+} wh_read_at_t;
+
+/* Newest read generation other than newer_than (0: any), waiting with
+ * bounded backoff up to timeout_s while there is none or the server is
+ * unavailable; *stop (may be NULL) ends the wait early. WH_E_TIMEOUT names
+ * newer_than; the last UNAVAIL error is returned instead if there was one. */
+bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
+                       const bool *stop, uint64_t *gen, wh_err_t *err);
+
+/* Reads at->pos of at->gen under the policy above. fn sees at->gen and
+ * at->pos as they are for the attempt it is called in. */
+bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                          wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err);
+
+/* The protocol's shared error texts: every backend reports these cases
+ * with the same code and words. */
+bool wh_store_err_gone(wh_err_t *err, uint64_t gen);
+
 /* Removes everything this store holds (shm segments or mongo collections);
  * nothing else. Works whether or not the store exists. */
 bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err);
@@ -137,10 +173,5 @@ bool wh_shm_clean(const char *name, wh_err_t *err);
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
 
-/* Fault injection for tests: when the environment variable
- * WIREHEAD_FAULT_PUT_PAUSE is set to a number of seconds, a put pauses
- * after writing half of its bytes (before commit), printing
- * "wirehead: fault pause in put" to stderr first. */
-void wh_fault_put_midway(void);
 
 #endif

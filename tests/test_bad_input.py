@@ -1,6 +1,5 @@
 """Bad input gets a clear error naming the problem and loses nothing stored."""
 import glob
-import os
 
 import numpy as np
 import pytest
@@ -74,17 +73,7 @@ def test_schema_mismatch_is_clear(shm_cfg):
 def test_corrupted_bytes_are_detected(shm_cfg):
     cfg = shm_cfg(swap_cap=2)
     filled(cfg)
-    name = cfg["STORE"][len("shm://"):]
-    path = f"/dev/shm/wirehead.{name}"
-    assert os.path.exists(path)
-    # find sample 1's data (tag 1, counter 1) in the segment and flip one bit
-    needle = whlib.sample(1, 1)[1].tobytes()[:64]
-    with open(path, "r+b") as f:
-        blob = f.read()
-        at = blob.find(needle)
-        assert at > 0
-        f.seek(at + 8)
-        f.write(bytes([blob[at + 8] ^ 0x01]))
+    whlib.corrupt_shm_sample(cfg, 1, 1)
     ds = wt.MongoTupleheadDataset(config=cfg)
     whlib.check_sample(*ds[0])
     with pytest.raises(wt.CorruptSampleError, match="field 'data': checksum mismatch"):

@@ -185,3 +185,15 @@ def read_generation(store, gen, swap_cap):
             return None
         seen.append(check_sample(np.from_dlpack(ident), np.from_dlpack(data)))
     return seen
+
+
+def corrupt_shm_sample(cfg, tag, counter):
+    """Flips one data bit of sample(tag, counter) inside cfg's shm segment."""
+    path = f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}"
+    needle = sample(tag, counter)[1].tobytes()[:64]
+    with open(path, "r+b") as f:
+        blob = f.read()
+        at = blob.find(needle)
+        assert at > 0, "sample not found in the segment"
+        f.seek(at + 8)
+        f.write(bytes([blob[at + 8] ^ 0x01]))

@@ -1,6 +1,5 @@
 """Map-style readers of the current generation, with the original names."""
 import logging
-import time
 
 import numpy as np
 
@@ -16,50 +15,35 @@ except ImportError:  # pragma: no cover - torch is a dependency of readers
     torch = None
     _Base = object
 
-_GONE_RETRIES = 8
 log = logging.getLogger("wirehead_torch")
 
 
 def wait_for_generation(store, cfg, timeout, newer_than=0):
-    """Newest sealed generation (newer than newer_than); waits up to timeout
-    seconds while there is none or the server cannot be reached."""
-    deadline = time.monotonic() + timeout
-    delay, warned = 0.005, False
-    while True:
-        try:
-            gen = store.current()
-            if gen and gen != newer_than:
-                return gen
-            problem = None
-        except _C.StoreUnavailableError as e:
-            problem = e
-            if not warned:
-                log.warning("wirehead reader: %s; waiting up to %gs", e, timeout)
-                warned = True
-        if time.monotonic() >= deadline:
-            if problem is not None:
-                raise problem
-            st = store.status()
-            raise TimeoutError(
-                f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: the "
-                f"write generation holds {st['write_fill']} of SWAP_CAP={st['swap_cap']} "
-                f"samples and {'a manager holds the lease' if st['leader_pid'] else 'no manager is running'}"
-                f"; start generators (WireheadGenerator) and a manager "
-                f"(wirehead-torch manager --config ...), or raise READ_TIMEOUT")
-        time.sleep(delay)  # bounded poll; a store has no wake-up channel across processes
-        delay = min(delay * 2, 0.1)
+    """Newest sealed generation (other than newer_than); waits up to timeout
+    seconds (C read policy: bounded backoff) while there is none or the
+    server cannot be reached."""
+    try:
+        return store.wait_generation(newer_than, timeout)
+    except _C.StoreTimeoutError:
+        st = store.status()
+        raise TimeoutError(
+            f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: the "
+            f"write generation holds {st['write_fill']} of SWAP_CAP={st['swap_cap']} "
+            f"samples and {'a manager holds the lease' if st['leader_pid'] else 'no manager is running'}"
+            f"; start generators (WireheadGenerator) and a manager "
+            f"(wirehead-torch manager --config ...), or raise READ_TIMEOUT") from None
 
 
-def read_sample(store, gen, pos, want, cfg, timeout):
-    """(generation, arrays) of position pos, from gen or, if gen was
-    reclaimed meanwhile (or the server lost it), from the newest one."""
-    for _ in range(_GONE_RETRIES):
-        try:
-            return gen, store.read(gen, pos, want)
-        except (_C.GenerationGoneError, _C.NotFoundError, _C.StoreUnavailableError):
-            gen = wait_for_generation(store, cfg, timeout, newer_than=gen)
-    raise _C.GenerationGoneError(f"position {pos}: generations were reclaimed {_GONE_RETRIES} "
-                                 f"times in a row while reading; is the reader starved of CPU?")
+def read_sample(store, gen, pos, want, timeout, skip=True):
+    """(generation, position, is_pad, arrays) through the one C read policy:
+    a reclaimed generation moves to the newest; a corrupt sample is skipped
+    (logged) and its neighbour stands in as padding, or with skip=False
+    raises CorruptSampleError."""
+    gen, pos, is_pad, arrs, skipped = store.read_sample(gen, pos, want, timeout, skip)
+    if skipped:
+        log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
+                    "padding", skipped)
+    return gen, pos, is_pad, arrs
 
 
 class _CurrentGenerationReader(_Base):
@@ -87,7 +71,8 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"index {index} out of range for SWAP_CAP={n}")
         store = self._store.get()
         gen = wait_for_generation(store, self.cfg, self.timeout)
-        _, arrs = read_sample(store, gen, i, [0, 1], self.cfg, self.timeout)
+        # an indexed read names its corrupt sample rather than substitute another
+        _, _, _, arrs = read_sample(store, gen, i, [0, 1], self.timeout, skip=False)
         return tuple(to_output(a, name, self.output, self.cast)
                      for a, name in zip(arrs[:2], self.names))
 

@@ -1,6 +1,5 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
-import logging
 import multiprocessing
 
 import torch
@@ -11,8 +10,6 @@ from ._order import Order, check_ignore_fits
 from ._store import ProcessStore
 from .config import get_config
 from .dataset import read_sample, wait_for_generation
-
-log = logging.getLogger("wirehead_torch")
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
@@ -179,17 +176,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 try:
                     gen = max(gen, store.current())
                 except _C.StoreUnavailableError:
-                    pass  # keep reading gen; read_sample waits out the outage
-            for _attempt in range(o.swap_cap + 1):
-                try:
-                    gen, arrs = read_sample(store, gen, pos, o.want, self.cfg, self.timeout)
-                    break
-                except _C.CorruptSampleError as e:
-                    log.warning("WireheadIterableDataset: skipped corrupt sample (%s); a "
-                                "neighbour stands in as padding", e)
-                    is_pad, pos = True, (pos + 1) % o.swap_cap
-            else:
-                raise _C.CorruptSampleError(f"every sample of generation {gen} failed its check")
+                    pass  # keep reading gen; the read policy waits out the outage
+            gen, pos, skipped, arrs = read_sample(store, gen, pos, o.want, self.timeout)
+            is_pad = is_pad or skipped
             item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
                     for i, name in zip(o.want, o.fields)}
             if is_pad and o.pad == "ignore":

@@ -1282,6 +1282,40 @@ out:
     clean_store(&c);
 }
 
+/* A segment others may write, or another user's, is refused with a
+ * message saying why; set right again, it opens. */
+static void t_segment_owner_mode(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    wh_err_t e;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    wh_store_destroy(st);
+    char p[160];
+    snprintf(p, sizeof p, "/dev/shm/wirehead.%s", c.uri + strlen("shm://"));
+    REQUIRE(chmod(p, 0666) == 0, "chmod: %s", strerror(errno));
+    st = wh_store_open(&c, &e);
+    CHECK(!st && e.code == WH_E_INVALID && strstr(e.message, "mode 666") &&
+              strstr(e.message, "0600"),
+          "mode 0666 must be refused naming the mode: %s", st ? "opened" : e.message);
+    wh_store_destroy(st);
+    REQUIRE(chmod(p, 0600) == 0, "chmod: %s", strerror(errno));
+    if (geteuid() == 0) { /* only root can give a file away */
+        REQUIRE(chown(p, 12345, (gid_t)-1) == 0, "chown: %s", strerror(errno));
+        st = wh_store_open(&c, &e);
+        CHECK(!st && e.code == WH_E_INVALID && strstr(e.message, "uid 12345"),
+              "another user's segment must be refused naming the owner: %s",
+              st ? "opened" : e.message);
+        wh_store_destroy(st);
+        REQUIRE(chown(p, geteuid(), (gid_t)-1) == 0, "chown: %s", strerror(errno));
+    }
+    st = wh_store_open(&c, &e);
+    CHECK(st, "owned, mode 0600: opens again: %s", e.message);
+    wh_store_destroy(st);
+out:
+    clean_store(&c);
+}
+
 /* A handle used after fork refuses instead of corrupting state. */
 static void t_fork_handle(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
@@ -1927,6 +1961,7 @@ int main(int argc, char **argv) {
         {"lease between handles, expiry, resign", t_lease_handles, false},
         {"lease of a dead child is taken at once", t_lease_dead_child, false},
         {"handle used after fork refuses", t_fork_handle, false},
+        {"segment of another user or not mode 0600 refused", t_segment_owner_mode, false},
         {"generator SIGKILLed inside a put", t_killed_put, false},
         {"live paused writer blocks slot recycling", t_live_writer_blocks_recycle, false},
         {"killed put with a tight budget does not wedge", t_killed_put_tight_budget, false},

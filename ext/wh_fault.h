@@ -1,0 +1,16 @@
+/* Fault-injection points for tests. Below every other store file: the
+ * sample encoder and both backends call in here, nothing here calls up. */
+#ifndef WH_FAULT_H
+#define WH_FAULT_H
+
+/* WIREHEAD_FAULT_PUT_PAUSE=<seconds>: a put pauses after writing half of
+ * its bytes (before commit), printing "wirehead: fault pause in put" to
+ * stderr first. */
+void wh_fault_put_midway(void);
+
+/* WIREHEAD_FAULT_SEAL_PAUSE=<seconds>: a seal pauses after the swap and
+ * before reclaiming old generations, printing "wirehead: fault pause in
+ * seal" to stderr first. */
+void wh_fault_seal_midway(void);
+
+#endif
