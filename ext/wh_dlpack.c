@@ -24,6 +24,7 @@ typedef struct wh__mtv {
 } wh__managed_versioned_t;
 
 #define WH__DL_BOOL 6 /* kDLBool, DLPack >= 0.8 */
+#define WH__DL_FLAG_IS_COPIED (1ULL << 1) /* DLPACK_FLAG_BITMASK_IS_COPIED, DLPack 1.0 */
 
 typedef struct {
     PyObject_HEAD
@@ -120,10 +121,6 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kwlist, &stream, &max_version,
                                      &dl_device, &copy))
         return NULL;
-    if (copy == Py_True) {
-        PyErr_SetString(PyExc_BufferError, "wirehead_torch.Array: copy=True is not supported");
-        return NULL;
-    }
     bool versioned = false;
     if (max_version != Py_None) {
         long major = -1;
@@ -132,15 +129,53 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
         if (major == -1 && PyErr_Occurred()) return NULL;
         versioned = major >= 1;
     }
+    if (copy != Py_None && !PyBool_Check(copy)) {
+        PyErr_SetString(PyExc_TypeError, "wirehead_torch.Array.__dlpack__: copy must be None or a bool");
+        return NULL;
+    }
+    if (dl_device != Py_None) {
+        int dt = 0, di = 0;
+        if (!PyArg_ParseTuple(dl_device, "ii;dl_device must be (device_type, device_id)", &dt, &di))
+            return NULL;
+        if (dt != a->buf->device_type || di != a->buf->device_id) {
+            PyErr_Format(PyExc_BufferError,
+                         "wirehead_torch.Array lives on device (%d, %d); export to (%d, %d) "
+                         "is not supported",
+                         a->buf->device_type, a->buf->device_id, dt, di);
+            return NULL;
+        }
+    }
+    wh_buf_t *src = a->buf;
+    size_t src_off = a->offset;
+    if (copy == Py_True) {
+        /* the array API asks the producer to copy: a fresh buffer owned by the capsule */
+        if (a->buf->device_type != kDLCPU) {
+            PyErr_SetString(PyExc_BufferError,
+                            "wirehead_torch.Array: copy=True is supported for host arrays only");
+            return NULL;
+        }
+        size_t n = wh_dtype_size(a->dtype);
+        for (int d = 0; d < a->ndim; d++) n *= (size_t)a->shape[d];
+        src = wh_buf_new(n);
+        if (!src) return PyErr_NoMemory();
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(src->data, (char *)a->buf->data + a->offset, n);
+        Py_END_ALLOW_THREADS
+        src_off = 0;
+    } else {
+        wh_buf_ref(src);
+    }
     wh__export_t *e = calloc(1, sizeof *e);
-    if (!e) return PyErr_NoMemory();
-    e->buf = a->buf;
-    wh_buf_ref(a->buf);
+    if (!e) {
+        wh_buf_unref(src);
+        return PyErr_NoMemory();
+    }
+    e->buf = src;
     memcpy(e->shape, a->shape, sizeof e->shape);
     memcpy(e->strides, a->strides, sizeof e->strides);
     DLTensor *t = versioned ? &e->m.v1.dl_tensor : &e->m.v0.dl_tensor;
     /* offset folded into data: torch before 2.x ignores byte_offset */
-    t->data = (char *)a->buf->data + a->offset;
+    t->data = (char *)src->data + src_off;
     t->byte_offset = 0;
     t->device.device_type = (DLDeviceType)a->buf->device_type;
     t->device.device_id = a->buf->device_id;
@@ -154,6 +189,7 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
         e->m.v1.version.minor = 0;
         e->m.v1.manager_ctx = e;
         e->m.v1.deleter = wh__deleter_v1;
+        if (copy == Py_True) e->m.v1.flags = WH__DL_FLAG_IS_COPIED;
         cap = PyCapsule_New(&e->m.v1, "dltensor_versioned", wh__capsule_v1);
     } else {
         e->m.v0.manager_ctx = e;

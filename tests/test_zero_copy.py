@@ -110,3 +110,32 @@ def test_versioned_capsule_when_asked(filled):
     assert '"dltensor"' in repr(cap0)
     assert arr.__dlpack_device__() == (1, 0)
     del cap, cap0  # unconsumed capsules free their export (checked under ASan)
+
+
+def test_copy_true_hands_out_an_independent_copy(filled):
+    from wirehead_torch.config import resolve, store_kwargs
+    store = _C.Store(**store_kwargs(resolve(filled)))
+    arr = store.read(store.current(), 0)[1]
+    shared = np.from_dlpack(arr)
+    before = shared.copy()
+    cap = arr.__dlpack__(copy=True)
+    copied = torch.utils.dlpack.from_dlpack(cap)
+    assert copied.data_ptr() != arr.data_ptr
+    assert np.array_equal(copied.numpy(), before)
+    copied.add_(1)  # the copy is the consumer's own: the stored bytes do not change
+    assert np.array_equal(shared, before)
+    if "copy" in torch.from_dlpack.__code__.co_varnames:  # torch >= 2.6 passes copy= on
+        t = torch.from_dlpack(arr, copy=True)
+        assert t.data_ptr() != arr.data_ptr and np.array_equal(t.numpy(), before)
+        assert torch.from_dlpack(arr, copy=False).data_ptr() == arr.data_ptr
+
+
+def test_dlpack_arguments_checked(filled):
+    from wirehead_torch.config import resolve, store_kwargs
+    store = _C.Store(**store_kwargs(resolve(filled)))
+    arr = store.read(store.current(), 0)[1]
+    with pytest.raises(TypeError, match="copy must be None or a bool"):
+        arr.__dlpack__(copy=1)
+    with pytest.raises(BufferError, match=r"lives on device \(1, 0\); export to \(2, 0\)"):
+        arr.__dlpack__(dl_device=(2, 0))
+    assert '"dltensor"' in repr(arr.__dlpack__(dl_device=(1, 0)))
