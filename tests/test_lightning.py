@@ -1,0 +1,40 @@
+"""A LightningDataModule that builds the dataset in __init__ under the
+ddp_spawn strategy (2 CPU ranks): each rank reads its own share, no sample
+twice per epoch, and every rank takes the same number of steps. Runs in the
+torch 2.x lane (`make test-torch2`), where Lightning is installed."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import whlib
+import wirehead_torch as wt
+
+pytestmark = pytest.mark.lightning
+
+N, EPOCHS = 14, 2
+
+
+def test_datamodule_built_in_init_under_ddp_spawn(store_cfg, tmp_path):
+    pytest.importorskip("lightning", reason="Lightning is installed in the torch 2.x lane")
+    cfg = store_cfg(swap_cap=N)
+    wt.WireheadGenerator((whlib.sample(2, i) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    env = whlib.env_for_child({"PL_DISABLE_FORK": "1"})
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(var, None)
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(whlib.free_port())
+    out = subprocess.run([sys.executable, f"{whlib.HERE}/lightning_proc.py", json.dumps(cfg),
+                          str(tmp_path), str(EPOCHS)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    assert [g["world"] for g in got] == [2, 2]
+    for epoch in map(str, range(EPOCHS)):
+        steps = [len(g["epochs"][epoch]) for g in got]
+        assert steps[0] == steps[1] > 0, f"epoch {epoch}: unequal steps {steps}"
+        real = [(gen, pos) for g in got for batch in g["epochs"][epoch]
+                for gen, pos, pad in batch if not pad]
+        assert len(real) == len(set(real)), f"epoch {epoch}: a sample read twice: {sorted(real)}"
+        assert len(set(real)) == N, f"epoch {epoch}: {len(set(real))} of {N} samples read"
