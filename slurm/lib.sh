@@ -17,6 +17,10 @@ wh_log() { echo "[$(date +%H:%M:%S) ${SLURM_JOB_ID:-local}${SLURM_ARRAY_TASK_ID:
 wh_die() { wh_log "error: $*" >&2; exit 2; }
 
 wh_cli() { "$WH_PYTHON" -m wirehead_torch.cli "$@"; }
+# The same as a plain command, for `cmd &` and wh_run_forwarding: a function
+# run in the background gets a subshell of its own, and a SIGTERM sent to
+# that pid would end the subshell, not python.
+WH_CLI=("$WH_PYTHON" -m wirehead_torch.cli)
 
 # The address of a SLURM node. Node names need not resolve (several slurmd
 # on one host, clusters without DNS for node names): ask slurmctld.
@@ -51,9 +55,10 @@ wh_store_kind() {
 print(load_config(sys.argv[1])["STORE"].split("://")[0])' "$WH_CONFIG"
 }
 
-# Runs a command in the background and passes SIGTERM/SIGINT on to it, so
-# SLURM's --signal=B:TERM@N (pre-emption, the time limit coming) reaches the
-# wirehead process, which finishes its step and exits 0. `wait` returns
+# Runs a command (not a shell function: see WH_CLI) in the background and
+# passes SIGTERM/SIGINT on to it, so SLURM's --signal=B:TERM@N (pre-emption,
+# the time limit coming) reaches the wirehead process, which finishes its
+# step and exits 0. `wait` returns
 # early when a trapped signal arrives, so wait again for the real end.
 wh_run_forwarding() {
     "$@" &

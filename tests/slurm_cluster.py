@@ -203,8 +203,28 @@ class SlurmCluster:
                                  + self.logs_tail())
             time.sleep(0.5)
 
+    def cancel_all(self, timeout=60):
+        """Cancels every job of this cluster and waits until none runs: a
+        job's processes belong to slurmstepd, not slurmd, and would outlive
+        the daemons."""
+        if self.procs.get("slurmctld") is None or self.procs["slurmctld"].poll() is not None:
+            return
+        try:
+            ids = self.run(["squeue", "-h", "-o", "%A"], check=False).split()
+            if ids:
+                self.run(["scancel", *ids], check=False)
+            deadline = time.monotonic() + timeout
+            while self.run(["squeue", "-h", "-o", "%A"], check=False).split():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
     def stop(self):
-        """SIGTERM our daemons (slurmds first, munged last), by pid."""
+        """Cancels the jobs left, then SIGTERMs our daemons (slurmds first,
+        munged last), by pid."""
+        self.cancel_all()
         order = [n for n in self.procs if n.startswith("slurmd.")] + ["slurmctld", "munged"]
         for name in order:
             p = self.procs.get(name)
@@ -233,6 +253,8 @@ def main(argv):
     if len(argv) < 3 or argv[1] != "--":
         print(__doc__, file=sys.stderr)
         return 2
+    # a SIGTERM must still stop the daemons (the with block's exit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with SlurmCluster(argv[0]) as c:
         return subprocess.run(argv[2:], env=c.env()).returncode
 
