@@ -197,7 +197,7 @@ def _train(a):
     rec = {"rank": rank, "world": world, "inline": a.inline, "steps": 0, "epochs": [],
            "step_t": [], "step_wait": [], "loss": []}
     t0 = time.monotonic()
-    deadline = t0 + a.seconds
+    deadline = t0 + a.seconds if a.seconds is not None else float("inf")
     try:
         stop = False
         while not stop:
@@ -270,7 +270,8 @@ def parser(sub):
     g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     t = sub.add_parser("train", help="one training rank of the demo's 3D U-Net")
     t.add_argument("--config", default=None, help="store config (not needed with --inline)")
-    t.add_argument("--seconds", type=float, required=True)
+    t.add_argument("--seconds", type=float, default=None,
+                   help="stop after this long (default: at SIGTERM)")
     t.add_argument("--batch-size", type=int, default=4)
     t.add_argument("--labels", type=int, default=8)
     t.add_argument("--size", type=int, default=32, help="--inline: volume edge")
@@ -290,7 +291,7 @@ def run(args, argv):
         if args.seconds is not None and args.seconds <= 0:
             raise ValueError("--seconds must be > 0")
         return _generate(args, argv[1:])
-    if args.seconds <= 0:
+    if args.seconds is not None and args.seconds <= 0:
         raise ValueError("--seconds must be > 0")
     if not args.inline and not args.config:
         raise ValueError("--config is required unless --inline")
