@@ -258,8 +258,8 @@ def write_markdown(res, path):
     if "store" in res:
         lines += ["## shm store (bench_store --quick)", "", res["store"]["text"].strip(), ""]
     if "mongo" in res:
-        lines += ["## MongoDB store (bench_mongo.py, short)", "", res["mongo"]["text"].strip(),
-                  ""]
+        body = [x for x in res["mongo"]["text"].strip().splitlines() if not x.startswith("# ")]
+        lines += ["## MongoDB store (bench_mongo.py, short)", ""] + body + [""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
