@@ -2,9 +2,10 @@
 munged, slurmctld and three slurmd on loopback, started for this module and
 stopped by pid): a generator array, a manager and a 3-node torchrun
 training on MongoDB (the in-memory test server), a one-node run on shm, a
-generator array stopped by SLURM's signal, and the benchmark job.
-mongod.sbatch is not run here: there is no mongod binary on the test
-machine; the MongoDB runs pass the test server's URI with --store."""
+generator array stopped by SLURM's signal, a run whose MongoDB server
+comes from mongod.sbatch, and the benchmark job. There is no mongod binary
+on the test machine: mongod.sbatch runs a stand-in that serves the
+in-memory test server on the port it is given."""
 import json
 import os
 import subprocess
@@ -44,10 +45,11 @@ def write_cfg(path, swap_cap, store=None, **extra):
     return str(path)
 
 
-def submit(cluster, *args):
-    """Runs slurm/submit.sh; returns {role: job id} from its run dir."""
-    r = subprocess.run(["bash", SUBMIT, *args], env=cluster.env(job_env()), capture_output=True,
-                       text=True, timeout=60)
+def submit(cluster, *args, env=None):
+    """Runs slurm/submit.sh (env: more variables for it and the jobs);
+    returns the run dir and {role: job id}."""
+    r = subprocess.run(["bash", SUBMIT, *args], env=cluster.env(job_env(**(env or {}))),
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "wirehead-torch status --config" in r.stdout and "scancel" in r.stdout, r.stdout
     run_dir = r.stdout.split("run dir:")[1].split()[0]
@@ -125,6 +127,42 @@ def test_three_node_torchrun_on_mongodb_with_generator_array_and_manager(
     check_ranks(run_dir, 3, swap_cap)
     import wirehead_torch as wt
     wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
+
+
+STAND_IN_MONGOD = """#!{python}
+# stands in for mongod: the in-memory test server on --port, until SIGTERM
+import signal, subprocess, sys
+sys.path.insert(0, {tests!r})
+from mongo_server import SOURCE, _java, jar_dir
+port = sys.argv[sys.argv.index("--port") + 1]
+p = subprocess.Popen([_java(), "-XX:+UseSerialGC", "-cp", jar_dir() + "/*", SOURCE, port],
+                     stdin=subprocess.PIPE)
+signal.signal(signal.SIGTERM, lambda *_: p.stdin.close())  # stdin closed: it exits
+sys.exit(p.wait())
+"""
+
+
+def test_mongod_job_serves_the_run_and_ends_after_it(cluster, tmp_path):
+    """submit.sh --mongod: the other jobs wait for mongod.sbatch's URI file,
+    run on that server, and mongod ends once they have all left the queue."""
+    mongod = tmp_path / "mongod"
+    mongod.write_text(STAND_IN_MONGOD.format(python=sys.executable, tests=whlib.HERE))
+    mongod.chmod(0o755)
+    cfg = write_cfg(tmp_path / "config.yaml", 8, CONNECT_TIMEOUT=10)
+    env = {"WH_MONGOD": str(mongod), "WH_MONGOD_PORT": str(whlib.free_port()),
+           "WH_MONGOD_DB": whlib.unique_name("whslurm")}
+    run_dir, jobs = submit(cluster, "--config", cfg, "--mongod", "--generators", "1", "--procs",
+                           "1", "--seconds", "8", "--run-dir", str(tmp_path / "run"),
+                           "--gen-args", "--size 16", "--train-args", "--batch-size 2",
+                           "--sbatch-args", "--cpus-per-task=1", env=env)
+    assert set(jobs) == {"mongod", "generators", "manager", "train"}
+    wait_ok(cluster, [int(j) for j in jobs.values()], run_dir)
+    (log,) = read_log(run_dir, "mongod-").values()
+    assert "URI in" in log and "mongod: stopped" in log, log
+    (train,) = read_log(run_dir, "train-").values()
+    assert "train: done (0)" in train
+    check_ranks(run_dir, 1, 8)
+    assert not os.path.exists(os.path.join(run_dir, "mongo.uri")), "a stale URI was left"
 
 
 def test_one_node_run_on_shm_inside_one_allocation(cluster, tmp_path):
