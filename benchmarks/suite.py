@@ -138,7 +138,7 @@ def _train_summary(rec, label, generators):
     steady = secs - rec["step_t"][0]
     waited = sum(rec["step_wait"][1:])
     row = {"mode": label, "generators": generators, "steps": rec["steps"],
-           "samples_per_s": round(len(items) / secs, 2),
+           "samples_per_s": round(rec["samples"] / secs, 2),
            "first_batch_s": round(rec["step_wait"][0], 2),
            "data_wait_pct": round(100.0 * waited / steady, 1) if steady > 0 else None,
            "gpu_util_pct": None if rec.get("gpu_util") is None else round(rec["gpu_util"], 1)}
@@ -161,7 +161,7 @@ def _train_summary(rec, label, generators):
 def _steps_items(rec):
     """(time, real items) per step, in order."""
     flat = [it for ep in rec["epochs"] for it in ep]
-    per = len(flat) // max(rec["steps"], 1)
+    per = len(flat) // max(rec["recorded_steps"], 1)
     for i, t in enumerate(rec["step_t"]):
         yield t, [it for it in flat[i * per:(i + 1) * per] if not it[2]]
 

@@ -1,6 +1,7 @@
 """The job commands the SLURM scripts call (wirehead_torch/jobs.py), run
 directly: a user's generator function by module:function with a seed per
 process, and the errors for bad options."""
+import json
 import subprocess
 import sys
 
@@ -53,3 +54,17 @@ def test_train_without_config_or_inline_is_refused():
     r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--seconds", "1"],
                        env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--config is required unless --inline" in r.stderr
+
+
+def test_train_inline_records_per_step_detail_only_up_to_its_limit(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--inline",
+                        "--size", "16", "--batch-size", "1", "--seconds", "2",
+                        "--record-steps", "3", "--out", str(tmp_path)],
+                       env=whlib.env_for_child({"OMP_NUM_THREADS": "1"}), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "train.rank0.json").read_text())
+    assert rec["steps"] > 3 and rec["samples"] == rec["steps"], rec["steps"]
+    assert rec["recorded_steps"] == 3 and len(rec["step_t"]) == 3
+    assert sum(len(ep) for ep in rec["epochs"]) == 3
+    assert f"train rank 0/1: {rec['steps']} steps" in r.stdout

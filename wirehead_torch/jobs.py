@@ -195,7 +195,8 @@ def _train(a):
                                 num_threads=2, prefetch=2, shuffle=True)
     gpu = _GpuSampler() if cuda else None
     rec = {"rank": rank, "world": world, "inline": a.inline, "steps": 0, "epochs": [],
-           "step_t": [], "step_wait": [], "loss": []}
+           "step_t": [], "step_wait": [], "loss": [], "recorded_steps": 0,
+           "waited_s": 0.0, "samples": 0}
     t0 = time.monotonic()
     deadline = t0 + a.seconds if a.seconds is not None else float("inf")
     try:
@@ -203,25 +204,34 @@ def _train(a):
         while not stop:
             it = source if a.inline else iter(loader)
             items = []
-            rec["epochs"].append(items)
+            if rec["recorded_steps"] < a.record_steps:
+                rec["epochs"].append(items)
             while True:
                 tw = time.monotonic()
                 batch = next(it, None)
                 wait = time.monotonic() - tw
                 if batch is None:
                     break  # end of this loader epoch: the next one starts
-                items += [[int(g), int(p), bool(x)] for g, p, x in zip(
-                    batch["generation"].tolist(), batch["position"].tolist(),
-                    batch["is_pad"].tolist())]
+                pads = batch["is_pad"].tolist()
+                # per-step detail for the first --record-steps steps only: a
+                # long run's record stays bounded
+                keep = rec["recorded_steps"] < a.record_steps
+                if keep:
+                    items += [[int(g), int(p), bool(x)] for g, p, x in zip(
+                        batch["generation"].tolist(), batch["position"].tolist(), pads)]
                 if cuda:
                     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 _n, loss, _pairs, _g = _train_step(model, opt, batch)
                 del batch  # the loader reuses a ring slot once its tensors are gone
                 now = time.monotonic()
                 rec["steps"] += 1
-                rec["step_t"].append(round(now - t0, 4))
-                rec["step_wait"].append(round(wait, 5))
-                rec["loss"].append(round(loss, 5))
+                rec["samples"] += pads.count(False)
+                rec["waited_s"] += wait
+                if keep:
+                    rec["recorded_steps"] += 1
+                    rec["step_t"].append(round(now - t0, 4))
+                    rec["step_wait"].append(round(wait, 5))
+                    rec["loss"].append(round(loss, 5))
                 stop = now >= deadline or term["set"]
                 if world > 1:
                     # one verdict for every rank: rank 0's clock, or a SIGTERM anywhere
@@ -238,8 +248,7 @@ def _train(a):
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    n = sum(len(e) for e in rec["epochs"])
-    waited = sum(rec["step_wait"])
+    n, waited = rec["samples"], rec["waited_s"]
     print(f"train rank {rank}/{world}: {rec['steps']} steps, {n} samples in "
           f"{rec['seconds']:.1f}s ({n / max(rec['seconds'], 1e-9):.2f}/s), waited for data "
           f"{waited:.2f}s ({100 * waited / max(rec['seconds'], 1e-9):.1f}%)", flush=True)
@@ -281,6 +290,8 @@ def parser(sub):
                    help="generate batches in the loop (baseline), no cache")
     t.add_argument("--cpu", action="store_true", help="stay on the CPU with a GPU present")
     t.add_argument("--out", default=None, help="write DIR/train.rank<R>.json")
+    t.add_argument("--record-steps", type=int, default=100000,
+                   help="--out: per-step detail for this many steps (default 100000)")
 
 
 def run(args, argv):
