@@ -30,7 +30,10 @@ import sys
 import threading
 import time
 
-__all__ = ["main", "load_generator"]
+__all__ = ["load_generator", "parser", "run"]
+
+# How long after --seconds a generator's last put may still wait for room.
+_PUT_GRACE_S = 5.0
 
 
 # --------------------------------------------------------------------------
@@ -73,6 +76,12 @@ def _generate_one(a):
     gen = WireheadGenerator(_until(deadline, load_generator(a.gen_module, seed, a.size,
                                                             a.labels)),
                             config_path=a.config)
+    if a.seconds is not None:
+        # a put waiting for room (no manager left to seal) must not keep the
+        # job past its end either
+        t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
+        t.daemon = True
+        t.start()
     print(f"generator {a.index} pid {os.getpid()}: started ({a.gen_module}, seed {seed})",
           flush=True)
     t0 = time.monotonic()
