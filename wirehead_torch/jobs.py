@@ -14,7 +14,8 @@ SAMPLE name); it is called with seed=... when it takes a `seed` argument.
 WORLD_SIZE > 1: gloo on CPU, NCCL on GPU). Rank 0's clock ends every rank
 at the same step after --seconds (or at a SIGTERM on any rank); each rank
 then closes its loader and process group and, with --out, writes
-DIR/train.rank<R>.json: every step's time, data wait and items
+DIR/train.rank<R>.json: steps, samples and data wait in total, and for the
+first --record-steps steps each step's time, data wait, loss and items
 [generation, position, is_pad] by epoch. --inline generates each batch in
 the training loop instead of reading the cache (the benchmark baseline).
 """
