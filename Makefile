@@ -10,7 +10,7 @@ CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h)
 
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
-            openjdk-17-jdk-headless maven
+            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib
 
 # libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
 # not to, and a killed test process leaves them behind.
@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak clean-build mongo-jars
+.PHONY: all install deps build test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak bench clean-build mongo-jars
 
 all: install
 
@@ -171,6 +171,14 @@ demo: install
 # (default 300); fails on any wrong sample (benchmarks/soak.py).
 soak: install
 	SOAK_SECONDS=$(or $(SOAK_SECONDS),300) $(PY) benchmarks/soak.py
+
+# The benchmark suite (benchmarks/suite.py): generator scaling, training with
+# wirehead against inline generation, the shm store benchmark; results in
+# benchmarks/results/<run>/ (results.json, results.md, PNG plots).
+# BENCH_ARGS="--name X --parts scaling,training,store,mongo ..." passes options.
+BENCH_ARGS ?=
+bench: install
+	$(PY) benchmarks/suite.py $(BENCH_ARGS)
 
 clean-build:
 	rm -rf build $(EXT) *.egg-info .venv/.installed

@@ -87,8 +87,8 @@ ORIG_SCRIPT = textwrap.dedent("""
 
 
 def build_c():
-    srcs = ["benchmarks/bench_mongo.c", "ext/util.c", "ext/wh_sample.c", "ext/wh_store.c",
-            "ext/wh_shm.c", "ext/wh_mongo.c"]
+    srcs = ["benchmarks/bench_mongo.c", "ext/util.c", "ext/wh_fault.c", "ext/wh_sample.c",
+            "ext/wh_store.c", "ext/wh_shm.c", "ext/wh_mongo.c"]
     newest = max(os.path.getmtime(os.path.join(REPO, s)) for s in srcs)
     if os.path.exists(BIN) and os.path.getmtime(BIN) >= newest:
         return

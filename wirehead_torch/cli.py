@@ -1,16 +1,23 @@
-"""The ``wirehead-torch`` command: manager, status, clean, demo."""
+"""The ``wirehead-torch`` command: manager, status, clean, demo, and the batch-job
+entry points generate and train (wirehead_torch/jobs.py)."""
 import argparse
 import json
 import logging
 import sys
+import threading
 import time
 
-from . import _C
+from . import _C, jobs
 
 
 def _cmd_manager(args):
     from .manager import WireheadManager
     m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout)
+    if args.seconds is not None:
+        # a batch job's manager ends by itself, as a SIGTERM would end it
+        t = threading.Timer(args.seconds, m.stop)
+        t.daemon = True
+        t.start()
     n = m.run(max_swaps=args.max_swaps)
     logging.getLogger("wirehead_torch").info("wirehead manager: %d swaps, exiting", n)
     return 0
@@ -68,11 +75,13 @@ def main(argv=None):
     m.add_argument("--config", required=True)
     m.add_argument("--json", action="store_true", help="one JSON object per swap")
     m.add_argument("--max-swaps", type=int, default=None)
+    m.add_argument("--seconds", type=float, default=None, help="stop after this long")
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
     s.add_argument("--config", required=True)
     s.add_argument("--json", action="store_true")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     c.add_argument("--config", required=True)
+    jobs.parser(sub)
     sub.add_parser("demo", help="generators + manager + training on the embedded store",
                    add_help=False)
     if argv and argv[0] == "demo":
@@ -80,6 +89,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
+        if args.cmd in ("generate", "train"):
+            return jobs.run(args, argv)
         return {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd](args)
     except (ValueError, _C.WireheadError, TimeoutError) as e:
         print(f"wirehead-torch {args.cmd}: {e}", file=sys.stderr)

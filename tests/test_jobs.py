@@ -1,0 +1,70 @@
+"""The job commands the SLURM scripts call (wirehead_torch/jobs.py), run
+directly: a user's generator function by module:function with a seed per
+process, and the errors for bad options."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import whlib
+from wirehead_torch.jobs import load_generator
+
+USER_GEN = '''
+import whlib
+
+def make(seed):
+    n = 0
+    while True:
+        yield whlib.sample(seed, n)
+        n += 1
+'''
+
+
+def test_generate_runs_a_user_function_with_one_seed_per_process(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=8)
+    (tmp_path / "mygen.py").write_text(USER_GEN)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"STORE: {cfg['STORE']}\nSWAP_CAP: 8\nSAMPLE: [id, data]\n"
+                    f"BYTE_BUDGET: {cfg['BYTE_BUDGET']}\n")
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "generate", "--config",
+                        str(path), "--gen-module", "mygen:make", "--procs", "2", "--seed", "40",
+                        "--seconds", "1"], cwd=tmp_path, env=whlib.env_for_child(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("pushed") == 2 and "exit codes [0, 0]" in r.stdout, r.stdout
+    assert "seed 40" in r.stdout and "seed 41" in r.stdout
+    import wirehead_torch as wt
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1  # seal what they wrote
+    store = whlib.open_store(cfg)
+    got = whlib.read_generation(store, store.current(), 8)
+    assert got is not None and {tag for tag, _ in got} <= {40, 41}
+
+
+@pytest.mark.parametrize("spec,text", [
+    ("nocolon", "module:function"),
+    ("whlib:no_such_function", "no function 'no_such_function'"),
+])
+def test_bad_gen_module_is_an_error_naming_the_option(spec, text):
+    with pytest.raises(ValueError, match=text):
+        load_generator(spec)
+
+
+def test_train_without_config_or_inline_is_refused():
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--seconds", "1"],
+                       env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--config is required unless --inline" in r.stderr
+
+
+def test_train_inline_records_per_step_detail_only_up_to_its_limit(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--inline",
+                        "--size", "16", "--batch-size", "1", "--seconds", "2",
+                        "--record-steps", "3", "--out", str(tmp_path)],
+                       env=whlib.env_for_child({"OMP_NUM_THREADS": "1"}), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "train.rank0.json").read_text())
+    assert rec["steps"] > 3 and rec["samples"] == rec["steps"], rec["steps"]
+    assert rec["recorded_steps"] == 3 and len(rec["step_t"]) == 3
+    assert sum(len(ep) for ep in rec["epochs"]) == 3
+    assert f"train rank 0/1: {rec['steps']} steps" in r.stdout

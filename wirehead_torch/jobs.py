@@ -1,0 +1,325 @@
+"""Entry points for batch jobs (the SLURM scripts in slurm/ call these).
+
+    wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
+                            [--seconds T] [--seed S] [--size 32] [--labels 8]
+    wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
+
+`generate` runs N generator processes of one generator function and exits 0
+when they end: after --seconds, on SIGTERM/SIGINT (SLURM pre-emption: each
+finishes its current sample first), or when the generator is exhausted.
+MODULE:FUNC names a function returning an iterable of tuples (one array per
+SAMPLE name); it is called with seed=... when it takes a `seed` argument.
+
+`train` is one training rank of the demo's 3D U-Net (under torchrun with
+WORLD_SIZE > 1: gloo on CPU, NCCL on GPU). Rank 0's clock ends every rank
+at the same step after --seconds (or at a SIGTERM on any rank); each rank
+then closes its loader and process group and, with --out, writes
+DIR/train.rank<R>.json: steps, samples and data wait in total, and for the
+first --record-steps steps each step's time, data wait, loss and items
+[generation, position, is_pad] by epoch. --inline generates each batch in
+the training loop instead of reading the cache (the benchmark baseline).
+"""
+import argparse
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+__all__ = ["load_generator", "parser", "run"]
+
+# How long after --seconds a generator's last put may still wait for room.
+_PUT_GRACE_S = 5.0
+
+
+# --------------------------------------------------------------------------
+# generate
+
+
+def load_generator(spec, seed=None, size=32, labels=8):
+    """The iterable named by spec: "synth" (the SynthSeg-like generator) or
+    "module:function"."""
+    if spec == "synth":
+        from .synth import synth_generator
+        return synth_generator(size=size, n_labels=labels, seed=seed)
+    mod, sep, fn = spec.partition(":")
+    if not sep or not mod or not fn:
+        raise ValueError(f"--gen-module must be 'synth' or 'module:function', got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a user's module next to the job script
+    func = getattr(importlib.import_module(mod), fn, None)
+    if not callable(func):
+        raise ValueError(f"--gen-module {spec!r}: {mod} has no function {fn!r}")
+    try:
+        takes_seed = "seed" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    return func(seed=seed) if takes_seed else func()
+
+
+def _until(deadline, items):
+    """items until time.monotonic() passes deadline (None: no end)."""
+    for item in items:
+        yield item
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+
+
+def _generate_one(a):
+    from .generator import WireheadGenerator
+    seed = None if a.seed is None else a.seed + a.index
+    deadline = None if a.seconds is None else time.monotonic() + a.seconds
+    gen = WireheadGenerator(_until(deadline, load_generator(a.gen_module, seed, a.size,
+                                                            a.labels)),
+                            config_path=a.config)
+    if a.seconds is not None:
+        # a put waiting for room (no manager left to seal) must not keep the
+        # job past its end either
+        t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
+        t.daemon = True
+        t.start()
+    print(f"generator {a.index} pid {os.getpid()}: started ({a.gen_module}, seed {seed})",
+          flush=True)
+    t0 = time.monotonic()
+    n = gen.run()
+    dt = time.monotonic() - t0
+    gen.close()
+    print(f"generator {a.index} pid {os.getpid()}: pushed {n} samples in {dt:.1f}s "
+          f"({n / max(dt, 1e-9):.2f}/s), {gen.accepted} accepted, {gen.discarded} surplus",
+          flush=True)
+    return 0
+
+
+def _generate(a, argv):
+    if a.procs == 1:
+        return _generate_one(a)
+    # N children of this command; SIGTERM/SIGINT is passed on to each, which
+    # finishes its sample and exits 0.
+    base = [sys.executable, "-m", "wirehead_torch.cli", "generate"]
+    rest = _drop_opt(argv, "--procs") + ["--procs", "1"]
+    kids = [subprocess.Popen(base + rest + ["--index", str(a.index + i)])
+            for i in range(a.procs)]
+
+    def forward(signum, _frame):
+        for k in kids:
+            if k.poll() is None:
+                k.send_signal(signum)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [k.wait() for k in kids]
+    bad = [c for c in codes if c != 0]
+    print(f"generate: {a.procs} processes ended, exit codes {codes}", flush=True)
+    return 1 if bad else 0
+
+
+def _drop_opt(argv, name):
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x == name:
+            skip = True
+        elif not x.startswith(name + "="):
+            out.append(x)
+    return out
+
+
+# --------------------------------------------------------------------------
+# train
+
+
+def _inline_batches(size, labels, batch_size, seed):
+    """The baseline: samples generated in the training loop itself."""
+    import numpy as np
+    import torch
+    from .synth import synth_generator
+    gen = synth_generator(size=size, n_labels=labels, seed=seed)
+    while True:
+        xs, ys = zip(*(next(gen) for _ in range(batch_size)))
+        yield {"input": torch.from_numpy(np.stack(xs)), "label": torch.from_numpy(np.stack(ys)),
+               "is_pad": torch.zeros(batch_size, dtype=torch.bool),
+               "generation": torch.full((batch_size,), -1, dtype=torch.int64),
+               "position": torch.full((batch_size,), -1, dtype=torch.int64)}
+
+
+class _GpuSampler:
+    """GPU utilisation (%) through NVML every 0.2 s, when pynvml and a GPU
+    are there; otherwise samples stays empty."""
+
+    def __init__(self):
+        self.samples = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            idx = int(os.environ.get("LOCAL_RANK", "0"))
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            self._nvml = pynvml
+        except Exception:
+            self._nvml = None
+            return
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._h).gpu)
+
+    def close(self):
+        self._stop.set()
+        return (sum(self.samples) / len(self.samples)) if self.samples else None
+
+
+def _train(a):
+    import torch
+    import torch.distributed as dist
+    from .demo import tiny_unet, _train_step
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() and not a.cpu
+    if world > 1:
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = tiny_unet(a.labels).to(device)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+
+    term = {"set": False}
+    signal.signal(signal.SIGTERM, lambda *_: term.update(set=True))
+    loader = None
+    if a.inline:
+        source = _inline_batches(a.size, a.labels, a.batch_size, 1000 + rank)
+    else:
+        from .loader import WireheadLoader
+        loader = WireheadLoader(config_path=a.config, batch_size=a.batch_size,
+                                num_threads=2, prefetch=2, shuffle=True)
+    gpu = _GpuSampler() if cuda else None
+    rec = {"rank": rank, "world": world, "inline": a.inline, "steps": 0, "epochs": [],
+           "step_t": [], "step_wait": [], "loss": [], "recorded_steps": 0,
+           "waited_s": 0.0, "samples": 0}
+    t0 = time.monotonic()
+    deadline = t0 + a.seconds if a.seconds is not None else float("inf")
+    try:
+        stop = False
+        while not stop:
+            it = source if a.inline else iter(loader)
+            items = []
+            if rec["recorded_steps"] < a.record_steps:
+                rec["epochs"].append(items)
+            while True:
+                tw = time.monotonic()
+                batch = next(it, None)
+                wait = time.monotonic() - tw
+                if batch is None:
+                    break  # end of this loader epoch: the next one starts
+                pads = batch["is_pad"].tolist()
+                # per-step detail for the first --record-steps steps only: a
+                # long run's record stays bounded
+                keep = rec["recorded_steps"] < a.record_steps
+                if keep:
+                    items += [[int(g), int(p), bool(x)] for g, p, x in zip(
+                        batch["generation"].tolist(), batch["position"].tolist(), pads)]
+                if cuda:
+                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                _n, loss, _pairs, _g = _train_step(model, opt, batch)
+                del batch  # the loader reuses a ring slot once its tensors are gone
+                now = time.monotonic()
+                rec["steps"] += 1
+                rec["samples"] += pads.count(False)
+                rec["waited_s"] += wait
+                if keep:
+                    rec["recorded_steps"] += 1
+                    rec["step_t"].append(round(now - t0, 4))
+                    rec["step_wait"].append(round(wait, 5))
+                    rec["loss"].append(round(loss, 5))
+                stop = now >= deadline or term["set"]
+                if world > 1:
+                    # one verdict for every rank: rank 0's clock, or a SIGTERM anywhere
+                    v = torch.tensor([float(stop and (rank == 0 or term["set"]))])
+                    dist.all_reduce(v)
+                    stop = v.item() > 0
+                if stop:
+                    break
+    finally:
+        if loader is not None:
+            loader.close()
+        rec["gpu_util"] = gpu.close() if gpu else None
+    rec["seconds"] = round(time.monotonic() - t0, 3)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    n, waited = rec["samples"], rec["waited_s"]
+    print(f"train rank {rank}/{world}: {rec['steps']} steps, {n} samples in "
+          f"{rec['seconds']:.1f}s ({n / max(rec['seconds'], 1e-9):.2f}/s), waited for data "
+          f"{waited:.2f}s ({100 * waited / max(rec['seconds'], 1e-9):.1f}%)", flush=True)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        path = os.path.join(a.out, f"train.rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(rec, f)
+        os.replace(path + ".tmp", path)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# command line
+
+
+def parser(sub):
+    g = sub.add_parser("generate", help="run N generator processes into the store")
+    g.add_argument("--config", required=True)
+    g.add_argument("--gen-module", default="synth",
+                   help="'synth' (built-in SynthSeg-like volumes) or module:function")
+    g.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
+    g.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    g.add_argument("--seed", type=int, default=None,
+                   help="seed of the first process (the others: +1, +2, ...)")
+    g.add_argument("--size", type=int, default=32, help="synth: volume edge")
+    g.add_argument("--labels", type=int, default=8, help="synth: label classes")
+    g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    t = sub.add_parser("train", help="one training rank of the demo's 3D U-Net")
+    t.add_argument("--config", default=None, help="store config (not needed with --inline)")
+    t.add_argument("--seconds", type=float, default=None,
+                   help="stop after this long (default: at SIGTERM)")
+    t.add_argument("--batch-size", type=int, default=4)
+    t.add_argument("--labels", type=int, default=8)
+    t.add_argument("--size", type=int, default=32, help="--inline: volume edge")
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
+    t.add_argument("--inline", action="store_true",
+                   help="generate batches in the loop (baseline), no cache")
+    t.add_argument("--cpu", action="store_true", help="stay on the CPU with a GPU present")
+    t.add_argument("--out", default=None, help="write DIR/train.rank<R>.json")
+    t.add_argument("--record-steps", type=int, default=100000,
+                   help="--out: per-step detail for this many steps (default 100000)")
+
+
+def run(args, argv):
+    """Runs a parsed `generate` or `train` command; returns the exit status."""
+    if args.cmd == "generate":
+        if args.procs < 1:
+            raise ValueError("--procs must be >= 1")
+        if args.seconds is not None and args.seconds <= 0:
+            raise ValueError("--seconds must be > 0")
+        return _generate(args, argv[1:])
+    if args.seconds is not None and args.seconds <= 0:
+        raise ValueError("--seconds must be > 0")
+    if not args.inline and not args.config:
+        raise ValueError("--config is required unless --inline")
+    rc = _train(args)
+    # Leave without interpreter teardown: a rank on MongoDB once hung there
+    # (client threads at exit). Everything is closed and written by now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
