@@ -724,13 +724,18 @@ static void *writer(void *arg) {
     return NULL;
 }
 
+static int readers_ready;
+
 static void *manager(void *arg) {
     WH_UNUSED(arg);
     wh_store_config_t c = config(conc_uri, CAP, 512);
     wh_store_t *st = open_store(&c);
     uint64_t deadline = wh_now_mono_ns() + 120ull * 1000000000ull;
-    while (__atomic_load_n(&seals_done, __ATOMIC_ACQUIRE) < TARGET_SEALS + 3 &&
-           wh_now_mono_ns() < deadline) {
+    /* seal on until every reader has read 3 whole generations: under load a
+     * reader can lose several races with reclamation in a row */
+    while ((__atomic_load_n(&seals_done, __ATOMIC_ACQUIRE) < TARGET_SEALS + 3 ||
+            __atomic_load_n(&readers_ready, __ATOMIC_ACQUIRE) < NR) &&
+           __atomic_load_n(&seals_done, __ATOMIC_ACQUIRE) < 400 && wh_now_mono_ns() < deadline) {
         bool leader = false, sealed = false;
         wh_seal_info_t info;
         wh_err_t err = {0};
@@ -797,7 +802,7 @@ static void *reader(void *arg) {
         }
         if (whole) {
             r->gen_of[k] = g;
-            r->gens_read++;
+            if (++r->gens_read == 3) __atomic_fetch_add(&readers_ready, 1, __ATOMIC_RELEASE);
         }
     }
     dest_free(&d);
@@ -812,6 +817,7 @@ static void test_concurrent(void) {
     rctx_t r[NR];
     stop_all = 0;
     seals_done = 0;
+    readers_ready = 0;
     thread_failures = 0;
     for (int i = 0; i < NR; i++) {
         memset(&r[i], 0, sizeof r[i]);
