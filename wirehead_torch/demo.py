@@ -396,7 +396,7 @@ def _cmd_generator(argv):
     from wirehead_torch.synth import synth_generator
     cfg = json.loads(a.config_json)
     gen = synth_generator(size=a.size, n_labels=a.labels, seed=a.seed)
-    n = wh.WireheadGenerator(gen, config=cfg).run()
+    n = wh.WireheadGenerator(gen, config=cfg, quiet=True).run()
     print(f"generator pid {os.getpid()}: pushed {n} samples", flush=True)
     return 0
 
