@@ -56,7 +56,7 @@ def parse_bytes(value, key="BYTE_BUDGET", where="config"):
     else:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(value))
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{where}: {key} must be a byte count like 268435456 or '256MiB', "
+            raise ValueError(f"{where}: {key} must be 'auto' or a byte count like 268435456 or '256MiB', "
                              f"got {value!r}")
         f = float(m.group(1)) * _UNITS[m.group(2).lower()]
         n = int(f) if math.isfinite(f) else 0
@@ -152,7 +152,8 @@ def resolve(raw, where="config"):
     _check(cfg, where)
     cfg["SAMPLE"] = list(cfg["SAMPLE"])
     # None: automatic (sized from the first sample; see _store.auto_budget)
-    auto = isinstance(cfg["BYTE_BUDGET"], str) and cfg["BYTE_BUDGET"].strip().lower() == "auto"
+    auto = cfg["BYTE_BUDGET"] is None or (isinstance(cfg["BYTE_BUDGET"], str)
+                                         and cfg["BYTE_BUDGET"].strip().lower() == "auto")
     cfg["BYTE_BUDGET"] = None if auto else parse_bytes(cfg["BYTE_BUDGET"], "BYTE_BUDGET", where)
     store = os.environ.get("WIREHEAD_STORE") or cfg.get("STORE")
     if not store:
