@@ -62,12 +62,13 @@ class ProcessStore:
         self._checked = 0.0
         self.reattached = 0
 
-    def _auto(self):
+    def auto_sized(self):
+        """True for an shm store created by the first put (BYTE_BUDGET auto)."""
         return self.cfg["BYTE_BUDGET"] is None and shm_path(self.cfg) is not None
 
     def _open(self, sample, timeout, stop):
         path = shm_path(self.cfg)
-        if not self._auto() or not self.create:
+        if not self.auto_sized() or not self.create:
             st = _C.Store(**store_kwargs(self.cfg, self.create))
         elif sample is not None:
             st = None

@@ -149,6 +149,8 @@ class WireheadGenerator:
         puts = 0
         self._say("Initialized")
         with self._stop as stop:
+            if not self._store.auto_sized():
+                self._store.get()  # a store that cannot be made fails before any sample
             while not stop and (self.n_samples is None or puts < self.n_samples):
                 if not self._step(stop, verbose):
                     break
