@@ -405,7 +405,7 @@ def _cmd_manager(argv):
     a = _child_parser("_manager").parse_args(argv)
     _watch_parent(a.parent_pid)
     import wirehead_torch as wh
-    wh.WireheadManager(config=json.loads(a.config_json)).run()
+    wh.WireheadManager(config=json.loads(a.config_json), quiet=True).run()
     return 0
 
 
