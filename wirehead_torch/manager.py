@@ -80,7 +80,7 @@ class WireheadManager:
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
         leader, last_lead, waiting_logged, down = False, 0.0, False, False
-        blocked, waiting_created = None, False
+        blocked, waiting_created, prev_seals = None, False, None
         prev_time, prev_generated = time.time(), None
         store = None
         try:
@@ -97,11 +97,16 @@ class WireheadManager:
                         continue
                     if now_store is not store:
                         if store is not None:  # a new store: its counts start afresh
-                            leader, prev_time, prev_generated = False, time.time(), None
+                            leader, prev_time, prev_generated, prev_seals = False, None, None, None
                         store = now_store
                     try:
                         if prev_generated is None:
-                            prev_generated = store.status()["generated"]
+                            st0 = store.status()
+                            if st0["history"]:  # rate from the store's last seal on
+                                prev_time = st0["history"][-1]["time"]
+                                prev_generated = st0["history"][-1]["generated"]
+                            else:
+                                prev_generated = st0["generated"]
                         mono = time.monotonic()
                         if not leader or mono - last_lead >= renew_every:
                             leader = store.lead()
@@ -117,6 +122,10 @@ class WireheadManager:
                                 continue
                             waiting_logged = False
                         info = store.seal()
+                        # the store's seal count must grow with each of ours:
+                        # if not, it was wiped (MongoDB keeps this handle)
+                        seals_now = (store.status()["seals"]
+                                     if info is not None and "blocked_pid" not in info else None)
                     except _C.LeaseLostError:
                         leader = False  # e.g. expired while this process was paused
                         continue
@@ -144,6 +153,9 @@ class WireheadManager:
                         continue
                     blocked = None
                     now = time.time()
+                    if prev_seals is not None and seals_now <= prev_seals:
+                        prev_time = None  # counted from a wipe we did not see: no rate
+                    prev_seals = seals_now
                     self._emit(swap_record(info, prev_time, prev_generated, now))
                     prev_time, prev_generated = now, info["generated"]
                     self.swaps += 1
