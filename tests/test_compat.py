@@ -321,3 +321,28 @@ def test_small_store_in_64mib_dev_shm(tmp_path):
     assert 20 * 160 * 160 * 8 < budget < 16 << 20  # 3 areas fit 64 MiB with room to spare
     space = r.stdout.split("SPACE ")[1]
     assert "/dev/shm has" in space and "needs" in space and "--shm-size" in space
+
+
+def test_database_holding_the_original_layout_says_so(mongo_server):
+    """A reader pointed at a database the original wirehead filled (read.bin,
+    status) is told what it is looking at and what to do."""
+    from mongo_server import RawClient
+    db = whlib.unique_name("origdb")
+    with RawClient(mongo_server.uri) as rc:
+        rc.command(db, {"insert": "read.bin", "documents": [{"id": 0, "kind": "data"}]})
+        rc.command(db, {"insert": "status", "documents": [{"swapped": True}]})
+    cfg = {"STORE": f"{mongo_server.uri}/{db}", "SWAP_CAP": 4, "SAMPLE": ["data", "label"],
+           "READ_TIMEOUT": 0.5}
+    try:
+        with pytest.raises(TimeoutError, match="original wirehead") as e:
+            wt.MongoTupleheadDataset(config=cfg)[[0]]
+        assert "read.bin" in str(e.value) and "status" in str(e.value)
+        # a database without them gets no such hint
+        with pytest.raises(TimeoutError) as e:
+            wt.MongoTupleheadDataset(config=dict(cfg, STORE=cfg["STORE"] + "x"))[[0]]
+        assert "original wirehead" not in str(e.value)
+    finally:
+        wt.clean(cfg)
+        wt.clean(dict(cfg, STORE=cfg["STORE"] + "x"))
+        with RawClient(mongo_server.uri) as rc:
+            rc.command(db, {"dropDatabase": 1})

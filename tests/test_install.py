@@ -36,7 +36,7 @@ cfg = {{"STORE": "shm://{name}", "SWAP_CAP": 3, "SAMPLE": ["x", "y"], "BYTE_BUDG
 try:
     items = [(np.full(4, i, np.float32), np.int64(i)) for i in range(3)]
     wt.WireheadGenerator(iter(items), config=cfg, quiet=True).run()
-    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    assert wt.WireheadManager(config=cfg, quiet=True).run(max_swaps=1) == 1
     st = wt.status(cfg)
     assert st["read_gen"] and st["generated"] == 3, st
     ds = wt.MongoTupleheadDataset(config=cfg, output="numpy")

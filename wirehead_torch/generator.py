@@ -83,6 +83,12 @@ class WireheadGenerator:
         means the generation is full already."""
         if not self.cfg["SELF_SEAL"]:
             return
+        try:
+            self._try_seal(status)
+        except (_C.StoreUnavailableError, _C.NotFoundError, _C.LeaseLostError):
+            pass  # the server is away or the store was wiped: the next put deals with it
+
+    def _try_seal(self, status):
         store = self._store.get()
         now = time.monotonic()
         if status == _C.PUT_ACCEPTED:
@@ -94,16 +100,13 @@ class WireheadGenerator:
                 return
             if st["write_fill"] < st["swap_cap"]:
                 return
-        try:
-            if not store.lead():
-                self._manager_until = now + float(self.cfg["LEASE_SECONDS"]) / 4
-                return
-            try:
-                info = store.seal()
-            finally:
-                store.resign()
-        except _C.LeaseLostError:
+        if not store.lead():
+            self._manager_until = now + float(self.cfg["LEASE_SECONDS"]) / 4
             return
+        try:
+            info = store.seal()
+        finally:
+            store.resign()
         if info is not None and "blocked_pid" not in info:
             self.sealed += 1
             self._say(f"Time: {time.time()}")

@@ -105,8 +105,9 @@ class WireheadManager:
                             if st0["history"]:  # rate from the store's last seal on
                                 prev_time = st0["history"][-1]["time"]
                                 prev_generated = st0["history"][-1]["generated"]
-                            else:
+                            else:  # no seal yet: samples made before we looked have no time
                                 prev_generated = st0["generated"]
+                                prev_time = time.time() if prev_generated == 0 else None
                         mono = time.monotonic()
                         if not leader or mono - last_lead >= renew_every:
                             leader = store.lead()
@@ -128,6 +129,11 @@ class WireheadManager:
                                      if info is not None and "blocked_pid" not in info else None)
                     except _C.LeaseLostError:
                         leader = False  # e.g. expired while this process was paused
+                        continue
+                    except _C.NotFoundError:
+                        # a wiped server (or clean) between two calls: start afresh
+                        leader, prev_time, prev_generated, prev_seals = False, None, None, None
+                        stop.wait(poll)
                         continue
                     except _C.StoreUnavailableError as e:
                         if not down:
