@@ -206,6 +206,12 @@ def test_no_swaps_yet(original_dir):
     assert r.returncode == 0 and r.stdout.strip() == "No swaps recorded yet."
 
 
+def _samples(tag, n):
+    # a function, not a generator expression in a comprehension: that would
+    # read the loop's tag late, when every generator sees the last one
+    return (whlib.sample(tag, i) for i in range(n))
+
+
 def _run_in_threads(*targets):
     ts = [threading.Thread(target=t, daemon=True) for t in targets]
     for t in ts:
@@ -217,7 +223,7 @@ def test_manager_and_self_sealers_never_both_seal(store_cfg):
     """With a manager holding the lease, self-sealing generators leave the
     seals to it; without one, they seal, each generation once."""
     cfg = store_cfg(swap_cap=4, SELF_SEAL=True)
-    gens = [wt.WireheadGenerator((whlib.sample(t, i) for i in range(10 ** 9)), config=cfg,
+    gens = [wt.WireheadGenerator(_samples(t, 10 ** 9), config=cfg,
                                  quiet=True) for t in (1, 2)]
     m = wt.WireheadManager(config=cfg, quiet=True)
     threads = _run_in_threads(m.run)
@@ -241,7 +247,7 @@ def test_manager_and_self_sealers_never_both_seal(store_cfg):
 
     # no manager: two self-sealing generators seal every generation exactly once
     cfg2 = store_cfg(swap_cap=4, SELF_SEAL=True)
-    gens = [wt.WireheadGenerator((whlib.sample(t, i) for i in range(20)), config=cfg2,
+    gens = [wt.WireheadGenerator(_samples(t, 20), config=cfg2,
                                  quiet=True) for t in (3, 4)]
     for t in _run_in_threads(*(g.run for g in gens)):
         t.join(120)
