@@ -270,6 +270,8 @@ def test_clean_while_running(store_cfg):
     gen = whlib.spawn("gen", cfg, 5)
     try:
         whlib.wait_line(mgr.stdout, "samples_per_s", 60)
+        ds = wt.MongoTupleheadDataset(config=cfg, output="numpy")
+        newest = max(_counter(ds, i) for i in range(4))
         wt.clean(cfg)
         # the new store's seals: made by the manager after it re-attached
         whlib.until(lambda: _seals_or_0(cfg) >= 3, 60, "seals in the re-created store")
@@ -279,9 +281,16 @@ def test_clean_while_running(store_cfg):
             recs += [json.loads(x) for x in whlib.wait_line(mgr.stdout, "samples_per_s", 60)]
         rates = [r["samples_per_s"] for r in recs if r["generation"] in new]
         assert all(r is None or r > 0 for r in rates) and any(r for r in rates)
+        # a reader opened before the clean follows to the new store's samples
+        whlib.until(lambda: _counter(ds, 0) > newest, 60, "the reader to re-attach")
     finally:
         assert whlib.stop(gen) == 0
         assert whlib.stop(mgr) == 0
+
+
+def _counter(ds, i):
+    ident, data = ds[[i]][0]
+    return whlib.check_sample(ident, data)[1]
 
 
 def _status(cfg):
