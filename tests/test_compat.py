@@ -320,6 +320,10 @@ try:
                          config=dict(cfg, BYTE_BUDGET="256MiB")).run()
 except wt.StoreSpaceError as e:
     print("SPACE", e)
+try:  # auto-sized, too big for 64 MiB: the error says it was sized automatically
+    wt.WireheadGenerator(iter([(np.zeros(1 << 20), np.zeros(4))]), quiet=True, config=cfg).run()
+except wt.StoreSpaceError as e:
+    print("AUTO", e)
 '''
 
 
@@ -336,6 +340,8 @@ def test_small_store_in_64mib_dev_shm(tmp_path):
     assert 20 * 160 * 160 * 8 < budget < 16 << 20  # 3 areas fit 64 MiB with room to spare
     space = r.stdout.split("SPACE ")[1]
     assert "/dev/shm has" in space and "needs" in space and "--shm-size" in space
+    auto = r.stdout.split("AUTO ")[1]
+    assert "/dev/shm has" in auto and "BYTE_BUDGET auto" in auto and "SWAP_CAP=20" in auto
 
 
 def test_database_holding_the_original_layout_says_so(mongo_server):

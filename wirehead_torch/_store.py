@@ -82,6 +82,10 @@ class ProcessStore:
                 try:
                     st = _C.Store(**store_kwargs(self.cfg, True, byte_budget=budget))
                     break
+                except _C.StoreSpaceError as e:
+                    raise _C.StoreSpaceError(
+                        f"{e} [BYTE_BUDGET auto: {budget} bytes per generation, sized from the "
+                        f"first sample for SWAP_CAP={self.cfg['SWAP_CAP']}]") from None
                 except _C.SchemaMismatchError as e:
                     if "BYTE_BUDGET" not in str(e):
                         raise  # another generator created it meanwhile otherwise: open that
