@@ -108,7 +108,7 @@ def ensure_original():
     want = ORIG_PYMONGO.split("==")[1]
     ok = os.path.exists(py) and subprocess.run(
         [py, "-c", f"import wirehead, pymongo; assert pymongo.version == {want!r}"],
-        capture_output=True).returncode == 0
+        capture_output=True, cwd=ORIG_VENV).returncode == 0  # not the repo: its wirehead/ is ours
     if not ok:
         subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", ORIG_VENV],
                        check=True)
@@ -152,7 +152,7 @@ def run_py_store(uri, db, size, chunk, n):
 def run_original(py, host, port, db, size, chunk_mib, n, workdir):
     out = subprocess.run([py, "-c", ORIG_SCRIPT, host, str(port), db, str(size), str(n),
                           str(chunk_mib), workdir], capture_output=True, text=True,
-                         timeout=1200, env=dict(os.environ, PYTHONPATH=""))
+                         timeout=1200, env=dict(os.environ, PYTHONPATH=""), cwd=workdir)
     if out.returncode != 0:
         raise RuntimeError(f"original wirehead: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -42,13 +42,13 @@ def run_generator(cfg, gid):
             yield np.array([gid, counter, seed], np.int64), content(seed)
             counter += 1
 
-    print(f"generator {gid}: wrote {wt.WireheadGenerator(samples(), config=cfg).run()}",
+    print(f"generator {gid}: wrote {wt.WireheadGenerator(samples(), config=cfg, quiet=True).run()}",
           flush=True)
 
 
 def run_manager(cfg):
     import wirehead_torch as wt
-    print(f"manager: {wt.WireheadManager(config=cfg).run()} swaps", flush=True)
+    print(f"manager: {wt.WireheadManager(config=cfg, quiet=True).run()} swaps", flush=True)
 
 
 def run_reader(cfg):

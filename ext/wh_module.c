@@ -913,6 +913,30 @@ static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+/* mongo_collections(uri, ...): the names of the collections in a MongoDB
+ * store's database, whoever made them. */
+static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    wh__cfgbuf_t cb;
+    if (!wh__parse_cfg(args, kw, &cb)) return NULL;
+    wh_err_t err = {0};
+    char **names = NULL;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_mongo_collections(&cb.cfg, &names, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(cb.keep);
+    if (!ok) return wh_module_raise(&err);
+    PyObject *list = PyList_New(0);
+    for (char **p = names; list && *p; p++) {
+        PyObject *s = PyUnicode_DecodeUTF8(*p, (Py_ssize_t)strlen(*p), "replace");
+        if (!s || PyList_Append(list, s) < 0) Py_CLEAR(list);
+        Py_XDECREF(s);
+    }
+    wh_mongo_names_free(names);
+    return list;
+}
+
 static PyObject *wh__counters(PyObject *m, PyObject *unused) {
     (void)m;
     (void)unused;
@@ -933,6 +957,8 @@ static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
 static PyMethodDef wh__module_methods[] = {
     {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
      "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
+    {"mongo_collections", (PyCFunction)(void (*)(void))wh__mongo_collections,
+     METH_VARARGS | METH_KEYWORDS, "collection names of a mongodb:// store's database"},
     {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
     {"plan_info", (PyCFunction)(void (*)(void))wh__plan_info, METH_VARARGS | METH_KEYWORDS,
      "steps per worker, items and batches per rank"},

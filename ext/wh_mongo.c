@@ -1330,6 +1330,23 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     return ok;
 }
 
+/* The database's collection names (to tell a user whose database holds
+ * another layout, e.g. the original wirehead's, what they are looking at).
+ * *names is owned by the caller: wh_mongo_names_free. */
+bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err) {
+    wh__mongo_t *m = wh__new(cfg, err);
+    if (!m) return false;
+    mongoc_database_t *db = mongoc_client_get_database(m->client, m->db);
+    bson_error_t e;
+    *names = mongoc_database_get_collection_names_with_opts(db, NULL, &e);
+    mongoc_database_destroy(db);
+    bool ok = *names != NULL || wh__merr(m, err, &e, "list collections of '%s'", m->db);
+    wh__mongo_destroy(&m->base);
+    return ok;
+}
+
+void wh_mongo_names_free(char **names) { bson_strfreev(names); }
+
 static const wh_store_ops_t wh__mongo_ops = {
     .scheme = "mongodb",
     .put = wh__mongo_put,

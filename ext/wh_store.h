@@ -172,6 +172,9 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_shm_clean(const char *name, wh_err_t *err);
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
+/* Collection names of the store's database; *names: wh_mongo_names_free. */
+bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
+void wh_mongo_names_free(char **names);
 
 
 #endif

@@ -20,8 +20,10 @@ def _config_factory(store_uri, **defaults):
     made = []
 
     def make(swap_cap=8, sample=("id", "data"), budget="2MiB", **extra):
+        # SELF_SEAL off: these tests count the seals a manager makes
+        # (tests/test_compat.py covers self-sealing generators)
         cfg = {"STORE": store_uri(), "SWAP_CAP": swap_cap, "SAMPLE": list(sample),
-               "READ_TIMEOUT": 30, "LEASE_SECONDS": 5, **defaults}
+               "READ_TIMEOUT": 30, "LEASE_SECONDS": 5, "SELF_SEAL": False, **defaults}
         if budget is not None and cfg["STORE"].startswith("shm://"):
             cfg["BYTE_BUDGET"] = budget
         cfg.update(extra)

@@ -42,7 +42,8 @@ def test_no_store_no_mongohost_is_shm_of_dbname(tmp_path, monkeypatch):
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     cfg = wt.load_config(write(tmp_path, "DBNAME: brains\nSWAP_CAP: 4\nSAMPLE: [a, b]\n"))
     assert cfg["STORE"] == "shm://brains"
-    assert cfg["BYTE_BUDGET"] == 256 << 20
+    assert cfg["BYTE_BUDGET"] is None  # auto: sized from the first sample
+    assert cfg["SELF_SEAL"] is True
     assert cfg["LEASE_SECONDS"] == 10.0
 
 

@@ -51,7 +51,10 @@ class Feed:
         whlib.until(lambda: self.seals() >= 1, 60, "the first seal")
 
     def seals(self):
-        return wt.status(self.cfg)["seals"]
+        try:
+            return wt.status(self.cfg)["seals"]
+        except wt.NotFoundError:  # STARTED is printed before the store is opened
+            return 0
 
     def stop(self):
         """Stops manager and generators: no generation is reclaimed after."""

@@ -31,11 +31,12 @@ def test_generator_manager_and_status_without_torch(tmp_path):
 import sys
 import numpy as np
 import wirehead_torch as wt
-cfg = {{"STORE": "shm://{name}", "SWAP_CAP": 3, "SAMPLE": ["x", "y"], "BYTE_BUDGET": "1MiB"}}
+cfg = {{"STORE": "shm://{name}", "SWAP_CAP": 3, "SAMPLE": ["x", "y"], "BYTE_BUDGET": "1MiB",
+        "SELF_SEAL": False}}
 try:
     items = [(np.full(4, i, np.float32), np.int64(i)) for i in range(3)]
-    wt.WireheadGenerator(iter(items), config=cfg).run()
-    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    wt.WireheadGenerator(iter(items), config=cfg, quiet=True).run()
+    assert wt.WireheadManager(config=cfg, quiet=True).run(max_swaps=1) == 1
     st = wt.status(cfg)
     assert st["read_gen"] and st["generated"] == 3, st
     ds = wt.MongoTupleheadDataset(config=cfg, output="numpy")

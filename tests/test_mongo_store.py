@@ -37,7 +37,7 @@ def _make_cfg(srv, made, swap_cap=8, sample=("id", "data"), **extra):
     db = whlib.unique_name("whm")
     cfg = {"STORE": f"{srv.uri}/{db}", "SWAP_CAP": swap_cap, "SAMPLE": list(sample),
            "READ_TIMEOUT": 30, "LEASE_SECONDS": 5, "CONNECT_TIMEOUT": 10,
-           "CHUNKSIZE": SMALL_CHUNK}
+           "CHUNKSIZE": SMALL_CHUNK, "SELF_SEAL": False}  # a manager seals (seal_one)
     cfg.update(extra)
     made.append(cfg)
     return cfg
@@ -142,8 +142,8 @@ def test_original_wirehead_config_and_uri_database_wins(server, tmp_path):
     path.write_text(yaml_text)
     try:
         cfg = wt.load_config(path)
-        fill(cfg, 2, 3)
-        assert seal_one(cfg) > 0
+        g = fill(cfg, 2, 3)
+        assert g.sealed == 1 and wt.status(cfg)["read_gen"] > 0  # the generator sealed it
         with RawClient(server.uri) as rc:
             names = rc.collections(db)
         assert "write.state" in names and all(n.startswith("write.") for n in names)

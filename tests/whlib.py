@@ -72,6 +72,25 @@ def spawn(kind, cfg, *args, env=None, stderr=subprocess.PIPE, stdout=subprocess.
     return proc
 
 
+def spawn_script(args, cwd, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """Starts `python ARGS...` (a script file, or -m MODULE) in cwd with
+    drained pipes, like spawn."""
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env_for_child(env),
+                            stdout=stdout, stderr=stderr, text=True)
+    for s in (proc.stdout, proc.stderr):
+        if s is not None:
+            _drain(s)
+    return proc
+
+
+def drained(stream, timeout=60):
+    """Every line of a finished child's drained pipe (waits for its end)."""
+    d = _drain(stream)
+    d.thread.join(timeout)
+    with d.cond:
+        return list(d.lines)
+
+
 class _Drain:
     """Reads one pipe to its end on a thread; lines wait for wait_line."""
 

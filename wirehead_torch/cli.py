@@ -48,8 +48,25 @@ def _fmt_status(st):
 
 def _cmd_status(args):
     from .admin import status
-    st = status(config_path=args.config)
-    print(json.dumps(st) if args.json else _fmt_status(st))
+    if not args.watch:
+        st = status(config_path=args.config)
+        print(json.dumps(st) if args.json else _fmt_status(st))
+        return 0
+    # --watch: the figures every --interval seconds, redrawn on a terminal
+    n, clear = 0, sys.stdout.isatty() and not args.json
+    try:
+        while args.count is None or n < args.count:
+            if n:
+                time.sleep(args.interval)
+            try:
+                st = status(config_path=args.config)
+                text = json.dumps(st) if args.json else _fmt_status(st)
+            except _C.NotFoundError as e:  # removed (clean) or not made yet: keep watching
+                text = json.dumps({"error": str(e)}) if args.json else f"no store yet: {e}"
+            print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -79,6 +96,9 @@ def main(argv=None):
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
     s.add_argument("--config", required=True)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--watch", action="store_true", help="print the figures every --interval s")
+    s.add_argument("--interval", type=float, default=2.0)
+    s.add_argument("--count", type=int, default=None, help="with --watch: stop after N prints")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     c.add_argument("--config", required=True)
     jobs.parser(sub)

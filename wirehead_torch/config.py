@@ -27,7 +27,9 @@ DEFAULTS = {
     # new keys
     "STORE": None,                # shm://NAME or mongodb://...; default derived below
     "COLLECTION_PREFIX": None,    # MongoDB collection prefix; default WRITE_COLLECTION or "wirehead"
-    "BYTE_BUDGET": "256MiB",      # shm: bytes for one generation (3 are reserved up front)
+    "BYTE_BUDGET": "auto",        # shm: bytes per generation area (3 areas); auto: sized
+                                  # from the first sample when the first generator writes
+    "SELF_SEAL": True,            # generators seal a full generation when no manager leads
     "LEASE_SECONDS": 10.0,        # a dead manager is replaced within this time
     "READ_TIMEOUT": 120.0,        # readers wait this long for the first generation
     "CONNECT_TIMEOUT": 10.0,      # MongoDB: bounded wait for the server
@@ -54,7 +56,7 @@ def parse_bytes(value, key="BYTE_BUDGET", where="config"):
     else:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(value))
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{where}: {key} must be a byte count like 268435456 or '256MiB', "
+            raise ValueError(f"{where}: {key} must be 'auto' or a byte count like 268435456 or '256MiB', "
                              f"got {value!r}")
         f = float(m.group(1)) * _UNITS[m.group(2).lower()]
         n = int(f) if math.isfinite(f) else 0
@@ -133,9 +135,9 @@ def _check(cfg, where):
             _name(cfg[key], key, where, limit=200)
     if cfg.get("STORE") is not None:
         _name(cfg["STORE"], "STORE", where, limit=4096)
-    if not isinstance(cfg["VERIFY_READS"], bool):
-        raise ValueError(f"{where}: VERIFY_READS must be true or false, got "
-                         f"{cfg['VERIFY_READS']!r}")
+    for key in ("VERIFY_READS", "SELF_SEAL"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {cfg[key]!r}")
 
 
 def resolve(raw, where="config"):
@@ -149,7 +151,10 @@ def resolve(raw, where="config"):
     cfg.update(raw)
     _check(cfg, where)
     cfg["SAMPLE"] = list(cfg["SAMPLE"])
-    cfg["BYTE_BUDGET"] = parse_bytes(cfg["BYTE_BUDGET"], "BYTE_BUDGET", where)
+    # None: automatic (sized from the first sample; see _store.auto_budget)
+    auto = cfg["BYTE_BUDGET"] is None or (isinstance(cfg["BYTE_BUDGET"], str)
+                                         and cfg["BYTE_BUDGET"].strip().lower() == "auto")
+    cfg["BYTE_BUDGET"] = None if auto else parse_bytes(cfg["BYTE_BUDGET"], "BYTE_BUDGET", where)
     store = os.environ.get("WIREHEAD_STORE") or cfg.get("STORE")
     if not store:
         if cfg.get("MONGOHOST"):
@@ -179,6 +184,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 
 _FILE_MAX = 1 << 20
+DEFAULT_CONFIG_PATH = "config.yaml"
 
 
 def load_config(path):
@@ -204,9 +210,12 @@ def load_config(path):
 
 
 def get_config(config_path=None, config=None):
-    """The resolved config from a path or a dict (exactly one of them)."""
-    if (config_path is None) == (config is None):
+    """The resolved config from a path or a dict (at most one of them;
+    neither: "config.yaml" in the working directory, as the original)."""
+    if config_path is not None and config is not None:
         raise ValueError("give exactly one of config_path= or config=")
+    if config_path is None and config is None:
+        config_path = DEFAULT_CONFIG_PATH
     if config is not None:
         return resolve(config)
     return load_config(config_path)
@@ -217,15 +226,23 @@ def redact(uri):
     return re.sub(r"(?<=://)[^/@]*@", "***@", uri)
 
 
-def store_kwargs(cfg, create=True):
+# The shm budget of a store made with BYTE_BUDGET auto but no sample to size
+# it from (a raw _C.Store); opening an existing store ignores the value.
+AUTO_FALLBACK_BUDGET = 64 << 20
+
+
+def store_kwargs(cfg, create=True, byte_budget=None):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
-    (create=False: open only an existing store)."""
+    (create=False: open only an existing store; byte_budget: the size an
+    auto-sized store is created with)."""
+    if byte_budget is None:
+        byte_budget = cfg["BYTE_BUDGET"] or AUTO_FALLBACK_BUDGET
     return dict(
         create=create,
         uri=cfg["STORE"],
         swap_cap=cfg["SWAP_CAP"],
         fields=cfg["SAMPLE"],
-        byte_budget=cfg["BYTE_BUDGET"],
+        byte_budget=byte_budget,
         chunk_bytes=int(float(cfg["CHUNKSIZE"]) * (1 << 20)),
         dbname=str(cfg["DBNAME"]),
         prefix=str(cfg["COLLECTION_PREFIX"]),

@@ -6,7 +6,7 @@ import numpy as np
 from . import _C
 from ._arrays import to_output
 from ._store import ProcessStore
-from .config import get_config, redact
+from .config import get_config, redact, store_kwargs
 
 try:
     import torch
@@ -18,20 +18,60 @@ except ImportError:  # pragma: no cover - torch is a dependency of readers
 log = logging.getLogger("wirehead_torch")
 
 
+def original_layout_hint(cfg):
+    """A sentence for a user whose MongoDB database holds the original
+    wirehead's collections (``read.bin``, ``status``, ...), else ''."""
+    if not cfg["STORE"].startswith("mongodb"):
+        return ""
+    try:
+        names = set(_C.mongo_collections(**store_kwargs(cfg, False)))
+    except _C.WireheadError:
+        return ""
+    theirs = sorted(names & {f"{cfg['READ_COLLECTION']}.bin", f"{cfg['WRITE_COLLECTION']}.bin",
+                             f"{cfg['TEMP_COLLECTION']}.bin", "status"})
+    if not theirs:
+        return ""
+    return (f"; database {cfg['DBNAME']!r} holds collections of the original wirehead "
+            f"({', '.join(theirs)}), which wirehead_torch does not read: run the generators "
+            f"with wirehead_torch (or `from wirehead import ...` of this package) to fill "
+            f"its own collections ({cfg['COLLECTION_PREFIX']}.state, "
+            f"{cfg['COLLECTION_PREFIX']}.gen.N), and drop the old ones when no original "
+            f"wirehead process uses them")
+
+
+def unit_interval_normalize(img):
+    """Scales img to [0, 1] by its minimum and maximum (the original's
+    preprocessing helper, for the ``normalize=`` keyword)."""
+    lo, hi = img.min(), img.max()
+    return (img - lo) / (hi - lo)
+
+
 def wait_for_generation(store, cfg, timeout, newer_than=0):
     """Newest sealed generation (other than newer_than); waits up to timeout
     seconds (C read policy: bounded backoff) while there is none or the
     server cannot be reached."""
+    first = min(timeout, 2.0)
     try:
-        return store.wait_generation(newer_than, timeout)
+        try:
+            return store.wait_generation(newer_than, first)
+        except _C.StoreTimeoutError:
+            if first >= timeout:
+                raise
+            # a slow start: say early if this database holds the original's layout
+            hint = original_layout_hint(cfg)
+            if hint:
+                log.warning("wirehead reader: no generation yet%s", hint)
+        return store.wait_generation(newer_than, timeout - first)
     except _C.StoreTimeoutError:
         st = store.status()
+        who = ("a manager or generator holds the lease" if st["leader_pid"] else
+               "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
         raise TimeoutError(
             f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: the "
             f"write generation holds {st['write_fill']} of SWAP_CAP={st['swap_cap']} "
-            f"samples and {'a manager holds the lease' if st['leader_pid'] else 'no manager is running'}"
-            f"; start generators (WireheadGenerator) and a manager "
-            f"(wirehead-torch manager --config ...), or raise READ_TIMEOUT") from None
+            f"samples and {who}; start generators (WireheadGenerator; with SELF_SEAL they "
+            f"seal full generations themselves) or a manager (wirehead-torch manager "
+            f"--config ...), or raise READ_TIMEOUT{original_layout_hint(cfg)}") from None
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):
@@ -47,16 +87,39 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
 
 
 class _CurrentGenerationReader(_Base):
+    """Keywords of the original wirehead keep their meaning: ``sample``
+    names the (input, label) fields; ``transform`` is applied to each field
+    read (a tensor or array here: the bytes need no decoding), ``normalize``
+    to the input as float, as the original did; ``keeptrying=False`` reads
+    once without waiting for a generation (True: wait up to ``timeout``);
+    ``id`` is accepted, positions 0..SWAP_CAP-1 being the index."""
+
     def __init__(self, config_path=None, config=None, *, timeout=None, output="torch",
-                 cast=None):
-        self.cfg = get_config(config_path, config)
-        if len(self.cfg["SAMPLE"]) < 2:
-            raise ValueError(f"{type(self).__name__} reads two fields (input, label); SAMPLE "
-                             f"names {self.cfg['SAMPLE']}")
+                 cast=None, sample=None, transform=None, normalize=None, keeptrying=True,
+                 id="id", collection=None):
+        if collection is not None:
+            raise ValueError("collection= (a pymongo collection) is not supported: give "
+                             "config_path= (or config=) naming the store")
+        self.cfg = get_config(config_path or None, config)
+        names = self.cfg["SAMPLE"][:2] if sample is None else list(sample)
+        if len(names) != 2:
+            raise ValueError(f"{type(self).__name__} reads two fields (input, label); "
+                             f"{'sample=' if sample is not None else 'SAMPLE'} names {names}")
+        missing = [n for n in names if n not in self.cfg["SAMPLE"]]
+        if missing:
+            raise ValueError(f"sample= names {missing}, which SAMPLE {self.cfg['SAMPLE']} "
+                             f"does not hold")
+        self.fields = [self.cfg["SAMPLE"].index(n) for n in names]
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        if not keeptrying:
+            self.timeout = 0.001  # one look, no wait
         self.output = output
         self.cast = cast
-        self.names = self.cfg["SAMPLE"][:2]
+        self.names = names
+        self.transform = transform
+        self.normalize = normalize
+        self.keeptrying = keeptrying
+        self.id = id
         self._store = ProcessStore(self.cfg)
 
     def __len__(self):
@@ -69,12 +132,17 @@ class _CurrentGenerationReader(_Base):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for SWAP_CAP={n}")
-        store = self._store.get()
+        store = self._store.get(timeout=self.timeout)
         gen = wait_for_generation(store, self.cfg, self.timeout)
         # an indexed read names its corrupt sample rather than substitute another
-        _, _, _, arrs = read_sample(store, gen, i, [0, 1], self.timeout, skip=False)
-        return tuple(to_output(a, name, self.output, self.cast)
-                     for a, name in zip(arrs[:2], self.names))
+        _, _, _, arrs = read_sample(store, gen, i, self.fields, self.timeout, skip=False)
+        x, y = (to_output(a, name, self.output, self.cast)
+                for a, name in zip([arrs[f] for f in self.fields], self.names))
+        if self.transform is not None:
+            x, y = self.transform(x), self.transform(y)
+        if self.normalize is not None:
+            x = self.normalize(x.float() if hasattr(x, "float") else np.asarray(x, np.float32))
+        return x, y
 
     @staticmethod
     def _is_batch(index):

@@ -396,7 +396,7 @@ def _cmd_generator(argv):
     from wirehead_torch.synth import synth_generator
     cfg = json.loads(a.config_json)
     gen = synth_generator(size=a.size, n_labels=a.labels, seed=a.seed)
-    n = wh.WireheadGenerator(gen, config=cfg).run()
+    n = wh.WireheadGenerator(gen, config=cfg, quiet=True).run()
     print(f"generator pid {os.getpid()}: pushed {n} samples", flush=True)
     return 0
 
@@ -405,7 +405,7 @@ def _cmd_manager(argv):
     a = _child_parser("_manager").parse_args(argv)
     _watch_parent(a.parent_pid)
     import wirehead_torch as wh
-    wh.WireheadManager(config=json.loads(a.config_json)).run()
+    wh.WireheadManager(config=json.loads(a.config_json), quiet=True).run()
     return 0
 
 

@@ -1,5 +1,6 @@
 """WireheadGenerator: pushes samples from any Python generator into the store."""
 import logging
+import time
 
 from . import _C
 from ._arrays import to_store_arrays
@@ -16,28 +17,44 @@ class WireheadGenerator:
     ``run()`` stops after ``n_samples`` puts, when the generator is
     exhausted, or on SIGTERM/SIGINT (after finishing the current put), and
     returns the number of puts. ``accepted`` and ``discarded`` count how
-    many were taken into a generation or dropped as surplus."""
+    many were taken into a generation or dropped as surplus.
 
-    def __init__(self, generator, config_path=None, config=None, n_samples=None):
+    With SELF_SEAL (the default) the generator whose put fills the write
+    generation seals it when no manager holds the lease, under the same
+    lease, so a manager is optional; ``sealed`` counts its seals. Progress
+    lines go to stdout as the original's did (``quiet=True`` silences them;
+    ``run(verbose=True)`` adds one per put)."""
+
+    def __init__(self, generator, config_path=None, config=None, n_samples=None, quiet=False):
         self.cfg = get_config(config_path, config)
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 0):
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
         self.generator = generator
         self.n_samples = n_samples
+        self.quiet = quiet
         self.accepted = 0
         self.discarded = 0
         self.waits = 0
+        self.sealed = 0
         self._store = ProcessStore(self.cfg)
         self._stop = StopFlag()
+        self._it = None
+        self._manager_until = 0.0  # a manager led recently: no fill checks until then
 
-    def _put(self, store, arrays, stop):
+    def _say(self, text):
+        if not self.quiet:
+            print(f"Generator: {text}", flush=True)
+
+    def _put(self, arrays, stop):
         """Puts one sample; waits out a full write area and a server outage
-        (retrying the same sample) until it is stored or stop is set."""
+        (retrying the same sample) until it is stored or stop is set.
+        Returns (status, generation) or None when stopped."""
         warned_full = warned_down = False
         delay = 0.05
         while True:
             try:
-                status, _gen = store.put(arrays, wait_ms=100)
+                # get() re-attaches a store removed or re-created meanwhile
+                status, gen = self._store.get(arrays).put(arrays, wait_ms=100)
             except _C.StoreUnavailableError as e:
                 if not warned_down:
                     log.warning("wirehead generator: %s; retrying until the server is back", e)
@@ -50,40 +67,102 @@ class WireheadGenerator:
                 log.warning("wirehead generator: the store is reachable again")
                 warned_down = False
             if status != _C.PUT_WAIT:
-                return status
+                return status, gen
             self.waits += 1
+            self._self_seal(status)
             if not warned_full:
                 log.warning("wirehead generator: write area full (BYTE_BUDGET); waiting "
-                            "for the manager to seal")
+                            "for the generation to be sealed")
                 warned_full = True
             if stop:
                 return None
+
+    def _self_seal(self, status):
+        """Seals the write generation if it is full and no manager leads.
+        An accepted put checks the fill first; a discarded or waiting put
+        means the generation is full already."""
+        if not self.cfg["SELF_SEAL"]:
+            return
+        try:
+            self._try_seal(status)
+        except (_C.StoreUnavailableError, _C.NotFoundError, _C.LeaseLostError):
+            pass  # the server is away or the store was wiped: the next put deals with it
+
+    def _try_seal(self, status):
+        store = self._store.get()
+        now = time.monotonic()
+        if status == _C.PUT_ACCEPTED:
+            if now < self._manager_until:
+                return
+            st = store.status()
+            if st["leader_pid"]:  # a manager (or a sealing peer) leads: leave it to it
+                self._manager_until = now + float(self.cfg["LEASE_SECONDS"]) / 4
+                return
+            if st["write_fill"] < st["swap_cap"]:
+                return
+        if not store.lead():
+            self._manager_until = now + float(self.cfg["LEASE_SECONDS"]) / 4
+            return
+        try:
+            info = store.seal()
+        finally:
+            store.resign()
+        if info is not None and "blocked_pid" not in info:
+            self.sealed += 1
+            self._say(f"Time: {time.time()}")
+            self._say(f"swap success: generation {info['generation']} sealed "
+                      f"(generated={info['generated']} discarded={info['discarded']})")
 
     def stop(self):
         """Asks a running ``run()`` (e.g. in another thread) to return after
         the current put."""
         self._stop.set()
 
-    def run(self):
-        names = self.cfg["SAMPLE"]
+    def _step(self, stop, verbose):
+        """Takes one item and puts it: False when the generator is
+        exhausted or stop was set."""
+        if self._it is None:
+            self._it = iter(self.generator)
+        try:
+            item = next(self._it)
+        except StopIteration:
+            return False
+        arrays = to_store_arrays(item, self.cfg["SAMPLE"])
+        res = self._put(arrays, stop)
+        if res is None:
+            return False
+        status, gen = res
+        if status == _C.PUT_ACCEPTED:
+            self.accepted += 1
+        else:
+            self.discarded += 1
+        if verbose:
+            what = "accepted" if status == _C.PUT_ACCEPTED else "discarded (generation full)"
+            self._say(f"pushed sample {self.accepted + self.discarded} into generation "
+                      f"{gen}, {what}, with cap: {self.cfg['SWAP_CAP']}")
+        self._self_seal(status)
+        return True
+
+    def cycle(self, verbose=False):
+        """One step of the original's loop: one sample in, and a seal if it
+        filled the generation. Returns False once the generator is exhausted."""
+        return self._step(self._stop, verbose)
+
+    def run(self, verbose=False):
         puts = 0
-        it = iter(self.generator)
+        self._say("Initialized")
         with self._stop as stop:
-            store = self._store.get()  # after the handlers: a SIGTERM while connecting is clean
+            if not self._store.auto_sized():
+                self._store.get()  # a store that cannot be made fails before any sample
             while not stop and (self.n_samples is None or puts < self.n_samples):
-                try:
-                    item = next(it)
-                except StopIteration:
-                    break
-                status = self._put(store, to_store_arrays(item, names), stop)
-                if status is None:
+                if not self._step(stop, verbose):
                     break
                 puts += 1
-                if status == _C.PUT_ACCEPTED:
-                    self.accepted += 1
-                else:
-                    self.discarded += 1
+            if puts and self.cfg["SELF_SEAL"] and not stop:
+                self._self_seal(_C.PUT_DISCARDED)  # a full generation left unsealed at the end
         self._stop = StopFlag()  # a later run() starts afresh
+        self._say(f"done: {puts} samples ({self.accepted} accepted, {self.discarded} "
+                  f"surplus), {self.sealed} generations sealed here")
         return puts
 
     run_generator = run

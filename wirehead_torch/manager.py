@@ -3,6 +3,7 @@ import collections
 import json
 import logging
 import os
+import sys
 import time
 
 from . import _C
@@ -42,14 +43,18 @@ class WireheadManager:
     takes over within LEASE_SECONDS of the first one dying (at once on the
     embedded store when the old manager's process is gone). ``run()`` runs
     until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
-    gives the lease up and returns the number of swaps it made."""
+    gives the lease up and returns the number of swaps it made. One line per
+    swap goes to ``out`` (stdout by default; ``quiet=True``: the log only).
+    With self-sealing generators (SELF_SEAL) a manager is optional: it
+    seals while it holds the lease, and logs and stands by."""
 
     RECORDS_KEPT = 1000
 
-    def __init__(self, config_path=None, config=None, json_lines=False, out=None):
+    def __init__(self, config_path=None, config=None, json_lines=False, out=None, quiet=False):
         self.cfg = get_config(config_path, config)
         self.json_lines = json_lines
         self.out = out
+        self.quiet = quiet  # swap lines go to the log only, not to out/stdout
         self.swaps = 0
         # the latest swap records only: a manager runs for weeks (a list grew
         # ~430 bytes per swap in the soak)
@@ -65,8 +70,8 @@ class WireheadManager:
     def _emit(self, rec):
         self.records.append(rec)
         line = json.dumps(rec) if self.json_lines else format_record(rec)
-        if self.out is not None:
-            print(line, file=self.out, flush=True)
+        if not self.quiet:
+            print(line, file=self.out or sys.stdout, flush=True)
         else:
             log.info(line)
 
@@ -75,16 +80,34 @@ class WireheadManager:
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
         leader, last_lead, waiting_logged, down = False, 0.0, False, False
-        blocked = None
+        blocked, waiting_created, prev_seals = None, False, None
         prev_time, prev_generated = time.time(), None
         store = None
         try:
             with self._stop as stop:
-                store = self._store.get()
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
                     try:
+                        # re-attaches a store removed or re-created (clean) meanwhile
+                        now_store = self._store.get(timeout=min(1.0, lease / 4), stop=stop)
+                    except TimeoutError:
+                        if not waiting_created:
+                            log.info("wirehead manager: waiting for the first generator to "
+                                     "create %s", redact(self.cfg["STORE"]))
+                            waiting_created = True
+                        continue
+                    if now_store is not store:
+                        if store is not None:  # a new store: its counts start afresh
+                            leader, prev_time, prev_generated, prev_seals = False, None, None, None
+                        store = now_store
+                    try:
                         if prev_generated is None:
-                            prev_generated = store.status()["generated"]
+                            st0 = store.status()
+                            if st0["history"]:  # rate from the store's last seal on
+                                prev_time = st0["history"][-1]["time"]
+                                prev_generated = st0["history"][-1]["generated"]
+                            else:  # no seal yet: samples made before we looked have no time
+                                prev_generated = st0["generated"]
+                                prev_time = time.time() if prev_generated == 0 else None
                         mono = time.monotonic()
                         if not leader or mono - last_lead >= renew_every:
                             leader = store.lead()
@@ -100,8 +123,17 @@ class WireheadManager:
                                 continue
                             waiting_logged = False
                         info = store.seal()
+                        # the store's seal count must grow with each of ours:
+                        # if not, it was wiped (MongoDB keeps this handle)
+                        seals_now = (store.status()["seals"]
+                                     if info is not None and "blocked_pid" not in info else None)
                     except _C.LeaseLostError:
                         leader = False  # e.g. expired while this process was paused
+                        continue
+                    except _C.NotFoundError:
+                        # a wiped server (or clean) between two calls: start afresh
+                        leader, prev_time, prev_generated, prev_seals = False, None, None, None
+                        stop.wait(poll)
                         continue
                     except _C.StoreUnavailableError as e:
                         if not down:
@@ -127,12 +159,15 @@ class WireheadManager:
                         continue
                     blocked = None
                     now = time.time()
+                    if prev_seals is not None and seals_now <= prev_seals:
+                        prev_time = None  # counted from a wipe we did not see: no rate
+                    prev_seals = seals_now
                     self._emit(swap_record(info, prev_time, prev_generated, now))
                     prev_time, prev_generated = now, info["generated"]
                     self.swaps += 1
         finally:
             try:
-                if store is not None:
+                if store is not None and store is self._store._st:
                     store.resign()
             except _C.WireheadError as e:
                 log.warning("wirehead manager: could not release the lease: %s", e)
