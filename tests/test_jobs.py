@@ -25,7 +25,7 @@ def test_generate_runs_a_user_function_with_one_seed_per_process(shm_cfg, tmp_pa
     cfg = shm_cfg(swap_cap=8)
     (tmp_path / "mygen.py").write_text(USER_GEN)
     path = tmp_path / "config.yaml"
-    path.write_text(f"STORE: {cfg['STORE']}\nSWAP_CAP: 8\nSAMPLE: [id, data]\n"
+    path.write_text(f"STORE: {cfg['STORE']}\nSWAP_CAP: 8\nSAMPLE: [id, data]\nSELF_SEAL: false\n"
                     f"BYTE_BUDGET: {cfg['BYTE_BUDGET']}\n")
     r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "generate", "--config",
                         str(path), "--gen-module", "mygen:make", "--procs", "2", "--seed", "40",
@@ -35,7 +35,8 @@ def test_generate_runs_a_user_function_with_one_seed_per_process(shm_cfg, tmp_pa
     assert r.stdout.count("pushed") == 2 and "exit codes [0, 0]" in r.stdout, r.stdout
     assert "seed 40" in r.stdout and "seed 41" in r.stdout
     import wirehead_torch as wt
-    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1  # seal what they wrote
+    # generators do not seal here (SELF_SEAL false): the manager seals what they wrote
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
     store = whlib.open_store(cfg)
     got = whlib.read_generation(store, store.current(), 8)
     assert got is not None and {tag for tag, _ in got} <= {40, 41}
