@@ -28,6 +28,7 @@ typedef enum {
     WH_E_NOTFOUND,  /* no such generation/position/store */
     WH_E_SYS,       /* OS call failed */
     WH_E_LEASE,     /* this manager does not hold the lease (lost or expired) */
+    WH_E_PINNED,    /* a view would break the pin policy: read a copy instead */
     WH_E_INTERNAL
 } wh_code_t;
 

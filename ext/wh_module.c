@@ -14,7 +14,7 @@
 
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound, *lease;
+        *unavail, *notfound, *lease, *pinned;
 } wh__exc_t;
 static wh__exc_t wh__exc;
 
@@ -33,6 +33,7 @@ PyObject *wh_module_raise(const wh_err_t *err) {
     case WH_E_UNAVAIL: cls = wh__exc.unavail; break;
     case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
     case WH_E_LEASE: cls = wh__exc.lease; break;
+    case WH_E_PINNED: cls = wh__exc.pinned; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
@@ -293,6 +294,10 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
     bool ok, sealed = false;
     WH__CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
     if (!ok) return wh_module_raise(&err);
+    if (!sealed && info.blocked_pid && info.blocked_reader)
+        return Py_BuildValue("{sKsOsK}", "blocked_pid", (unsigned long long)info.blocked_pid,
+                             "blocked_reader", Py_True, "blocked_gen",
+                             (unsigned long long)info.blocked_gen);
     if (!sealed && info.blocked_pid)
         return Py_BuildValue("{sK}", "blocked_pid", (unsigned long long)info.blocked_pid);
     if (!sealed) Py_RETURN_NONE;
@@ -446,6 +451,60 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
     return PyLong_FromUnsignedLongLong(gen);
 }
 
+/* List of Array over a view's fields (None for fields not wanted); each
+ * holds a reference to the view, whose last release drops the pin. */
+static PyObject *wh__view_list(int nf, uint32_t want, wh_buf_t *v, const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(nf);
+    for (int i = 0; out && i < nf; i++) {
+        PyObject *a = Py_None;
+        if (want & (1u << i)) {
+            a = wh_array_new(v, meta->f[i].offset, meta->f[i].dtype, meta->f[i].ndim,
+                             meta->f[i].shape);
+            if (!a) Py_CLEAR(out);
+        } else {
+            Py_INCREF(a);
+        }
+        if (out) PyList_SET_ITEM(out, i, a);
+    }
+    return out;
+}
+
+/* view_sample(gen, pos, want=None, timeout=60.0, skip=True) -> as
+ * read_sample, but the arrays view the store (read-only, pinned until the
+ * last of them dies) instead of holding copies. shm:// only. */
+static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    double timeout = 60.0;
+    int skip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, &timeout,
+                                     &skip))
+        return NULL;
+    if (!wh__open(self)) return NULL;
+    uint32_t mask;
+    if (!wh__want_mask(self->nfields, want, &mask)) return NULL;
+    wh_read_at_t at = {0};
+    at.gen = gen;
+    at.pos = pos;
+    at.strict = !skip;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    wh_buf_t *v = NULL;
+    bool ok;
+    WH__CALL(self, st, ok, &err,
+             wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
+    if (!ok) return wh_module_raise(&err);
+    PyObject *out = NULL, *arrs = wh__view_list(self->nfields, mask, v, &meta);
+    if (arrs)
+        out = Py_BuildValue("KIOOs", (unsigned long long)at.gen, at.pos,
+                            at.pad ? Py_True : Py_False, arrs, at.corrupt ? at.last_skip : NULL);
+    Py_XDECREF(arrs);
+    wh_buf_unref(v); /* the arrays hold their own references */
+    return out;
+}
+
 typedef struct {
     Py_buffer *views;
     int n;
@@ -517,7 +576,18 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                                       (unsigned long long)s->history[i].discarded, "seal_s",
                                       (double)s->history[i].seal_ns / 1e9));
     if (!hist) return NULL;
-    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsN}", "read_gen",
+    PyObject *areas = PyList_New(s->nareas);
+    for (int i = 0; areas && i < s->nareas; i++)
+        PyList_SET_ITEM(areas, i,
+                        Py_BuildValue("{sKsIsIsL}", "generation",
+                                      (unsigned long long)s->areas[i].generation, "pins",
+                                      s->areas[i].pins, "pinners", s->areas[i].pinners,
+                                      "pin_pid", (long long)s->areas[i].pin_pid));
+    if (!areas) {
+        Py_DECREF(hist);
+        return NULL;
+    }
+    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsNsN}", "read_gen",
                          (unsigned long long)s->read_gen, "write_gen",
                          (unsigned long long)s->write_gen, "write_fill", s->write_fill,
                          "swap_cap", s->swap_cap, "write_bytes",
@@ -526,7 +596,7 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                          (unsigned long long)s->generated, "discarded",
                          (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
                          "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
-                         s->lease_left_s, "history", hist);
+                         s->lease_left_s, "history", hist, "areas", areas);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
@@ -558,6 +628,11 @@ static PyMethodDef wh__store_methods[] = {
     {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
      METH_VARARGS | METH_KEYWORDS,
      "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, skipped)"},
+    {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
+     METH_VARARGS | METH_KEYWORDS,
+     "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
+     "arrays viewing the store (shm:// only; read-only; the generation stays pinned while any "
+     "of them lives)"},
     {"wait_generation", (PyCFunction)(void (*)(void))wh__store_wait_generation,
      METH_VARARGS | METH_KEYWORDS,
      "wait_generation(newer_than=0, timeout=60.0) -> newest read generation"},
@@ -978,6 +1053,8 @@ static int wh__add_excs(PyObject *m) {
             "The store's server cannot be reached.");
     WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
     WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
+    WH__SUB(pinned, "PinLimitError", NULL,
+            "A store-backed view would break the pin policy; read a copy instead.");
 #undef WH__SUB
     return 0;
 }
