@@ -1012,7 +1012,7 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         o->write_fill = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE);
         o->write_bytes = __atomic_load_n(&w->used, __ATOMIC_RELAXED);
     }
-    /* each area's generation and live reader pins, as last recorded */
+    /* each area's generation and its live readers' pins */
     o->nareas = WH__SLOTS;
     for (int i = 0; i < WH__SLOTS; i++) {
         wh__slot_t *sl = &h->slots[i];
@@ -1020,7 +1020,7 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         for (int j = 0; j < WH__MAX_PINNERS; j++) {
             int32_t pid = __atomic_load_n(&sl->pins[j].pid, __ATOMIC_RELAXED);
             uint32_t n = __atomic_load_n(&sl->pins[j].count, __ATOMIC_RELAXED);
-            if (!pid || !n) continue;
+            if (!pid || !n || !wh__pid_alive(pid)) continue; /* dead: pruned at a seal */
             o->areas[i].pins += n;
             o->areas[i].pinners++;
             o->areas[i].pin_pid = pid;

@@ -46,10 +46,29 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
     return gen, pos, is_pad, arrs
 
 
+def view_sample(store, gen, pos, want, timeout, skip=True):
+    """As read_sample, but the arrays view the shm store (read-only, the
+    generation pinned while any of them lives); None when the pin policy
+    refuses (this process still holds views of another generation): the
+    caller reads a copy instead."""
+    try:
+        gen, pos, is_pad, arrs, skipped = store.view_sample(gen, pos, want, timeout, skip)
+    except _C.PinLimitError:
+        return None
+    if skipped:
+        log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
+                    "padding", skipped)
+    return gen, pos, is_pad, arrs
+
+
 class _CurrentGenerationReader(_Base):
     def __init__(self, config_path=None, config=None, *, timeout=None, output="torch",
-                 cast=None):
+                 cast=None, views=False):
         self.cfg = get_config(config_path, config)
+        if views and not str(self.cfg["STORE"]).startswith("shm://"):
+            raise ValueError(f"views=True needs an shm:// store (STORE is "
+                             f"{redact(self.cfg['STORE'])}); MongoDB samples are read as copies")
+        self.views = bool(views)
         if len(self.cfg["SAMPLE"]) < 2:
             raise ValueError(f"{type(self).__name__} reads two fields (input, label); SAMPLE "
                              f"names {self.cfg['SAMPLE']}")
@@ -72,9 +91,17 @@ class _CurrentGenerationReader(_Base):
         store = self._store.get()
         gen = wait_for_generation(store, self.cfg, self.timeout)
         # an indexed read names its corrupt sample rather than substitute another
-        _, _, _, arrs = read_sample(store, gen, i, [0, 1], self.timeout, skip=False)
-        return tuple(to_output(a, name, self.output, self.cast)
-                     for a, name in zip(arrs[:2], self.names))
+        got = view_sample(store, gen, i, [0, 1], self.timeout, skip=False) if self.views else None
+        viewed = got is not None
+        if not viewed:
+            got = read_sample(store, gen, i, [0, 1], self.timeout, skip=False)
+        out = tuple(to_output(a, name, self.output, self.cast)
+                    for a, name in zip(got[3][:2], self.names))
+        if viewed and self.output == "numpy":
+            for x in out:  # numpy can say read-only; torch cannot (a write there faults)
+                if not x.flags.owndata:
+                    x.flags.writeable = False
+        return out
 
     @staticmethod
     def _is_batch(index):
