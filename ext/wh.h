@@ -112,6 +112,10 @@ struct wh_buf {
 /* New heap buffer of size bytes (64-byte aligned), refs = 1; NULL on OOM.
  * Owned by the caller's reference. */
 wh_buf_t *wh_buf_new(size_t size);
+/* Buffers of 256 KiB or more come from a process-wide pool of reused,
+ * already-faulted mappings (huge pages advised); the last unref returns
+ * them. hits/misses count takes served from the pool or freshly mapped. */
+void wh_pool_stats(uint64_t *hits, uint64_t *misses, uint64_t *idle_bytes);
 void wh_buf_ref(wh_buf_t *b);
 void wh_buf_unref(wh_buf_t *b);
 

@@ -993,9 +993,14 @@ static PyObject *wh__counters(PyObject *m, PyObject *unused) {
     (void)unused;
     wh_counters_t c;
     wh_counters_get(&c);
-    return Py_BuildValue("{sKsKsK}", "bytes_copied_out", (unsigned long long)c.bytes_copied_out,
-                         "bytes_copied_in", (unsigned long long)c.bytes_copied_in, "copies_out",
-                         (unsigned long long)c.copies_out);
+    uint64_t hits, misses, idle;
+    wh_pool_stats(&hits, &misses, &idle);
+    return Py_BuildValue("{sKsKsKsKsKsK}", "bytes_copied_out",
+                         (unsigned long long)c.bytes_copied_out, "bytes_copied_in",
+                         (unsigned long long)c.bytes_copied_in, "copies_out",
+                         (unsigned long long)c.copies_out, "pool_hits",
+                         (unsigned long long)hits, "pool_misses", (unsigned long long)misses,
+                         "pool_idle_bytes", (unsigned long long)idle);
 }
 
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
