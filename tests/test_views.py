@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -247,3 +248,58 @@ def test_views_survive_the_store_handle(shm_cfg):
     st2 = whlib.open_store(cfg)
     assert pins(st2) == {}
     assert st2.status()["generated"] >= 2
+
+
+def _minflt():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@pytest.mark.parametrize("n", [1 << 19, 1 << 22])  # 2 MiB and 16 MiB data fields
+def test_reads_reuse_prefaulted_buffers(store_cfg, n):
+    """Store.read and the map-style reader hand out pooled buffers: once a
+    tensor is gone its buffer serves the next read of that size (same
+    address, no fresh page faults); never while a tensor still holds it."""
+    if n > 1 << 19 and not store_cfg(swap_cap=1)["STORE"].startswith("shm://"):
+        n = 1 << 19  # keep the MongoDB test server's work small
+    cfg = store_cfg(swap_cap=2, budget=f"{(n * 4 + 4096) * 2}")
+    wt.WireheadGenerator((whlib.sample(8, i, n) for i in range(2)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    st = whlib.open_store(cfg)
+    gen = st.current()
+    ptrs = set()
+    for k in range(4):  # warm: the pool maps a buffer, the store's pages are touched
+        ident, data = st.read(gen, k % 2)
+        whlib.check_sample(np.from_dlpack(ident), np.from_dlpack(data))
+        ptrs.add(data.data_ptr)
+        del ident, data
+    base = _C.counters()
+    flt = _minflt()
+    seen = set()
+    for k in range(8):
+        ident, data = st.read(gen, k % 2)
+        seen.add(data.data_ptr)
+        del ident, data
+    assert _minflt() - flt < 8 * (n * 4 // 4096) // 20  # fresh 4 KiB pages would fault each
+    assert seen <= ptrs
+    now = _C.counters()
+    assert now["pool_misses"] == base["pool_misses"]
+    assert now["pool_hits"] >= base["pool_hits"] + 8
+
+    # a live tensor keeps its buffer: the next read gets another one
+    held = torch.from_dlpack(st.read(gen, 0)[1])
+    first = held.data_ptr()
+    other = torch.from_dlpack(st.read(gen, 1)[1])
+    assert other.data_ptr() != first
+    whlib.check_sample(np.array([8, 0]), held.numpy())
+    del other
+
+    ds = wt.MongoTupleheadDataset(config=cfg)
+    ds[1]  # warm
+    base = _C.counters()
+    for k in range(4):
+        x, y = ds[k % 2]
+        whlib.check_sample(x.numpy(), y.numpy())
+        del x, y
+    assert _C.counters()["pool_misses"] == base["pool_misses"]
+    whlib.check_sample(np.array([8, 0]), held.numpy())  # untouched throughout
