@@ -393,44 +393,54 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     return out;
 }
 
+/* Arguments (gen, pos, want=None, timeout=60.0, skip=True) of read_sample
+ * and view_sample. */
+static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_read_at_t *at,
+                         uint32_t *mask, double *timeout) {
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    int skip = 1;
+    *timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, timeout,
+                                     &skip) ||
+        !wh__open(self) || !wh__want_mask(self->nfields, want, mask))
+        return false;
+    memset(at, 0, sizeof *at);
+    at->gen = gen;
+    at->pos = pos;
+    at->strict = !skip;
+    return true;
+}
+
+/* (gen, pos, is_pad, arrays, skipped) of a policy read; steals arrs. */
+static PyObject *wh__at_result(const wh_read_at_t *at, PyObject *arrs) {
+    if (!arrs) return NULL;
+    PyObject *out = Py_BuildValue("KIOOs", (unsigned long long)at->gen, at->pos,
+                                  at->pad ? Py_True : Py_False, arrs,
+                                  at->corrupt ? at->last_skip : NULL);
+    Py_DECREF(arrs);
+    return out;
+}
+
 /* read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos,
  * is_pad, arrays, skipped): the one read policy (wh_store_read_sample):
  * moves to the newest generation when gen (0: the newest) was reclaimed,
  * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
  * or, with skip=False, raises CorruptSampleError. */
 static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
-    unsigned long long gen;
-    unsigned int pos;
-    PyObject *want = Py_None;
-    double timeout = 60.0;
-    int skip = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, &timeout,
-                                     &skip))
-        return NULL;
-    if (!wh__open(self)) return NULL;
     wh__readctx_t ctx = {0};
-    if (!wh__want_mask(self->nfields, want, &ctx.want)) return NULL;
-    wh_read_at_t at = {0};
-    at.gen = gen;
-    at.pos = pos;
-    at.strict = !skip;
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &ctx.want, &timeout)) return NULL;
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = NULL;
-    if (!ok) {
-        wh_module_raise(&err);
-    } else {
-        PyObject *arrs = wh__read_list(self->nfields, &ctx, &meta);
-        if (arrs)
-            out = Py_BuildValue("KIOOs", (unsigned long long)at.gen, at.pos,
-                                at.pad ? Py_True : Py_False, arrs,
-                                at.corrupt ? at.last_skip : NULL);
-        Py_XDECREF(arrs);
-    }
+    PyObject *out = ok ? wh__at_result(&at, wh__read_list(self->nfields, &ctx, &meta))
+                       : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -473,22 +483,10 @@ static PyObject *wh__view_list(int nf, uint32_t want, wh_buf_t *v, const wh_samp
  * read_sample, but the arrays view the store (read-only, pinned until the
  * last of them dies) instead of holding copies. shm:// only. */
 static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
-    unsigned long long gen;
-    unsigned int pos;
-    PyObject *want = Py_None;
-    double timeout = 60.0;
-    int skip = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, &timeout,
-                                     &skip))
-        return NULL;
-    if (!wh__open(self)) return NULL;
     uint32_t mask;
-    if (!wh__want_mask(self->nfields, want, &mask)) return NULL;
-    wh_read_at_t at = {0};
-    at.gen = gen;
-    at.pos = pos;
-    at.strict = !skip;
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &mask, &timeout)) return NULL;
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     wh_buf_t *v = NULL;
@@ -496,11 +494,7 @@ static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyOb
     WH__CALL(self, st, ok, &err,
              wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
     if (!ok) return wh_module_raise(&err);
-    PyObject *out = NULL, *arrs = wh__view_list(self->nfields, mask, v, &meta);
-    if (arrs)
-        out = Py_BuildValue("KIOOs", (unsigned long long)at.gen, at.pos,
-                            at.pad ? Py_True : Py_False, arrs, at.corrupt ? at.last_skip : NULL);
-    Py_XDECREF(arrs);
+    PyObject *out = wh__at_result(&at, wh__view_list(self->nfields, mask, v, &meta));
     wh_buf_unref(v); /* the arrays hold their own references */
     return out;
 }

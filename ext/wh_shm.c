@@ -812,17 +812,24 @@ static bool wh__gone(uint64_t gen, wh_err_t *err) {
     return wh_store_err_gone(err, gen);
 }
 
+/* Slot of sealed generation gen: NOTFOUND if not sealed yet, GONE if its
+ * slot was recycled. */
+static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_t *err) {
+    uint64_t rg = wh__ld(&h->read_gen);
+    if (gen == 0 || gen > rg)
+        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
+                          (unsigned long long)gen, (unsigned long long)rg);
+    *slot = wh__slot_of(h, gen);
+    return *slot >= 0 || wh__gone(gen, err);
+}
+
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
-    uint64_t rg = wh__ld(&h->read_gen);
-    if (gen == 0 || gen > rg)
-        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
-                          (unsigned long long)gen, (unsigned long long)rg);
-    int slot = wh__slot_of(h, gen);
-    if (slot < 0) return wh__gone(gen, err);
+    int slot;
+    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
     wh__entry_t e = wh__index(s, slot)[pos];
     wh_sample_meta_t meta;
@@ -936,12 +943,8 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    uint64_t rg = wh__ld(&h->read_gen);
-    if (gen == 0 || gen > rg)
-        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
-                          (unsigned long long)gen, (unsigned long long)rg);
-    int slot = wh__slot_of(h, gen);
-    if (slot < 0) return wh__gone(gen, err);
+    int slot;
+    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
     wh__view_t *v = calloc(1, sizeof *v);
     if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
