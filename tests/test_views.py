@@ -96,7 +96,7 @@ def test_one_pinned_generation_per_process(shm_cfg):
     old = st.current()
     held = view_all(st, old)
     _, counter = put_and_seal(st, 2, counter)
-    with pytest.raises(wt.WireheadError, match=f"still holds views of generation {old}"):
+    with pytest.raises(wt.PinLimitError, match=f"still holds views of generation {old}"):
         st.view_sample(st.current(), 0, None, 10.0, False)
     # the map-style reader falls back to a copy, and says nothing is wrong
     ds = wt.MongoTupleheadDataset(config=cfg, views=True)
