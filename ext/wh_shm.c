@@ -693,14 +693,19 @@ static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     return true;
 }
 
-/* Drops pins of reader processes that no longer exist. Slot lock held. */
+/* Drops pins of reader processes that no longer exist and recounts the
+ * rest (a reader killed inside wh__pin_add may have left npinners short).
+ * Slot lock held. */
 static void wh__prune_pins(wh__slot_t *sl) {
-    for (int i = 0; i < WH__MAX_PINNERS && sl->npinners; i++)
+    uint32_t n = 0;
+    for (int i = 0; i < WH__MAX_PINNERS; i++) {
         if (sl->pins[i].pid && !wh__pid_alive(sl->pins[i].pid)) {
             __atomic_store_n(&sl->pins[i].count, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
-            sl->npinners--;
         }
+        n += sl->pins[i].pid != 0;
+    }
+    sl->npinners = n;
 }
 
 /* The slot the next write generation takes: among slots holding neither
@@ -919,7 +924,7 @@ static void wh__pin_drop(wh__hdr_t *h, int slot, uint64_t gen, pid_t pid) {
         __atomic_store_n(&sl->pins[i].count, n, __ATOMIC_RELAXED);
         if (!n) {
             __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
-            sl->npinners--;
+            if (sl->npinners) sl->npinners--;
         }
         break;
     }
