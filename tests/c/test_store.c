@@ -974,6 +974,51 @@ out:
 }
 
 /* Reading a reclaimed generation: WH_E_GONE, the newer two still read. */
+/* A store-backed view pins its generation: it stays exact across many
+ * seals, a second generation's view is refused (one per process), and it
+ * outlives its handle; its release frees everything (leak check). */
+static bool view_ok(wh_buf_t *v, const wh_sample_meta_t *m, int64_t want_id) {
+    const char *p = v->data;
+    int64_t id;
+    memcpy(&id, p + m->f[0].offset, sizeof id);
+    if (id != want_id) return false;
+    const int32_t *d = (const int32_t *)(p + m->f[1].offset);
+    for (int64_t k = 0; k < m->f[1].shape[0]; k++)
+        if (d[k] != data_val((uint64_t)id, k)) return false;
+    return m->f[1].shape[0] == data_len((uint64_t)id);
+}
+
+static void t_store_views(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    wh_err_t e;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    bool lead, sealed;
+    uint64_t g = 0, g0 = 0;
+    wh_buf_t *v[2] = {NULL, NULL}, *other = NULL;
+    wh_sample_meta_t m[2], mo;
+    REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
+    REQUIRE(fill_ids(st, 10, 2) && seal_once(st, &sealed, &g0) && sealed, "first seal");
+    for (uint32_t pos = 0; pos < 2; pos++)
+        REQUIRE(wh_store_view(st, g0, pos, &v[pos], &m[pos], &e), "view %u: %s", pos, e.message);
+    for (int k = 1; k <= 12; k++) {
+        REQUIRE(fill_ids(st, 100 * (uint64_t)k, 2) && seal_once(st, &sealed, &g) && sealed,
+                "seal %d with views held", k);
+        CHECK(view_ok(v[0], &m[0], 10) && view_ok(v[1], &m[1], 11), "views after seal %d", k);
+    }
+    CHECK(!wh_store_view(st, g, 0, &other, &mo, &e) && e.code == WH_E_PINNED,
+          "a second generation's view: code %d (%s)", e.code, e.message);
+    wh_store_destroy(st);
+    st = NULL;
+    CHECK(view_ok(v[0], &m[0], 10) && view_ok(v[1], &m[1], 11), "views after the handle closed");
+out:
+    wh_buf_unref(v[0]);
+    wh_buf_unref(v[1]);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 static void t_store_gone(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
@@ -1964,6 +2009,7 @@ int main(int argc, char **argv) {
         {"store round trip: every dtype x layout", t_store_dtypes, false},
         {"store flipped byte -> WH_E_CORRUPT", t_store_corrupt_bytes, false},
         {"store reclaimed generation -> WH_E_GONE", t_store_gone, false},
+        {"store-backed views: pinned across seals, one generation per process", t_store_views, false},
         {"store read racing reclamation -> WH_E_GONE", t_store_torn_read, false},
         {"store open errors (schema, SWAP_CAP, names)", t_store_open_errors, false},
         {"store sample too big / budget exhausted", t_store_toobig, false},
