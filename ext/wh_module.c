@@ -356,14 +356,17 @@ static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
     return true;
 }
 
-/* List of Array over the buffers read (None for fields not wanted). */
-static PyObject *wh__read_list(int nf, const wh__readctx_t *ctx, const wh_sample_meta_t *meta) {
+/* List of Array, one per field: field i in bufs[i] (at its offset in the
+ * encoded sample when in_sample, i.e. a view; else at 0), None where
+ * bufs[i] is NULL (not wanted). Each Array holds a reference to its buffer. */
+static PyObject *wh__array_list(int nf, wh_buf_t *const *bufs, bool in_sample,
+                                const wh_sample_meta_t *meta) {
     PyObject *out = PyList_New(nf);
     for (int i = 0; out && i < nf; i++) {
         PyObject *a = Py_None;
-        if (ctx->bufs[i]) {
-            a = wh_array_new(ctx->bufs[i], 0, meta->f[i].dtype, meta->f[i].ndim,
-                             meta->f[i].shape);
+        if (bufs[i]) {
+            a = wh_array_new(bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
+                             meta->f[i].ndim, meta->f[i].shape);
             if (!a) Py_CLEAR(out);
         } else {
             Py_INCREF(a);
@@ -388,7 +391,8 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = ok ? wh__read_list(self->nfields, &ctx, &meta) : wh_module_raise(&err);
+    PyObject *out =
+        ok ? wh__array_list(self->nfields, ctx.bufs, false, &meta) : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -439,7 +443,7 @@ static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyOb
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = ok ? wh__at_result(&at, wh__read_list(self->nfields, &ctx, &meta))
+    PyObject *out = ok ? wh__at_result(&at, wh__array_list(self->nfields, ctx.bufs, false, &meta))
                        : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
@@ -461,24 +465,6 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
     return PyLong_FromUnsignedLongLong(gen);
 }
 
-/* List of Array over a view's fields (None for fields not wanted); each
- * holds a reference to the view, whose last release drops the pin. */
-static PyObject *wh__view_list(int nf, uint32_t want, wh_buf_t *v, const wh_sample_meta_t *meta) {
-    PyObject *out = PyList_New(nf);
-    for (int i = 0; out && i < nf; i++) {
-        PyObject *a = Py_None;
-        if (want & (1u << i)) {
-            a = wh_array_new(v, meta->f[i].offset, meta->f[i].dtype, meta->f[i].ndim,
-                             meta->f[i].shape);
-            if (!a) Py_CLEAR(out);
-        } else {
-            Py_INCREF(a);
-        }
-        if (out) PyList_SET_ITEM(out, i, a);
-    }
-    return out;
-}
-
 /* view_sample(gen, pos, want=None, timeout=60.0, skip=True) -> as
  * read_sample, but the arrays view the store (read-only, pinned until the
  * last of them dies) instead of holding copies. shm:// only. */
@@ -494,7 +480,10 @@ static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyOb
     WH__CALL(self, st, ok, &err,
              wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
     if (!ok) return wh_module_raise(&err);
-    PyObject *out = wh__at_result(&at, wh__view_list(self->nfields, mask, v, &meta));
+    wh_buf_t *bufs[WH_MAX_FIELDS] = {0};
+    for (int i = 0; i < self->nfields; i++)
+        if (mask & (1u << i)) bufs[i] = v; /* every Array holds the view, hence the pin */
+    PyObject *out = wh__at_result(&at, wh__array_list(self->nfields, bufs, true, &meta));
     wh_buf_unref(v); /* the arrays hold their own references */
     return out;
 }
