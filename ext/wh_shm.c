@@ -206,7 +206,8 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
  * (SIGSEGV) instead of changing stored bytes. */
 static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
     void *p = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap (read-only): %s", strerror(errno));
+    if (p == MAP_FAILED)
+        return wh_err_set(err, WH_E_SYS, "shm mmap (read-only): %s", strerror(errno));
     s->ro = p;
     return true;
 }
