@@ -45,6 +45,9 @@ deps: .deps/debian.stamp
 .venv/.stamp: .deps/debian.stamp pyproject.toml
 	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages .venv
 	$(PY) -c 'import pytest' 2>/dev/null || $(PIP) install -q pytest
+	# raw PyMongo baseline of benchmarks/bench_mongo.py; 4.13 is the last that
+	# speaks the test server's wire version 8
+	$(PY) -c 'import pymongo' 2>/dev/null || $(PIP) install -q 'pymongo==4.13.2'
 	# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66
 	$(PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
 	  2>/dev/null || $(PIP) install -q 'setuptools>=77'

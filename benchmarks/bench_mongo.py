@@ -16,13 +16,19 @@ MB/s of the sample payload for:
   store (C)   wh_store_put / seal / wh_store_read into a reused buffer,
               checksums verified (benchmarks/bench_mongo.c store)
   store (Py)  the same through wirehead_torch._C.Store.put/read from Python
-              (a fresh output buffer per read)
+              (pooled output buffers, reused once a read's array is gone)
+  pymongo     raw PyMongo (in the venv; 4.13, the last that speaks the test
+              server's wire version 8): insert_many / find of the same chunk
+              documents, each read assembled into one reused bytearray
   original    PyPI wirehead 0.9.3 (WireheadGenerator.cycle, then
               MongoheadDataset[[i]]), installed into .deps/wirehead-orig by
               this script (a venv that reuses the system torch; PyMongo
               4.13, the last that speaks the test server's wire version 8)
 
-Each figure is the median over --reps runs, modes interleaved. Results go
+For the Python client modes (store (Py), pymongo) the client process's
+CPU seconds per GB read are measured too (time.process_time around the
+reads; the server is another process). Each figure is the median over
+--reps runs, modes interleaved. Results go
 to --out as a markdown table (and the JSON of every run beside it).
 """
 import argparse
@@ -139,14 +145,52 @@ def run_py_store(uri, db, size, chunk, n):
     write_s = time.perf_counter() - t0
     assert st.lead()
     gen = st.seal()["generation"]
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for i in range(n):
         (arr,) = st.read(gen, i)
-    read_s = time.perf_counter() - t0
+        if i < n - 1:
+            del arr  # the buffer returns to the pool for the next read
+    read_s, read_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     assert np.array_equal(np.from_dlpack(arr), data)
     st.close()
     _C.clean(**kw)
-    return {"write_s": write_s, "read_s": read_s, "bytes": size * n}
+    return {"write_s": write_s, "read_s": read_s, "read_cpu_s": read_cpu_s, "bytes": size * n}
+
+
+def run_pymongo(uri, db, size, chunk, n):
+    """The least a Python client does: chunk documents in, chunk documents
+    out, into one reused buffer."""
+    import numpy as np
+    from bson.binary import Binary
+    from pymongo import MongoClient
+    data = (np.arange(size, dtype=np.uint64) * 2654435761 >> 13).astype(np.uint8).tobytes()
+    nch = -(-size // chunk)
+    client = MongoClient(uri)
+    coll = client[db]["chunks"]
+    coll.drop()
+    t0 = time.perf_counter()
+    for sid in range(n):
+        coll.insert_many([{"_id": sid * 1_000_000 + k, "d": Binary(data[k * chunk:(k + 1) * chunk])}
+                          for k in range(nch)], ordered=True)
+    write_s = time.perf_counter() - t0
+    per = max(1, min(nch, (32 << 20) // (chunk + 256)))  # replies of about 32 MB, as the store
+    buf = bytearray(size)
+    view = memoryview(buf)
+    c0, t0 = time.process_time(), time.perf_counter()
+    for sid in range(n):
+        got = 0
+        for doc in coll.find({"_id": {"$gte": sid * 1_000_000, "$lt": sid * 1_000_000 + nch}},
+                             batch_size=per):
+            k = doc["_id"] - sid * 1_000_000
+            d = doc["d"]
+            view[k * chunk:k * chunk + len(d)] = d
+            got += len(d)
+        assert got == size
+    read_s, read_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    assert bytes(buf) == data
+    client.drop_database(db)
+    client.close()
+    return {"write_s": write_s, "read_s": read_s, "read_cpu_s": read_cpu_s, "bytes": size * n}
 
 
 def run_original(py, host, port, db, size, chunk_mib, n, workdir):
@@ -182,7 +226,8 @@ def main(argv=None):
     host, port = hostport.rsplit(":", 1) if ":" in hostport else (hostport, "27017")
     workdir = os.path.join(REPO, "build", "bench")
     os.makedirs(workdir, exist_ok=True)
-    modes = ["raw", "raw-index", "store (C)", "store (Py)"] + ([] if orig_py is None else ["original"])
+    modes = ["raw", "raw-index", "store (C)", "store (Py)", "pymongo"] + (
+        [] if orig_py is None else ["original"])
     runs = []
     try:
         for size_mib in [float(s) for s in a.sizes.split(",")]:
@@ -198,13 +243,17 @@ def main(argv=None):
                         r = run_c("store", uri, db, size, chunk, n)
                     elif mode == "store (Py)":
                         r = run_py_store(uri, db, size, chunk, n)
+                    elif mode == "pymongo":
+                        r = run_pymongo(uri, db, size, chunk, n)
                     else:
                         r = run_original(orig_py, host, port, db, size, int(round(a.chunk_mib)) or 1,
                                          n, workdir)
                     r.update(mode=mode, size_mib=size_mib, n=n, rep=rep)
                     runs.append(r)
                     print(f"{size_mib:g} MiB x{n} {mode:11s} write {r['bytes'] / r['write_s'] / 1e6:8.1f} "
-                          f"MB/s  read {r['bytes'] / r['read_s'] / 1e6:8.1f} MB/s", flush=True)
+                          f"MB/s  read {r['bytes'] / r['read_s'] / 1e6:8.1f} MB/s"
+                          + (f"  read CPU {r['read_cpu_s'] / (r['bytes'] / 1e9):.2f} s/GB"
+                             if "read_cpu_s" in r else ""), flush=True)
     finally:
         if server is not None:
             server.close()
@@ -217,14 +266,19 @@ def write_table(a, where, modes, runs, chunk):
         vals = [r["bytes"] / r[key] / 1e6 for r in runs if r["size_mib"] == size and r["mode"] == mode]
         return statistics.median(vals) if vals else None
 
+    def cpu(size, mode):
+        vals = [r["read_cpu_s"] / (r["bytes"] / 1e9) for r in runs
+                if r["size_mib"] == size and r["mode"] == mode and "read_cpu_s" in r]
+        return statistics.median(vals) if vals else None
+
     sizes = sorted({r["size_mib"] for r in runs})
     lines = ["# MongoDB store throughput", "",
              f"Server: {where}. Chunks of {chunk / 2**20:g} MiB; {a.total_mib} MiB of payload "
              f"per run; median of {a.reps} runs; MB/s = 10^6 bytes of sample payload per second.",
              f"Command: `.venv/bin/python benchmarks/bench_mongo.py {' '.join(shlex.quote(x) for x in sys.argv[1:])}`",
              f"Machine: {os.cpu_count()} CPU cores (client and server share them).", "",
-             "| sample | mode | write MB/s | read MB/s | write vs raw | read vs raw | read vs raw-index | read vs original |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| sample | mode | write MB/s | read MB/s | write vs raw | read vs raw | read vs raw-index | read vs original | read client CPU-s/GB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for size in sizes:
         for mode in modes:
             w, r = med(size, mode, "write_s"), med(size, mode, "read_s")
@@ -239,8 +293,12 @@ def write_table(a, where, modes, runs, chunk):
             def times(x, base):
                 return f"{x / base:.1f}x" if base else "-"
 
+            c = cpu(size, mode)
+            cp = cpu(size, "pymongo")
+            cs = "-" if c is None else (f"{c:.2f}" + (f" ({c / cp:.2f}x pymongo)"
+                                                      if cp and mode != "pymongo" else ""))
             lines.append(f"| {size:g} MiB | {mode} | {w:.0f} | {r:.0f} | {pct(w, rw)} | {pct(r, rr)} | "
-                         f"{pct(r, ri)} | {times(r, ro) if mode != 'original' else '-'} |")
+                         f"{pct(r, ri)} | {times(r, ro) if mode != 'original' else '-'} | {cs} |")
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:

@@ -1,8 +1,11 @@
-/* Errors, dtypes, clocks and process-wide counters. */
+/* Errors, dtypes, clocks, process-wide counters and the sample buffer pool. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "wh.h"
@@ -106,8 +109,131 @@ void wh_sleep_ms(unsigned ms) {
     }
 }
 
+/* ---- reused sample buffers ----
+ * Memory never touched costs a page fault per 4 KiB on first write (about
+ * 16k faults for a 64 MiB sample), which dominates a read into fresh
+ * memory. Buffers of WH__POOL_MIN bytes or more therefore come from a
+ * process-wide pool: mapped once (transparent huge pages asked for), handed
+ * back by the last reference (a DLPack deleter, from any thread) and reused
+ * for the next read of a similar size. The pool keeps at most
+ * WIREHEAD_POOL_BYTES (default 1 GiB) of idle buffers. */
+#define WH__POOL_MIN (256u << 10)
+#define WH__HUGE (2u << 20)
+
+typedef struct wh__pooled {
+    wh_buf_t buf; /* first member: the release callback casts back */
+    size_t cap;   /* bytes mapped */
+    struct wh__pooled *next; /* while idle */
+} wh__pooled_t;
+
+static pthread_mutex_t wh__pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t wh__pool_once = PTHREAD_ONCE_INIT;
+static wh__pooled_t *wh__pool_free; /* idle buffers, most recently used first */
+static size_t wh__pool_idle;        /* bytes idle in the pool */
+static size_t wh__pool_keep;        /* most bytes kept idle */
+static uint64_t wh__pool_hits, wh__pool_misses; /* atomic */
+
+/* A child must not wait on a lock a parent thread held across fork. */
+static void wh__pool_atfork_child(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    wh__pool_mu = fresh;
+}
+
+static void wh__pool_init(void) {
+    const char *e = getenv("WIREHEAD_POOL_BYTES");
+    char *end = NULL;
+    unsigned long long v = e ? strtoull(e, &end, 10) : 0;
+    wh__pool_keep = (e && end && *e && !*end) ? (size_t)v : ((size_t)1 << 30);
+    pthread_atfork(NULL, NULL, wh__pool_atfork_child);
+}
+
+static void wh__pool_put(wh_buf_t *b);
+
+static void wh__pool_unmap(wh__pooled_t *p) {
+    munmap(p->buf.data, p->cap);
+    free(p);
+}
+
+static wh_buf_t *wh__pool_take(size_t size) {
+    pthread_once(&wh__pool_once, wh__pool_init);
+    size_t unit = size >= WH__HUGE ? WH__HUGE : 4096;
+    size_t cap = (size + unit - 1) / unit * unit;
+    wh__pooled_t *got = NULL, **best = NULL;
+    pthread_mutex_lock(&wh__pool_mu);
+    /* the smallest idle buffer that holds size without wasting half of it */
+    for (wh__pooled_t **pp = &wh__pool_free; *pp; pp = &(*pp)->next)
+        if ((*pp)->cap >= cap && (*pp)->cap <= 2 * cap && (!best || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best) {
+        got = *best;
+        *best = got->next;
+        wh__pool_idle -= got->cap;
+    }
+    pthread_mutex_unlock(&wh__pool_mu);
+    if (got) {
+        __atomic_fetch_add(&wh__pool_hits, 1, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_add(&wh__pool_misses, 1, __ATOMIC_RELAXED);
+        got = calloc(1, sizeof *got);
+        if (!got) return NULL;
+        void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            free(got);
+            return NULL;
+        }
+        if (cap >= WH__HUGE) madvise(p, cap, MADV_HUGEPAGE); /* advice only: may be refused */
+        got->buf.data = p;
+        got->buf.release = wh__pool_put;
+        got->buf.device_type = 1; /* kDLCPU */
+        got->cap = cap;
+    }
+    got->next = NULL;
+    got->buf.refs = 1;
+    got->buf.size = size;
+    return &got->buf;
+}
+
+/* The last reference is gone: keep the buffer for the next read, dropping
+ * the least recently used idle ones beyond the pool's limit. */
+static void wh__pool_put(wh_buf_t *b) {
+    wh__pooled_t *p = (wh__pooled_t *)b, *drop = NULL;
+    pthread_mutex_lock(&wh__pool_mu);
+    if (p->cap <= wh__pool_keep) {
+        p->next = wh__pool_free;
+        wh__pool_free = p;
+        p = NULL;
+        size_t kept = 0;
+        for (wh__pooled_t **pp = &wh__pool_free; *pp; pp = &(*pp)->next) {
+            if (kept + (*pp)->cap > wh__pool_keep) {
+                drop = *pp;
+                *pp = NULL;
+                break;
+            }
+            kept += (*pp)->cap;
+        }
+        wh__pool_idle = kept;
+    }
+    pthread_mutex_unlock(&wh__pool_mu);
+    if (p) wh__pool_unmap(p);
+    while (drop) {
+        wh__pooled_t *next = drop->next;
+        wh__pool_unmap(drop);
+        drop = next;
+    }
+}
+
+void wh_pool_stats(uint64_t *hits, uint64_t *misses, uint64_t *idle_bytes) {
+    pthread_once(&wh__pool_once, wh__pool_init);
+    *hits = __atomic_load_n(&wh__pool_hits, __ATOMIC_RELAXED);
+    *misses = __atomic_load_n(&wh__pool_misses, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&wh__pool_mu);
+    *idle_bytes = wh__pool_idle;
+    pthread_mutex_unlock(&wh__pool_mu);
+}
+
 wh_buf_t *wh_buf_new(size_t size) {
-    if (size > SIZE_MAX - WH_ALIGN) return NULL;
+    if (size > SIZE_MAX - WH__HUGE) return NULL;
+    if (size >= WH__POOL_MIN) return wh__pool_take(size);
     wh_buf_t *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->data = aligned_alloc(WH_ALIGN, WH_ALIGN_UP(size ? size : 1));

@@ -28,6 +28,7 @@ typedef enum {
     WH_E_NOTFOUND,  /* no such generation/position/store */
     WH_E_SYS,       /* OS call failed */
     WH_E_LEASE,     /* this manager does not hold the lease (lost or expired) */
+    WH_E_PINNED,    /* a view would break the pin policy: read a copy instead */
     WH_E_INTERNAL
 } wh_code_t;
 
@@ -111,6 +112,10 @@ struct wh_buf {
 /* New heap buffer of size bytes (64-byte aligned), refs = 1; NULL on OOM.
  * Owned by the caller's reference. */
 wh_buf_t *wh_buf_new(size_t size);
+/* Buffers of 256 KiB or more come from a process-wide pool of reused,
+ * already-faulted mappings (huge pages advised); the last unref returns
+ * them. hits/misses count takes served from the pool or freshly mapped. */
+void wh_pool_stats(uint64_t *hits, uint64_t *misses, uint64_t *idle_bytes);
 void wh_buf_ref(wh_buf_t *b);
 void wh_buf_unref(wh_buf_t *b);
 

@@ -14,7 +14,7 @@
 
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound, *lease;
+        *unavail, *notfound, *lease, *pinned;
 } wh__exc_t;
 static wh__exc_t wh__exc;
 
@@ -33,6 +33,7 @@ PyObject *wh_module_raise(const wh_err_t *err) {
     case WH_E_UNAVAIL: cls = wh__exc.unavail; break;
     case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
     case WH_E_LEASE: cls = wh__exc.lease; break;
+    case WH_E_PINNED: cls = wh__exc.pinned; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
@@ -293,6 +294,10 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
     bool ok, sealed = false;
     WH__CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
     if (!ok) return wh_module_raise(&err);
+    if (!sealed && info.blocked_pid && info.blocked_reader)
+        return Py_BuildValue("{sKsOsK}", "blocked_pid", (unsigned long long)info.blocked_pid,
+                             "blocked_reader", Py_True, "blocked_gen",
+                             (unsigned long long)info.blocked_gen);
     if (!sealed && info.blocked_pid)
         return Py_BuildValue("{sK}", "blocked_pid", (unsigned long long)info.blocked_pid);
     if (!sealed) Py_RETURN_NONE;
@@ -351,14 +356,17 @@ static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
     return true;
 }
 
-/* List of Array over the buffers read (None for fields not wanted). */
-static PyObject *wh__read_list(int nf, const wh__readctx_t *ctx, const wh_sample_meta_t *meta) {
+/* List of Array, one per field: field i in bufs[i] (at its offset in the
+ * encoded sample when in_sample, i.e. a view; else at 0), None where
+ * bufs[i] is NULL (not wanted). Each Array holds a reference to its buffer. */
+static PyObject *wh__array_list(int nf, wh_buf_t *const *bufs, bool in_sample,
+                                const wh_sample_meta_t *meta) {
     PyObject *out = PyList_New(nf);
     for (int i = 0; out && i < nf; i++) {
         PyObject *a = Py_None;
-        if (ctx->bufs[i]) {
-            a = wh_array_new(ctx->bufs[i], 0, meta->f[i].dtype, meta->f[i].ndim,
-                             meta->f[i].shape);
+        if (bufs[i]) {
+            a = wh_array_new(bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
+                             meta->f[i].ndim, meta->f[i].shape);
             if (!a) Py_CLEAR(out);
         } else {
             Py_INCREF(a);
@@ -383,8 +391,40 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = ok ? wh__read_list(self->nfields, &ctx, &meta) : wh_module_raise(&err);
+    PyObject *out =
+        ok ? wh__array_list(self->nfields, ctx.bufs, false, &meta) : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
+    return out;
+}
+
+/* Arguments (gen, pos, want=None, timeout=60.0, skip=True) of read_sample
+ * and view_sample. */
+static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_read_at_t *at,
+                         uint32_t *mask, double *timeout) {
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    int skip = 1;
+    *timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, timeout,
+                                     &skip) ||
+        !wh__open(self) || !wh__want_mask(self->nfields, want, mask))
+        return false;
+    memset(at, 0, sizeof *at);
+    at->gen = gen;
+    at->pos = pos;
+    at->strict = !skip;
+    return true;
+}
+
+/* (gen, pos, is_pad, arrays, skipped) of a policy read; steals arrs. */
+static PyObject *wh__at_result(const wh_read_at_t *at, PyObject *arrs) {
+    if (!arrs) return NULL;
+    PyObject *out = Py_BuildValue("KIOOs", (unsigned long long)at->gen, at->pos,
+                                  at->pad ? Py_True : Py_False, arrs,
+                                  at->corrupt ? at->last_skip : NULL);
+    Py_DECREF(arrs);
     return out;
 }
 
@@ -394,38 +434,17 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
  * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
  * or, with skip=False, raises CorruptSampleError. */
 static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
-    unsigned long long gen;
-    unsigned int pos;
-    PyObject *want = Py_None;
-    double timeout = 60.0;
-    int skip = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, &timeout,
-                                     &skip))
-        return NULL;
-    if (!wh__open(self)) return NULL;
     wh__readctx_t ctx = {0};
-    if (!wh__want_mask(self->nfields, want, &ctx.want)) return NULL;
-    wh_read_at_t at = {0};
-    at.gen = gen;
-    at.pos = pos;
-    at.strict = !skip;
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &ctx.want, &timeout)) return NULL;
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = NULL;
-    if (!ok) {
-        wh_module_raise(&err);
-    } else {
-        PyObject *arrs = wh__read_list(self->nfields, &ctx, &meta);
-        if (arrs)
-            out = Py_BuildValue("KIOOs", (unsigned long long)at.gen, at.pos,
-                                at.pad ? Py_True : Py_False, arrs,
-                                at.corrupt ? at.last_skip : NULL);
-        Py_XDECREF(arrs);
-    }
+    PyObject *out = ok ? wh__at_result(&at, wh__array_list(self->nfields, ctx.bufs, false, &meta))
+                       : wh_module_raise(&err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -444,6 +463,29 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
     WH__CALL(self, st, ok, &err, wh_store_wait_gen(self->st, newer, timeout, NULL, &gen, &err));
     if (!ok) return wh_module_raise(&err);
     return PyLong_FromUnsignedLongLong(gen);
+}
+
+/* view_sample(gen, pos, want=None, timeout=60.0, skip=True) -> as
+ * read_sample, but the arrays view the store (read-only, pinned until the
+ * last of them dies) instead of holding copies. shm:// only. */
+static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    uint32_t mask;
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &mask, &timeout)) return NULL;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    wh_buf_t *v = NULL;
+    bool ok;
+    WH__CALL(self, st, ok, &err,
+             wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
+    if (!ok) return wh_module_raise(&err);
+    wh_buf_t *bufs[WH_MAX_FIELDS] = {0};
+    for (int i = 0; i < self->nfields; i++)
+        if (mask & (1u << i)) bufs[i] = v; /* every Array holds the view, hence the pin */
+    PyObject *out = wh__at_result(&at, wh__array_list(self->nfields, bufs, true, &meta));
+    wh_buf_unref(v); /* the arrays hold their own references */
+    return out;
 }
 
 typedef struct {
@@ -517,7 +559,18 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                                       (unsigned long long)s->history[i].discarded, "seal_s",
                                       (double)s->history[i].seal_ns / 1e9));
     if (!hist) return NULL;
-    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsN}", "read_gen",
+    PyObject *areas = PyList_New(s->nareas);
+    for (int i = 0; areas && i < s->nareas; i++)
+        PyList_SET_ITEM(areas, i,
+                        Py_BuildValue("{sKsIsIsL}", "generation",
+                                      (unsigned long long)s->areas[i].generation, "pins",
+                                      s->areas[i].pins, "pinners", s->areas[i].pinners,
+                                      "pin_pid", (long long)s->areas[i].pin_pid));
+    if (!areas) {
+        Py_DECREF(hist);
+        return NULL;
+    }
+    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsNsN}", "read_gen",
                          (unsigned long long)s->read_gen, "write_gen",
                          (unsigned long long)s->write_gen, "write_fill", s->write_fill,
                          "swap_cap", s->swap_cap, "write_bytes",
@@ -526,7 +579,7 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                          (unsigned long long)s->generated, "discarded",
                          (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
                          "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
-                         s->lease_left_s, "history", hist);
+                         s->lease_left_s, "history", hist, "areas", areas);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
@@ -558,6 +611,11 @@ static PyMethodDef wh__store_methods[] = {
     {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
      METH_VARARGS | METH_KEYWORDS,
      "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, skipped)"},
+    {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
+     METH_VARARGS | METH_KEYWORDS,
+     "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
+     "arrays viewing the store (shm:// only; read-only; the generation stays pinned while any "
+     "of them lives)"},
     {"wait_generation", (PyCFunction)(void (*)(void))wh__store_wait_generation,
      METH_VARARGS | METH_KEYWORDS,
      "wait_generation(newer_than=0, timeout=60.0) -> newest read generation"},
@@ -942,9 +1000,14 @@ static PyObject *wh__counters(PyObject *m, PyObject *unused) {
     (void)unused;
     wh_counters_t c;
     wh_counters_get(&c);
-    return Py_BuildValue("{sKsKsK}", "bytes_copied_out", (unsigned long long)c.bytes_copied_out,
-                         "bytes_copied_in", (unsigned long long)c.bytes_copied_in, "copies_out",
-                         (unsigned long long)c.copies_out);
+    uint64_t hits, misses, idle;
+    wh_pool_stats(&hits, &misses, &idle);
+    return Py_BuildValue("{sKsKsKsKsKsK}", "bytes_copied_out",
+                         (unsigned long long)c.bytes_copied_out, "bytes_copied_in",
+                         (unsigned long long)c.bytes_copied_in, "copies_out",
+                         (unsigned long long)c.copies_out, "pool_hits",
+                         (unsigned long long)hits, "pool_misses", (unsigned long long)misses,
+                         "pool_idle_bytes", (unsigned long long)idle);
 }
 
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
@@ -1004,6 +1067,8 @@ static int wh__add_excs(PyObject *m) {
             "The store's server cannot be reached.");
     WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
     WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
+    WH__SUB(pinned, "PinLimitError", NULL,
+            "A store-backed view would break the pin policy; read a copy instead.");
 #undef WH__SUB
     return 0;
 }

@@ -42,6 +42,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <malloc.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -121,7 +123,138 @@ static void wh__log(mongoc_log_level_t level, const char *domain, const char *me
     fprintf(stderr, "wirehead: mongoc %s: %s\n", domain ? domain : "", out);
 }
 
+/* ---- libbson/libmongoc memory: large blocks reused ----
+ * Reply batches (up to WH__BATCH_BYTES) and their growth land in fresh
+ * pages on every read with the system allocator: a page fault per 4 KiB,
+ * more client CPU than the copy itself. Blocks of WH__BIG bytes or more
+ * are mapped once (huge pages advised) and kept for the next reply; every
+ * other allocation, and any pointer this cache did not hand out, goes to
+ * the system allocator unchanged. */
+#define WH__BIG (1u << 20)
+#define WH__BIG_SLOTS 32                    /* big blocks tracked (live + idle) */
+#define WH__BIG_KEEP ((size_t)256 << 20)    /* most bytes kept idle */
+
+typedef struct {
+    void *p;     /* NULL: free entry */
+    size_t cap;  /* bytes mapped */
+    size_t size; /* bytes asked for */
+    bool idle;
+} wh__big_t;
+
+static pthread_mutex_t wh__big_mu = PTHREAD_MUTEX_INITIALIZER;
+static wh__big_t wh__big[WH__BIG_SLOTS];
+
+static void wh__big_atfork_child(void) {
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    wh__big_mu = fresh;
+}
+
+/* Tracked entry of a live block p, or -1 (lock held). */
+static int wh__big_find(const void *p) {
+    for (int i = 0; p && i < WH__BIG_SLOTS; i++)
+        if (wh__big[i].p == p && !wh__big[i].idle) return i;
+    return -1;
+}
+
+static void *wh__big_alloc(size_t size, bool *fresh) {
+    size_t cap = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    void *got = NULL;
+    pthread_mutex_lock(&wh__big_mu);
+    int best = -1, free_i = -1;
+    for (int i = 0; i < WH__BIG_SLOTS; i++) {
+        if (!wh__big[i].p) {
+            if (free_i < 0) free_i = i;
+        } else if (wh__big[i].idle && wh__big[i].cap >= cap && wh__big[i].cap <= 2 * cap &&
+                   (best < 0 || wh__big[i].cap < wh__big[best].cap)) {
+            best = i;
+        }
+    }
+    if (best >= 0) {
+        wh__big[best].idle = false;
+        wh__big[best].size = size;
+        got = wh__big[best].p;
+        *fresh = false;
+    } else if (free_i >= 0) {
+        void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+            madvise(p, cap, MADV_HUGEPAGE); /* advice only */
+            wh__big[free_i] = (wh__big_t){p, cap, size, false};
+            got = p;
+            *fresh = true;
+        }
+    }
+    pthread_mutex_unlock(&wh__big_mu);
+    return got; /* NULL: untracked, the caller uses the system allocator */
+}
+
+/* Returns a tracked block to the idle set, unmapping idle blocks beyond
+ * WH__BIG_KEEP; false if p is not ours. */
+static bool wh__big_release(void *p) {
+    pthread_mutex_lock(&wh__big_mu);
+    int i = wh__big_find(p);
+    if (i >= 0) {
+        wh__big[i].idle = true;
+        size_t idle = 0;
+        for (int k = 0; k < WH__BIG_SLOTS; k++)
+            if (wh__big[k].p && wh__big[k].idle) idle += wh__big[k].cap;
+        for (int k = 0; k < WH__BIG_SLOTS && idle > WH__BIG_KEEP; k++)
+            if (wh__big[k].p && wh__big[k].idle && k != i) {
+                munmap(wh__big[k].p, wh__big[k].cap);
+                idle -= wh__big[k].cap;
+                wh__big[k].p = NULL;
+            }
+    }
+    pthread_mutex_unlock(&wh__big_mu);
+    return i >= 0;
+}
+
+static void *wh__mem_malloc(size_t n) {
+    bool fresh;
+    void *p = n >= WH__BIG ? wh__big_alloc(n, &fresh) : NULL;
+    return p ? p : malloc(n);
+}
+
+static void *wh__mem_calloc(size_t k, size_t n) {
+    size_t t;
+    if (__builtin_mul_overflow(k, n, &t)) return NULL;
+    bool fresh = false;
+    void *p = t >= WH__BIG ? wh__big_alloc(t, &fresh) : NULL;
+    if (!p) return calloc(k, n);
+    if (!fresh) memset(p, 0, t); /* a fresh mapping is zero already */
+    return p;
+}
+
+static void wh__mem_free(void *p) {
+    if (p && !wh__big_release(p)) free(p);
+}
+
+static void *wh__mem_realloc(void *p, size_t n) {
+    if (!p) return wh__mem_malloc(n);
+    pthread_mutex_lock(&wh__big_mu);
+    int i = wh__big_find(p);
+    size_t old = i >= 0 ? wh__big[i].size : 0, cap = i >= 0 ? wh__big[i].cap : 0;
+    if (i >= 0 && n <= cap) wh__big[i].size = n;
+    pthread_mutex_unlock(&wh__big_mu);
+    if (i >= 0 && n <= cap) return p; /* shrinking or growing within the mapping */
+    if (i < 0 && n < WH__BIG) return realloc(p, n);
+    if (i < 0) old = malloc_usable_size(p);
+    void *q = wh__mem_malloc(n);
+    if (!q) return NULL;
+    memcpy(q, p, old < n ? old : n);
+    wh__mem_free(p);
+    return q;
+}
+
+static void *wh__mem_aligned(size_t align, size_t n) {
+    return aligned_alloc(align, (n + align - 1) / align * align);
+}
+
 static void wh__init_once(void) {
+    /* before mongoc_init: every libbson allocation from here on is ours */
+    static const bson_mem_vtable_t vt = {wh__mem_malloc, wh__mem_calloc, wh__mem_realloc,
+                                         wh__mem_free, wh__mem_aligned, {NULL, NULL, NULL}};
+    bson_mem_set_vtable(&vt);
+    pthread_atfork(NULL, NULL, wh__big_atfork_child);
     mongoc_init();
     mongoc_log_set_handler(wh__log, NULL);
 }

@@ -1,12 +1,14 @@
-/* Embedded backend: three generation areas in one POSIX shared-memory
- * segment. Slot of generation g is g % 3, so at any time the slots hold the
- * write, the read and the retiring generation.
+/* Embedded backend: four generation areas (slots) in one POSIX
+ * shared-memory segment. Each slot records the generation it holds; a seal
+ * picks the next write slot among those holding neither the write nor the
+ * read generation, and skips any a reader still pins (store-backed views).
  *
  * Concurrency: writers reserve bytes and commit positions under the slot's
  * robust mutex (the commit point is the store of count, after the index
  * entry); readers take no lock: they check the slot's generation before and
  * after copying (a seqlock) and report WH_E_GONE if it changed. A slot is
- * recycled only when no live writer still has a reservation in it. */
+ * recycled only when no live writer still has a reservation in it and no
+ * live reader pins it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -24,8 +26,10 @@
 
 #include "wh_store.h"
 
-#define WH__SHM_MAGIC 0x314d485344414857ull /* "WHADSHM1" */
-#define WH__SLOTS 3
+#define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
+#define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */
+#define WH__SLOTS 4
+#define WH__MAX_PINNERS 64 /* reader processes pinning one slot at a time */
 #define WH__MAX_WRITERS 256
 #define WH__HIST 16
 #define WH__OPEN_WAIT_MS 5000
@@ -43,6 +47,12 @@ typedef struct {
     uint64_t off, size;
 } wh__hole_t;
 
+/* One reader process's pins on a slot: live views of its samples. */
+typedef struct {
+    int32_t pid; /* 0: free entry */
+    uint32_t count;
+} wh__pin_t;
+
 typedef struct {
     pthread_mutex_t lock;
     uint64_t gen;   /* atomic: generation this slot holds, 0 if none */
@@ -54,6 +64,9 @@ typedef struct {
     /* bytes reserved by puts that died or failed, reused by later puts so a
      * dead generator cannot use up a tight budget */
     wh__hole_t holes[WH__MAX_HOLES];
+    uint32_t npinners;
+    uint32_t pad;
+    wh__pin_t pins[WH__MAX_PINNERS];
 } wh__slot_t;
 
 typedef struct {
@@ -90,10 +103,21 @@ typedef struct {
     wh__slot_t slots[WH__SLOTS];
 } wh__hdr_t;
 
+/* The segment's mappings, shared by the handle and every live view, so a
+ * view outlives the handle that made it. */
+typedef struct {
+    uint64_t refs; /* atomic */
+    void *rw;      /* the store's own read-write mapping */
+    const void *ro; /* the same segment mapped read-only: views point here */
+    size_t len;
+} wh__map_t;
+
 typedef struct {
     wh_store_t base;
     char shm_name[256];
     wh__hdr_t *hdr;
+    const char *ro; /* read-only mapping of the segment (views) */
+    wh__map_t *map;
     size_t map_len;
     uint64_t token;
     uint64_t puts;
@@ -178,6 +202,30 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
     return true;
 }
 
+/* Views point into a read-only mapping, so a write through one faults
+ * (SIGSEGV) instead of changing stored bytes. */
+static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
+    void *p = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return wh_err_set(err, WH_E_SYS, "shm mmap (read-only): %s", strerror(errno));
+    s->ro = p;
+    return true;
+}
+
+static void wh__map_unref(wh__map_t *m) {
+    if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    munmap(m->rw, m->len);
+    munmap((void *)m->ro, m->len);
+    free(m);
+}
+
+/* Slot holding generation gen, or -1 (reclaimed, or not yet opened). */
+static int wh__slot_of(const wh__hdr_t *h, uint64_t gen) {
+    for (int i = 0; gen && i < WH__SLOTS; i++)
+        if (__atomic_load_n(&h->slots[i].gen, __ATOMIC_ACQUIRE) == gen) return i;
+    return -1;
+}
+
 static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_off,
                        uint64_t *data_off, uint64_t *total, wh_err_t *err) {
     uint64_t idx = wh__page_up(sizeof(wh__hdr_t)), idx_bytes, data_bytes, t;
@@ -208,7 +256,7 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
         if (statvfs("/dev/shm", &vfs) == 0)
             avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
         return wh_err_set(err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
-                          "shm store '%s' needs %llu bytes (3 generations of BYTE_BUDGET=%llu) "
+                          "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu) "
                           "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
                           "enlarge /dev/shm (docker: --shm-size)",
                           s->shm_name + 10, (unsigned long long)total,
@@ -219,6 +267,7 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     wh__hdr_t *h = p;
     s->hdr = h;
     s->map_len = total;
+    if (!wh__map_ro(s, fd, err)) return false;
     /* fallocate gave zeroed pages; fill in everything but the magic */
     h->format_version = WH_FORMAT_VERSION;
     h->hdr_size = sizeof(wh__hdr_t);
@@ -240,7 +289,7 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
      * increasing even when the store is removed and created again (no store
      * seals faster than once a nanosecond). */
     uint64_t g0 = wh_now_real_ns();
-    h->slots[g0 % WH__SLOTS].gen = g0;
+    h->slots[0].gen = g0;
     h->write_gen = g0;
     wh__geometry(s);
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
@@ -272,6 +321,18 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                               "0600: remove it or use another name", s->shm_name + 10,
                               (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
                               (unsigned)geteuid());
+        }
+        uint64_t magic = 0;
+        if (sb.st_size >= (off_t)sizeof magic &&
+            pread(fd, &magic, sizeof magic, 0) == (ssize_t)sizeof magic &&
+            magic == WH__SHM_MAGIC_V1) {
+            /* an older build's layout (3 areas, no reader pins): refuse it
+             * clearly rather than wait for it or take it for stale */
+            if (h) munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_SCHEMA, "shm store '%s' has the segment layout of an "
+                              "older wirehead_torch (3 generation areas, no reader pins); this "
+                              "build uses 4 areas with reader pins: stop its users and remove it "
+                              "with `wirehead-torch clean`", s->shm_name + 10);
         }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
@@ -343,7 +404,20 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
     s->hdr = p;
     s->map_len = total;
+    if (!wh__map_ro(s, fd, err)) return false;
     wh__geometry(s);
+    return true;
+}
+
+/* Hands both mappings to a shared, counted owner (the handle's reference). */
+static bool wh__share_maps(wh__shm_t *s, wh_err_t *err) {
+    wh__map_t *m = calloc(1, sizeof *m);
+    if (!m) return wh_err_set(err, WH_E_SYS, "out of memory");
+    m->refs = 1;
+    m->rw = s->hdr;
+    m->ro = s->ro;
+    m->len = s->map_len;
+    s->map = m;
     return true;
 }
 
@@ -373,6 +447,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
                 shm_unlink(s->shm_name);
                 goto fail;
             }
+            if (!wh__share_maps(s, err)) goto fail;
             return &s->base;
         }
         if (errno != EEXIST) {
@@ -395,6 +470,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         bool ok = wh__attach(s, fd, &stale, &e);
         if (ok) {
             close(fd);
+            if (!wh__share_maps(s, err)) goto fail;
             return &s->base;
         }
         if (stale) {
@@ -415,6 +491,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
 fail:
     if (s->hdr) munmap(s->hdr, s->map_len);
+    if (s->ro) munmap((void *)s->ro, s->map_len);
     free(s);
     return NULL;
 }
@@ -429,7 +506,7 @@ bool wh_shm_clean(const char *name, wh_err_t *err) {
 
 static void wh__shm_destroy(wh_store_t *st) {
     wh__shm_t *s = (wh__shm_t *)st;
-    if (s->hdr) munmap(s->hdr, s->map_len);
+    wh__map_unref(s->map); /* unmapped once the last view is gone too */
     free(s);
 }
 
@@ -502,7 +579,15 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     int slot, wi;
     for (;;) {
         gen = wh__ld(&h->write_gen);
-        slot = (int)(gen % WH__SLOTS);
+        slot = wh__slot_of(h, gen);
+        if (slot < 0) { /* a seal is switching slots */
+            if (wh_now_mono_ns() >= deadline) {
+                *status = WH_PUT_WAIT;
+                return true;
+            }
+            wh_sleep_ms(1);
+            continue;
+        }
         wh__slot_t *sl = &h->slots[slot];
         if (genp) *genp = gen;
         if (__atomic_load_n(&sl->count, __ATOMIC_ACQUIRE) >= s->swap_cap) {
@@ -609,6 +694,67 @@ static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     return true;
 }
 
+/* Drops pins of reader processes that no longer exist and recounts the
+ * rest (a reader killed inside wh__pin_add may have left npinners short).
+ * Slot lock held. */
+static void wh__prune_pins(wh__slot_t *sl) {
+    uint32_t n = 0;
+    for (int i = 0; i < WH__MAX_PINNERS; i++) {
+        if (sl->pins[i].pid && !wh__pid_alive(sl->pins[i].pid)) {
+            __atomic_store_n(&sl->pins[i].count, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
+        }
+        n += sl->pins[i].pid != 0;
+    }
+    sl->npinners = n;
+}
+
+/* The slot the next write generation takes: among slots holding neither
+ * the write generation w nor the read generation, the oldest one with no
+ * live writer and no live reader pin. Returns it locked in *out, or -1 with
+ * info naming a pid that keeps the candidates busy (a reader's pin when
+ * that is what blocks). */
+static bool wh__take_next_slot(wh__hdr_t *h, uint64_t w, wh_seal_info_t *info, int *out,
+                               wh_err_t *err) {
+    uint64_t rg = wh__ld(&h->read_gen);
+    int order[WH__SLOTS], n = 0;
+    for (int i = 0; i < WH__SLOTS; i++) {
+        uint64_t g = wh__ld(&h->slots[i].gen);
+        if (g == w || (g && g == rg)) continue;
+        int k = n++;
+        while (k > 0 && wh__ld(&h->slots[order[k - 1]].gen) > g) { /* oldest first */
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
+    *out = -1;
+    for (int k = 0; k < n; k++) {
+        wh__slot_t *sl = &h->slots[order[k]];
+        if (!wh__lock(&sl->lock, err)) return false;
+        wh__prune_writers(sl);
+        wh__prune_pins(sl);
+        if (!sl->nwriters && !sl->npinners) {
+            *out = order[k];
+            return true;
+        }
+        for (int i = 0; i < WH__MAX_WRITERS && sl->nwriters; i++)
+            if (sl->writers[i].pid) {
+                info->blocked_pid = (uint64_t)sl->writers[i].pid;
+                info->blocked_reader = false;
+            }
+        if (!sl->nwriters)
+            for (int i = 0; i < WH__MAX_PINNERS; i++)
+                if (sl->pins[i].pid) {
+                    info->blocked_pid = (uint64_t)sl->pins[i].pid;
+                    info->blocked_reader = true;
+                    info->blocked_gen = wh__ld(&sl->gen);
+                }
+        wh__unlock(&sl->lock);
+    }
+    return true;
+}
+
 static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
@@ -620,23 +766,21 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
         return wh_err_set(err, WH_E_LEASE, "seal: this manager does not hold the lease");
     }
     uint64_t w = wh__ld(&h->write_gen);
-    wh__slot_t *cur = &h->slots[w % WH__SLOTS];
-    wh__slot_t *next = &h->slots[(w + 1) % WH__SLOTS];
+    int cs = wh__slot_of(h, w);
     bool ok = true;
-    if (__atomic_load_n(&cur->count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
-    /* The next write area holds the retiring generation's slot: recycle it
-     * only when no live writer still writes into it. */
-    if (!wh__lock(&next->lock, err)) {
+    if (cs < 0) {
+        ok = wh_err_set(err, WH_E_CORRUPT, "shm: no area holds write generation %llu",
+                        (unsigned long long)w);
+        goto out;
+    }
+    if (__atomic_load_n(&h->slots[cs].count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
+    int ns = -1;
+    if (!wh__take_next_slot(h, w, info, &ns, err)) {
         ok = false;
         goto out;
     }
-    wh__prune_writers(next);
-    if (next->nwriters) {
-        for (int i = 0; i < WH__MAX_WRITERS; i++)
-            if (next->writers[i].pid) info->blocked_pid = (uint64_t)next->writers[i].pid;
-        wh__unlock(&next->lock);
-        goto out;
-    }
+    if (ns < 0) goto out; /* every candidate is busy: info names who */
+    wh__slot_t *next = &h->slots[ns]; /* locked by wh__take_next_slot */
     wh__st(&next->gen, w + 1); /* readers of the old generation now see GONE */
     next->used = 0;
     next->nholes = 0;
@@ -674,18 +818,25 @@ static bool wh__gone(uint64_t gen, wh_err_t *err) {
     return wh_store_err_gone(err, gen);
 }
 
+/* Slot of sealed generation gen: NOTFOUND if not sealed yet, GONE if its
+ * slot was recycled. */
+static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_t *err) {
+    uint64_t rg = wh__ld(&h->read_gen);
+    if (gen == 0 || gen > rg)
+        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
+                          (unsigned long long)gen, (unsigned long long)rg);
+    *slot = wh__slot_of(h, gen);
+    return *slot >= 0 || wh__gone(gen, err);
+}
+
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
-    uint64_t rg = wh__ld(&h->read_gen);
-    if (gen == 0 || gen > rg)
-        return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
-                          (unsigned long long)gen, (unsigned long long)rg);
-    int slot = (int)(gen % WH__SLOTS);
+    int slot;
+    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
-    if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
     wh__entry_t e = wh__index(s, slot)[pos];
     wh_sample_meta_t meta;
     const char *src = wh__data(s, slot) + (e.off <= s->slot_bytes ? e.off : 0);
@@ -710,6 +861,153 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     return true;
 }
 
+/* ---- store-backed views and reader pins ----
+ *
+ * A view pins its sample's slot for its pid (count of live views); the slot
+ * is never recycled while a live pid pins it. Policy: a process pins at most
+ * one slot at a time, so with four slots a single reader never blocks a
+ * seal (write, read and its pinned slot leave one free); several readers
+ * pinning two different old generations can delay seals until they drop
+ * those views, and the seal reports the pid it waits for. */
+
+/* Serialises this process's pin checks (one slot per process). */
+static pthread_mutex_t wh__pin_mu = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+    wh_buf_t buf;
+    wh__map_t *map;
+    int slot;
+    uint64_t gen;
+    pid_t pid;
+} wh__view_t;
+
+/* Generation of another slot this pid pins, or 0. */
+static uint64_t wh__pinned_elsewhere(wh__hdr_t *h, int slot, pid_t pid) {
+    for (int i = 0; i < WH__SLOTS; i++) {
+        if (i == slot) continue;
+        for (int j = 0; j < WH__MAX_PINNERS; j++)
+            if (__atomic_load_n(&h->slots[i].pins[j].pid, __ATOMIC_RELAXED) == pid &&
+                __atomic_load_n(&h->slots[i].pins[j].count, __ATOMIC_RELAXED))
+                return wh__ld(&h->slots[i].gen);
+    }
+    return 0;
+}
+
+/* Adds one pin of pid to slot (slot lock held). */
+static bool wh__pin_add(wh__slot_t *sl, pid_t pid, wh_err_t *err) {
+    int free_i = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < WH__MAX_PINNERS; i++) {
+            if (sl->pins[i].pid == pid) {
+                __atomic_store_n(&sl->pins[i].count, sl->pins[i].count + 1, __ATOMIC_RELAXED);
+                return true;
+            }
+            if (!sl->pins[i].pid && free_i < 0) free_i = i;
+        }
+        if (free_i >= 0) break;
+        wh__prune_pins(sl);
+    }
+    if (free_i < 0)
+        return wh_err_set(err, WH_E_PINNED, "%d reader processes already hold views of this "
+                          "generation; read copies instead", WH__MAX_PINNERS);
+    __atomic_store_n(&sl->pins[free_i].count, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->pins[free_i].pid, pid, __ATOMIC_RELAXED);
+    sl->npinners++;
+    return true;
+}
+
+static void wh__pin_drop(wh__hdr_t *h, int slot, uint64_t gen, pid_t pid) {
+    wh__slot_t *sl = &h->slots[slot];
+    if (!wh__lock(&sl->lock, NULL)) return;
+    for (int i = 0; i < WH__MAX_PINNERS && wh__ld(&sl->gen) == gen; i++) {
+        if (sl->pins[i].pid != pid) continue;
+        uint32_t n = sl->pins[i].count ? sl->pins[i].count - 1 : 0;
+        __atomic_store_n(&sl->pins[i].count, n, __ATOMIC_RELAXED);
+        if (!n) {
+            __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
+            if (sl->npinners) sl->npinners--;
+        }
+        break;
+    }
+    wh__unlock(&sl->lock);
+}
+
+/* The view's release (its last DLPack reference): from any thread, no GIL.
+ * A forked child that inherited a view leaves the parent's pin alone. */
+static void wh__view_release(wh_buf_t *b) {
+    wh__view_t *v = b->owner;
+    if (getpid() == v->pid) {
+        pthread_mutex_lock(&wh__pin_mu);
+        wh__pin_drop(v->map->rw, v->slot, v->gen, v->pid);
+        pthread_mutex_unlock(&wh__pin_mu);
+    }
+    wh__map_unref(v->map);
+    free(v);
+}
+
+static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                         wh_sample_meta_t *meta_out, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh__hdr_t *h = s->hdr;
+    int slot;
+    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
+    wh__slot_t *sl = &h->slots[slot];
+    wh__view_t *v = calloc(1, sizeof *v);
+    if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
+    pthread_mutex_lock(&wh__pin_mu);
+    bool locked = wh__lock(&sl->lock, err), ok = locked;
+    if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
+    uint64_t other = ok ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
+    if (ok && other)
+        ok = wh_err_set(err, WH_E_PINNED, "this process (pid %d) still holds views of generation "
+                        "%llu; a process pins one generation at a time, so drop those views "
+                        "(del the tensors) before viewing generation %llu, or read a copy",
+                        (int)s->pid, (unsigned long long)other, (unsigned long long)gen);
+    if (ok) ok = wh__pin_add(sl, s->pid, err);
+    if (locked) wh__unlock(&sl->lock);
+    pthread_mutex_unlock(&wh__pin_mu);
+    if (!ok) {
+        free(v);
+        return false;
+    }
+    /* Pinned: the slot keeps gen until the pin is dropped. Validate the entry
+     * and the checksums once, here, for the life of this view. */
+    wh__entry_t e = wh__index(s, slot)[pos];
+    wh_sample_meta_t meta;
+    const char *src = s->ro + s->data_off + (size_t)slot * s->slot_bytes;
+    if (e.off > s->slot_bytes || e.size > s->slot_bytes - e.off) {
+        ok = wh_err_set(err, WH_E_CORRUPT, "index entry out of bounds");
+    } else {
+        src += e.off;
+        ok = wh_sample_decode_meta(src, e.size, &st->cfg.schema, &meta, err) &&
+             (meta.total_size == e.size ||
+              wh_err_set(err, WH_E_CORRUPT, "sample size differs from its index entry"));
+        for (int i = 0; ok && st->cfg.verify_reads && i < meta.nfields; i++)
+            ok = wh_sample_verify(&st->cfg.schema, &meta, i, src + meta.f[i].offset, err);
+    }
+    if (!ok) {
+        pthread_mutex_lock(&wh__pin_mu);
+        wh__pin_drop(h, slot, gen, s->pid);
+        pthread_mutex_unlock(&wh__pin_mu);
+        free(v);
+        return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
+    }
+    __atomic_fetch_add(&s->map->refs, 1, __ATOMIC_RELAXED);
+    v->map = s->map;
+    v->slot = slot;
+    v->gen = gen;
+    v->pid = s->pid;
+    v->buf.refs = 1;
+    v->buf.data = (void *)src;
+    v->buf.size = e.size;
+    v->buf.device_type = 1; /* kDLCPU */
+    v->buf.release = wh__view_release;
+    v->buf.owner = v;
+    *out = &v->buf;
+    if (meta_out) *meta_out = meta;
+    return true;
+}
+
 static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
@@ -717,9 +1015,26 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     if (!wh__lock(&h->lock, err)) return false;
     o->read_gen = wh__ld(&h->read_gen);
     o->write_gen = wh__ld(&h->write_gen);
-    wh__slot_t *w = &h->slots[o->write_gen % WH__SLOTS];
-    o->write_fill = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE);
-    o->write_bytes = __atomic_load_n(&w->used, __ATOMIC_RELAXED);
+    int ws = wh__slot_of(h, o->write_gen);
+    if (ws >= 0) {
+        wh__slot_t *w = &h->slots[ws];
+        o->write_fill = __atomic_load_n(&w->count, __ATOMIC_ACQUIRE);
+        o->write_bytes = __atomic_load_n(&w->used, __ATOMIC_RELAXED);
+    }
+    /* each area's generation and its live readers' pins */
+    o->nareas = WH__SLOTS;
+    for (int i = 0; i < WH__SLOTS; i++) {
+        wh__slot_t *sl = &h->slots[i];
+        o->areas[i].generation = wh__ld(&sl->gen);
+        for (int j = 0; j < WH__MAX_PINNERS; j++) {
+            int32_t pid = __atomic_load_n(&sl->pins[j].pid, __ATOMIC_RELAXED);
+            uint32_t n = __atomic_load_n(&sl->pins[j].count, __ATOMIC_RELAXED);
+            if (!pid || !n || !wh__pid_alive(pid)) continue; /* dead: pruned at a seal */
+            o->areas[i].pins += n;
+            o->areas[i].pinners++;
+            o->areas[i].pin_pid = pid;
+        }
+    }
     o->swap_cap = s->swap_cap;
     o->byte_budget = s->slot_bytes;
     o->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
@@ -753,5 +1068,6 @@ static const wh_store_ops_t wh__shm_ops = {
     .current = wh__shm_current,
     .read = wh__shm_read,
     .status = wh__shm_status,
+    .view = wh__shm_view,
     .destroy = wh__shm_destroy,
 };

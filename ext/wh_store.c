@@ -134,8 +134,48 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
     }
 }
 
+bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                   wh_sample_meta_t *meta, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (!st->ops->view)
+        return wh_err_set(err, WH_E_INVALID, "store-backed views need an shm:// store; %s "
+                          "stores are read as copies", st->ops->scheme);
+    if (pos >= st->cfg.swap_cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
+                          st->cfg.swap_cap);
+    return st->ops->view(st, gen, pos, out, meta, err);
+}
+
+/* One attempt of the read policy: a copy (read) or a view. */
+typedef struct {
+    wh_dest_fn fn;
+    void *ctx;
+    wh_buf_t **view; /* non-NULL: take a view instead of copying */
+} wh__attempt_t;
+
+static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint64_t gen, uint32_t pos,
+                        wh_sample_meta_t *meta, wh_err_t *err) {
+    if (a->view) return wh_store_view(st, gen, pos, a->view, meta, err);
+    return wh_store_read(st, gen, pos, a->fn, a->ctx, meta, err);
+}
+
+static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                       const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err);
+
 bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err) {
+    wh__attempt_t a = {fn, ctx, NULL};
+    return wh__policy(st, at, timeout_s, stop, &a, meta, err);
+}
+
+bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                          wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err) {
+    wh__attempt_t a = {NULL, NULL, out};
+    return wh__policy(st, at, timeout_s, stop, &a, meta, err);
+}
+
+static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                       const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err) {
     uint32_t cap = st->cfg.swap_cap;
     at->pad = false;
     at->gone = at->corrupt = 0;
@@ -146,7 +186,7 @@ bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     for (;;) {
         wh_err_t e = {0};
-        if (wh_store_read(st, at->gen, at->pos, fn, ctx, meta, &e)) return true;
+        if (wh__attempt(st, a, at->gen, at->pos, meta, &e)) return true;
         if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_UNAVAIL) {
             if (++at->gone > WH_READ_GONE_RETRIES) {
                 if (err) *err = e;

@@ -2,8 +2,8 @@
  *
  * Generations are numbered; gen 0 means "none". The write generation takes
  * the first swap_cap committed samples; a seal makes it the read generation
- * in one atomic step and opens the next write generation. At most three
- * generations exist (write, read, retiring). */
+ * in one atomic step and opens the next write generation. A few
+ * generations exist (write, read, retiring, and any pinned by readers). */
 #ifndef WH_STORE_H
 #define WH_STORE_H
 
@@ -19,7 +19,7 @@ typedef struct {
     const char *uri;          /* "shm://NAME" or "mongodb://..." */
     uint32_t swap_cap;        /* samples per generation */
     wh_schema_t schema;
-    uint64_t byte_budget;     /* shm: bytes for each of the 3 generation areas */
+    uint64_t byte_budget;     /* shm: bytes for each of the 4 generation areas */
     uint64_t chunk_bytes;     /* mongo: max chunk document payload */
     const char *dbname;       /* mongo: database when the URI names none */
     const char *prefix;       /* mongo: collection name prefix */
@@ -41,7 +41,10 @@ typedef struct {
     uint64_t discarded;    /* surplus puts discarded so far */
     uint64_t seal_ns;      /* time the seal itself took */
     uint64_t blocked_pid;  /* not sealed: a live writer (pid) still writes into the
-                              area the next generation needs (shm); 0 otherwise */
+                              area the next generation needs (shm), or a live reader
+                              pins it (blocked_reader); 0 otherwise */
+    bool blocked_reader;   /* blocked_pid is a reader holding views of blocked_gen */
+    uint64_t blocked_gen;
 } wh_seal_info_t;
 
 typedef struct {
@@ -56,6 +59,13 @@ typedef struct {
     uint64_t seals;           /* total seals */
     uint64_t leader_pid;      /* 0 if no live lease (shm: pid; mongo: 0/1) */
     double lease_left_s;
+    int nareas;               /* shm: generation areas, with their reader pins */
+    struct {
+        uint64_t generation;  /* 0: never used */
+        uint32_t pins;        /* live views of its samples, all processes */
+        uint32_t pinners;     /* processes holding them */
+        int64_t pin_pid;      /* one of them */
+    } areas[8];
     int nhistory;             /* last seals, newest last */
     struct {
         uint64_t generation;
@@ -85,6 +95,9 @@ typedef struct {
     bool (*read)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                  wh_sample_meta_t *meta, wh_err_t *);
     bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
+    /* store-backed view; NULL where the backend has none (mongo) */
+    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                 wh_sample_meta_t *meta, wh_err_t *);
     void (*destroy)(wh_store_t *);
 } wh_store_ops_t;
 
@@ -158,6 +171,19 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
  * at->pos as they are for the attempt it is called in. */
 bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_dest_fn fn, void *ctx, wh_sample_meta_t *meta, wh_err_t *err);
+
+/* Store-backed view of the sample at (gen, pos): *out (the caller's
+ * reference, wh_buf_unref) points at the encoded sample in a read-only
+ * mapping of the store; field i is at data + meta->f[i].offset. The view
+ * pins the generation's area for this process until its last reference
+ * goes; checksums are verified once, here. WH_E_PINNED when this process
+ * already pins another generation (one at a time) or too many processes pin
+ * this one; WH_E_INVALID on a store without views (mongodb). */
+bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                   wh_sample_meta_t *meta, wh_err_t *err);
+/* The read policy above, taking a view instead of copying. */
+bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                          wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);
 
 /* The protocol's shared error texts: every backend reports these cases
  * with the same code and words. */

@@ -3,6 +3,8 @@
   gen TAG [N]     push test samples tagged TAG (N puts, default unbounded)
   manager [MAX]   run a manager
   lease           take the manager lease, print LEASED, then wait forever
+  view [write]    view position 0 of the current generation, print PINNED GEN,
+                  then wait forever (with write: write into the view)
 """
 import json
 import os
@@ -42,6 +44,18 @@ def main():
         st = _C.Store(**store_kwargs(resolve(cfg)))
         assert st.lead()
         print("LEASED", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+    elif kind == "view":
+        import torch
+        st = whlib.open_store(cfg)
+        gen = st.current()
+        _, _, _, arrs, _ = st.view_sample(gen, 0, None, 10.0, False)
+        views = [torch.from_dlpack(a) for a in arrs]
+        print(f"PINNED {gen}", file=sys.stderr, flush=True)
+        if args and args[0] == "write":
+            views[1][0] = -1.0  # a read-only mapping: this faults
+            print("WROTE", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
     else:

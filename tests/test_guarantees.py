@@ -233,22 +233,31 @@ def test_byte_budget_is_fixed_at_creation(shm_cfg):
 
 
 def test_seal_blocked_by_a_paused_writer_is_logged(shm_cfg):
-    """A live generator paused inside a put holds bytes in the area the
-    generation after next needs: sealing waits, and the manager says why."""
+    """A live generator paused inside a put holds bytes in its generation's
+    area: with four areas one such area never stops sealing (the next write
+    area is another), but a second paused generator in a later generation
+    leaves no free area: sealing waits, and the manager says for whom."""
     cfg = shm_cfg(swap_cap=2)
-    victim = whlib.spawn("gen", cfg, 66, env={"WIREHEAD_FAULT_PUT_PAUSE": "120"})
+    pause = {"WIREHEAD_FAULT_PUT_PAUSE": "120"}
+    victims = [whlib.spawn("gen", cfg, 66, env=pause)]
     mgr = whlib.spawn("manager", cfg, stdout=subprocess.PIPE)
     gen = whlib.spawn("gen", cfg, 7)
     try:
-        whlib.wait_line(victim.stderr, "fault pause in put", 60)
-        lines = whlib.wait_line(mgr.stderr, "sealing waits for it", 60)
-        assert f"generator pid {victim.pid}" in lines[-1]
+        whlib.wait_line(victims[0].stderr, "fault pause in put", 60)
         seals = wt.status(cfg)["seals"]
-        victim.kill()
-        victim.wait(10)
-        whlib.until(lambda: wt.status(cfg)["seals"] > seals, 60, "a seal after the writer died")
+        whlib.until(lambda: wt.status(cfg)["seals"] >= seals + 5, 60,
+                    "seals past one paused writer")
+        victims.append(whlib.spawn("gen", cfg, 67, env=pause))
+        whlib.wait_line(victims[1].stderr, "fault pause in put", 60)
+        lines = whlib.wait_line(mgr.stderr, "sealing waits for it", 60)
+        assert any(f"generator pid {v.pid}" in lines[-1] for v in victims)
+        seals = wt.status(cfg)["seals"]
+        for v in victims:
+            v.kill()
+            v.wait(10)
+        whlib.until(lambda: wt.status(cfg)["seals"] > seals, 60, "a seal after the writers died")
     finally:
-        codes = [whlib.stop(p) for p in (gen, mgr, victim)]
+        codes = [whlib.stop(p) for p in (gen, mgr, *victims)]
     assert codes[:2] == [0, 0]
 
 

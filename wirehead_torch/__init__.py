@@ -24,6 +24,7 @@ from ._C import (  # noqa: E402
     InvalidSampleError,
     LeaseLostError,
     NotFoundError,
+    PinLimitError,
     SampleTooLargeError,
     SchemaMismatchError,
     StoreSpaceError,
@@ -69,5 +70,5 @@ __all__ = [
     "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
-    "LeaseLostError",
+    "LeaseLostError", "PinLimitError",
 ]

@@ -27,7 +27,7 @@ DEFAULTS = {
     # new keys
     "STORE": None,                # shm://NAME or mongodb://...; default derived below
     "COLLECTION_PREFIX": None,    # MongoDB collection prefix; default WRITE_COLLECTION or "wirehead"
-    "BYTE_BUDGET": "auto",        # shm: bytes per generation area (3 areas); auto: sized
+    "BYTE_BUDGET": "auto",        # shm: bytes per generation area (4 areas); auto: sized
                                   # from the first sample when the first generator writes
     "SELF_SEAL": True,            # generators seal a full generation when no manager leads
     "LEASE_SECONDS": 10.0,        # a dead manager is replaced within this time

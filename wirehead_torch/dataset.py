@@ -86,6 +86,21 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
     return gen, pos, is_pad, arrs
 
 
+def view_sample(store, gen, pos, want, timeout, skip=True):
+    """As read_sample, but the arrays view the shm store (read-only, the
+    generation pinned while any of them lives); None when the pin policy
+    refuses (this process still holds views of another generation): the
+    caller reads a copy instead."""
+    try:
+        gen, pos, is_pad, arrs, skipped = store.view_sample(gen, pos, want, timeout, skip)
+    except _C.PinLimitError:
+        return None
+    if skipped:
+        log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
+                    "padding", skipped)
+    return gen, pos, is_pad, arrs
+
+
 class _CurrentGenerationReader(_Base):
     """Keywords of the original wirehead keep their meaning: ``sample``
     names the (input, label) fields; ``transform`` is applied to each field
@@ -96,11 +111,15 @@ class _CurrentGenerationReader(_Base):
 
     def __init__(self, config_path=None, config=None, *, timeout=None, output="torch",
                  cast=None, sample=None, transform=None, normalize=None, keeptrying=True,
-                 id="id", collection=None):
+                 id="id", collection=None, views=False):
         if collection is not None:
             raise ValueError("collection= (a pymongo collection) is not supported: give "
                              "config_path= (or config=) naming the store")
         self.cfg = get_config(config_path or None, config)
+        if views and not str(self.cfg["STORE"]).startswith("shm://"):
+            raise ValueError(f"views=True needs an shm:// store (STORE is "
+                             f"{redact(self.cfg['STORE'])}); MongoDB samples are read as copies")
+        self.views = bool(views)
         names = self.cfg["SAMPLE"][:2] if sample is None else list(sample)
         if len(names) != 2:
             raise ValueError(f"{type(self).__name__} reads two fields (input, label); "
@@ -135,9 +154,18 @@ class _CurrentGenerationReader(_Base):
         store = self._store.get(timeout=self.timeout)
         gen = wait_for_generation(store, self.cfg, self.timeout)
         # an indexed read names its corrupt sample rather than substitute another
-        _, _, _, arrs = read_sample(store, gen, i, self.fields, self.timeout, skip=False)
+        got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
+               if self.views else None)
+        viewed = got is not None
+        if not viewed:
+            got = read_sample(store, gen, i, self.fields, self.timeout, skip=False)
+        arrs = got[3]
         x, y = (to_output(a, name, self.output, self.cast)
                 for a, name in zip([arrs[f] for f in self.fields], self.names))
+        if viewed and self.output == "numpy":
+            for v in (x, y):  # numpy can say read-only; torch cannot (a write there faults)
+                if not v.flags.owndata:
+                    v.flags.writeable = False
         if self.transform is not None:
             x, y = self.transform(x), self.transform(y)
         if self.normalize is not None:

@@ -149,10 +149,17 @@ class WireheadManager:
                     if info is not None and "blocked_pid" in info:
                         if blocked != info["blocked_pid"]:
                             blocked = info["blocked_pid"]
-                            log.warning("wirehead manager: the write generation is full but "
-                                        "generator pid %d (alive, paused or stopped?) is still "
-                                        "writing into the area the next generation needs; "
-                                        "sealing waits for it", blocked)
+                            if info.get("blocked_reader"):
+                                log.warning("wirehead manager: the write generation is full "
+                                            "but every free area is pinned by readers' views; "
+                                            "sealing waits for reader pid %d to drop its views "
+                                            "of generation %d (or to exit)", blocked,
+                                            info["blocked_gen"])
+                            else:
+                                log.warning("wirehead manager: the write generation is full "
+                                            "but generator pid %d (alive, paused or stopped?) "
+                                            "is still writing into the area the next "
+                                            "generation needs; sealing waits for it", blocked)
                         info = None
                     if info is None:
                         stop.wait(poll)

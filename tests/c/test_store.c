@@ -974,6 +974,51 @@ out:
 }
 
 /* Reading a reclaimed generation: WH_E_GONE, the newer two still read. */
+/* A store-backed view pins its generation: it stays exact across many
+ * seals, a second generation's view is refused (one per process), and it
+ * outlives its handle; its release frees everything (leak check). */
+static bool view_ok(wh_buf_t *v, const wh_sample_meta_t *m, int64_t want_id) {
+    const char *p = v->data;
+    int64_t id;
+    memcpy(&id, p + m->f[0].offset, sizeof id);
+    if (id != want_id) return false;
+    const int32_t *d = (const int32_t *)(p + m->f[1].offset);
+    for (int64_t k = 0; k < m->f[1].shape[0]; k++)
+        if (d[k] != data_val((uint64_t)id, k)) return false;
+    return m->f[1].shape[0] == data_len((uint64_t)id);
+}
+
+static void t_store_views(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    wh_err_t e;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    bool lead, sealed;
+    uint64_t g = 0, g0 = 0;
+    wh_buf_t *v[2] = {NULL, NULL}, *other = NULL;
+    wh_sample_meta_t m[2], mo;
+    REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
+    REQUIRE(fill_ids(st, 10, 2) && seal_once(st, &sealed, &g0) && sealed, "first seal");
+    for (uint32_t pos = 0; pos < 2; pos++)
+        REQUIRE(wh_store_view(st, g0, pos, &v[pos], &m[pos], &e), "view %u: %s", pos, e.message);
+    for (int k = 1; k <= 12; k++) {
+        REQUIRE(fill_ids(st, 100 * (uint64_t)k, 2) && seal_once(st, &sealed, &g) && sealed,
+                "seal %d with views held", k);
+        CHECK(view_ok(v[0], &m[0], 10) && view_ok(v[1], &m[1], 11), "views after seal %d", k);
+    }
+    CHECK(!wh_store_view(st, g, 0, &other, &mo, &e) && e.code == WH_E_PINNED,
+          "a second generation's view: code %d (%s)", e.code, e.message);
+    wh_store_destroy(st);
+    st = NULL;
+    CHECK(view_ok(v[0], &m[0], 10) && view_ok(v[1], &m[1], 11), "views after the handle closed");
+out:
+    wh_buf_unref(v[0]);
+    wh_buf_unref(v[1]);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 static void t_store_gone(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
@@ -984,8 +1029,8 @@ static void t_store_gone(void) {
     REQUIRE(st, "open: %s", e.message);
     bool lead, sealed;
     REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
-    uint64_t gens[4] = {0};
-    for (int i = 0; i < 4; i++) {
+    uint64_t gens[5] = {0};
+    for (int i = 0; i < 5; i++) {
         REQUIRE(fill_ids(st, 100 * (uint64_t)i, 2), "fill %d", i);
         REQUIRE(seal_once(st, &sealed, &gens[i]) && sealed, "seal %d", i);
         if (i) CHECK(gens[i] == gens[i - 1] + 1, "generation ids consecutive");
@@ -995,10 +1040,10 @@ static void t_store_gone(void) {
     }
     wh_sample_meta_t m;
     CHECK(!wh_store_read(st, gens[0], 0, dest_cb, &r.d, &m, &e) && e.code == WH_E_GONE,
-          "oldest after 3 more seals: code %d (%s)", e.code, e.message);
+          "oldest after 4 more seals (4 areas): code %d (%s)", e.code, e.message);
     CHECK(!wh_store_read(st, gens[1], 0, dest_cb, &r.d, &m, &e) && e.code == WH_E_GONE,
           "second oldest: code %d", e.code);
-    for (int i = 2; i < 4; i++)
+    for (int i = 2; i < 5; i++)
         for (uint32_t pos = 0; pos < 2; pos++)
             CHECK(wh_store_read(st, gens[i], pos, dest_cb, &r.d, &m, &e) &&
                       r.id == 100 * i + (int64_t)pos,
@@ -1010,7 +1055,7 @@ out:
 
 /* A reader loses the race with reclamation in the middle of a read: its
  * destination callback (called between validation and the copy) seals
- * three generations through another handle and overwrites the slot being
+ * enough generations (4 areas) through another handle and overwrites the slot being
  * read. The read must say WH_E_GONE, never hand out the new bytes. */
 typedef struct {
     wh_store_t *mgr;
@@ -1025,7 +1070,7 @@ static bool race_dest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t
     if (!x->fired) {
         x->fired = true;
         x->ok = true;
-        for (int k = 0; k < 2 && x->ok; k++) {
+        for (int k = 0; k < 3 && x->ok; k++) {
             bool sealed = false;
             x->ok = fill_ids(x->mgr, x->next_id, 2) && seal_once(x->mgr, &sealed, NULL) && sealed;
             x->next_id += 2;
@@ -1433,9 +1478,9 @@ static void t_killed_put(void) {
         CHECK(ok && rid == pos + 1 && m.f[1].nbytes == sizeof small && rbuf[0] == (unsigned)(pos + 1),
               "pos %u: id %lld (%s)", pos, (long long)rid, ok ? "" : e.message);
     }
-    /* the slot the dead writer reserved in is recycled 3 seals later: its
-     * reservation must be pruned or that seal would never happen */
-    for (int k = 1; k <= 3; k++) {
+    /* the slot the dead writer reserved in is recycled 4 seals later (4
+     * areas): its reservation must be pruned or that seal would never happen */
+    for (int k = 1; k <= 4; k++) {
         for (uint32_t i = 0; i < cap; i++) {
             id = 100 * k + i;
             CHECK(wh_store_put(st, a, 2, 1000, &ps, NULL, &e) && ps == WH_PUT_ACCEPTED,
@@ -1444,7 +1489,7 @@ static void t_killed_put(void) {
         CHECK(seal_once(st, &sealed, &g) && sealed && g == gen0 + (uint64_t)k,
               "seal %d after the kill: sealed=%d", k, sealed);
     }
-    CHECK(wh_store_read(st, gen0 + 3, 0, dest_cb, &d, NULL, &e) && rid == 300, "read: %s",
+    CHECK(wh_store_read(st, gen0 + 4, 0, dest_cb, &d, NULL, &e) && rid == 400, "read: %s",
           e.message);
 out:
     wh_store_destroy(st);
@@ -1452,7 +1497,9 @@ out:
 }
 
 /* A live writer paused inside a put in generation G keeps G's slot from
- * being recycled (the 3rd seal after G waits); killing it releases it. */
+ * being recycled: with 4 areas seals go on in the other slots (a single
+ * busy slot never blocks), G stays readable far past its usual 4 seals;
+ * once the writer is killed the next seal recycles G's slot. */
 static void t_live_writer_blocks_recycle(void) {
     static const char *const names[] = {"id", "data"};
     wh_schema_t s = schema_of(2, names);
@@ -1461,23 +1508,31 @@ static void t_live_writer_blocks_recycle(void) {
     wh_store_t *st = wh_store_open(&c, &e);
     REQUIRE(st, "open: %s", e.message);
     bool lead, sealed;
+    uint64_t g0 = 0;
     REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
     pid_t pid = spawn_paused_putter(&c, 256 << 10);
     REQUIRE(pid > 0, "child never paused");
     unsigned char small[64] = {0};
-    int64_t id = 0;
+    int64_t id = 0, rid = -1;
+    unsigned char rbuf[64];
+    dest_t d = {.buf = {&rid, rbuf}, .cap = {8, sizeof rbuf}};
     wh_array_t a[2] = {arr0(WH_DT_I64, &id), arr1(WH_DT_U8, sizeof small, 1, small)};
     wh_put_status_t ps;
-    uint64_t g;
-    for (int k = 0; k < 3; k++) {
+    uint64_t g = 0;
+    for (int k = 0; k < 8; k++) {
         for (int i = 0; i < 2; i++, id++)
             CHECK(wh_store_put(st, a, 2, 1000, &ps, NULL, &e) && ps == WH_PUT_ACCEPTED, "put");
-        bool want = k < 2;
-        CHECK(seal_once(st, &sealed, &g) && sealed == want, "seal %d: sealed=%d, want %d", k,
-              sealed, want);
+        CHECK(seal_once(st, &sealed, &g) && sealed, "seal %d with a paused writer", k);
+        if (k == 0) g0 = g;
     }
+    CHECK(wh_store_read(st, g0, 0, dest_cb, &d, NULL, &e) && rid == 0,
+          "the paused writer's generation after 8 seals: %s", e.message);
     kid_kill(pid);
+    for (int i = 0; i < 2; i++, id++)
+        CHECK(wh_store_put(st, a, 2, 1000, &ps, NULL, &e) && ps == WH_PUT_ACCEPTED, "put");
     CHECK(seal_once(st, &sealed, &g) && sealed, "seal after the writer died");
+    CHECK(!wh_store_read(st, g0, 0, dest_cb, &d, NULL, &e) && e.code == WH_E_GONE,
+          "its slot is recycled once it died: code %d", e.code);
 out:
     wh_store_destroy(st);
     clean_store(&c);
@@ -1954,6 +2009,7 @@ int main(int argc, char **argv) {
         {"store round trip: every dtype x layout", t_store_dtypes, false},
         {"store flipped byte -> WH_E_CORRUPT", t_store_corrupt_bytes, false},
         {"store reclaimed generation -> WH_E_GONE", t_store_gone, false},
+        {"store-backed views: pinned across seals, one generation per process", t_store_views, false},
         {"store read racing reclamation -> WH_E_GONE", t_store_torn_read, false},
         {"store open errors (schema, SWAP_CAP, names)", t_store_open_errors, false},
         {"store sample too big / budget exhausted", t_store_toobig, false},
