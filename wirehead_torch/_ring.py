@@ -92,7 +92,8 @@ def _map(path, size, create):
             os.ftruncate(fd, size)
         elif os.fstat(fd).st_size < size:
             raise OSError(f"{path}: {os.fstat(fd).st_size} bytes, expected {size}")
-        m = mmap.mmap(fd, size)
+        # populated up front, once per slot and process: no faults per batch
+        m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
     finally:
         os.close(fd)
     if create and hasattr(mmap, "MADV_HUGEPAGE"):

@@ -344,15 +344,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen, pos, bufs, self.timeout)
             except _C.InvalidSampleError:
                 lay = None  # a field of another size: named below
-            for i, name, dtype, shape, nb, _ in layout:
-                if lay is None or lay[i] != (dtype, shape):
-                    other = self._layout(store, gen, pos)
-                    have = {f[1]: (f[2], f[3]) for f in other}[name]
-                    raise ValueError(
-                        f"WireheadIterableDataset(batches=True) stacks samples of one shape: "
-                        f"field '{name}' is {dtype} {list(shape)} in this batch but {have[0]} "
-                        f"{list(have[1])} at generation {gen} position {pos}; use "
-                        f"batches=False with a collate_fn for samples of varying shape")
+            if lay is None or any(lay[f[0]] != (f[2], f[3]) for f in layout):
+                self._shape_error(store, gen, pos, layout)
             if skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
                             "in as padding", skipped)
@@ -364,6 +357,17 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             pos_l.append(pos)
         return {"is_pad": (pad_l, "bool"), "generation": (gen_l, "int64"),
                 "position": (pos_l, "int64")}
+
+    def _shape_error(self, store, gen, pos, layout):
+        other = {f[0]: (f[2], f[3]) for f in self._layout(store, gen, pos)}
+        for i, name, dtype, shape, _, _ in layout:
+            if other[i] != (dtype, shape):
+                raise ValueError(
+                    f"WireheadIterableDataset(batches=True) stacks samples of one shape: "
+                    f"field '{name}' is {dtype} {list(shape)} in this batch but {other[i][0]} "
+                    f"{list(other[i][1])} at generation {gen} position {pos}; use "
+                    f"batches=False with a collate_fn for samples of varying shape")
+        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
 
     def _fill_ignore(self, view, layout, fields, r):
         for (i, name, dtype, shape, nb, _), (_, _, _, off, _, _) in zip(layout, fields):
