@@ -481,37 +481,6 @@ static bool wh__get_views(PyObject *seq, Py_buffer *views, int *got) {
     return true;
 }
 
-/* read_into(gen, pos, buffers): copies each field into the caller's writable
- * C-contiguous buffer of exactly its size (None skips a field). */
-static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
-    unsigned long long gen;
-    unsigned int pos;
-    PyObject *bufs;
-    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs) || !wh__open(self)) return NULL;
-    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
-    if (!seq) return NULL;
-    Py_buffer views[WH_MAX_FIELDS];
-    memset(views, 0, sizeof views);
-    PyObject *res = NULL;
-    int got = 0;
-    if (wh__get_views(seq, views, &got)) {
-        wh__intoctx_t ctx = {views, got};
-        wh_err_t err = {0};
-        bool ok;
-        WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, NULL, &err));
-        if (ok) {
-            res = Py_None;
-            Py_INCREF(res);
-        } else {
-            wh_module_raise(&err);
-        }
-    }
-    for (int i = 0; i < got; i++)
-        if (views[i].buf) PyBuffer_Release(&views[i]);
-    Py_DECREF(seq);
-    return res;
-}
-
 /* [(dtype name, shape tuple) or None] for the fields copied into views. */
 static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta_t *meta) {
     PyObject *out = PyList_New(n);
@@ -535,6 +504,51 @@ static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta
     return out;
 }
 
+/* Copies (gen, pos) into the caller's buffers (a sequence; None skips a
+ * field), with the read policy when at is given (at->gen/pos set), else
+ * exactly that sample. Returns the fields' layouts (wh__layouts). */
+static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, PyObject *bufs,
+                               wh_read_at_t *at, double timeout) {
+    if (!wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
+    if (!seq) return NULL;
+    Py_buffer views[WH_MAX_FIELDS];
+    memset(views, 0, sizeof views);
+    PyObject *res = NULL;
+    int got = 0;
+    if (wh__get_views(seq, views, &got)) {
+        wh__intoctx_t ctx = {views, got};
+        wh_err_t err = {0};
+        wh_sample_meta_t meta;
+        bool ok;
+        if (at)
+            WH__CALL(self, st, ok, &err,
+                     wh_store_read_sample(self->st, at, timeout, NULL, wh__into_dest, &ctx, &meta,
+                                          &err));
+        else
+            WH__CALL(self, st, ok, &err,
+                     wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
+        res = ok ? wh__layouts(views, got, &meta) : wh_module_raise(&err);
+    }
+    for (int i = 0; i < got; i++)
+        if (views[i].buf) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* read_into(gen, pos, buffers): copies each field into the caller's writable
+ * C-contiguous buffer of exactly its size (None skips a field). */
+static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *bufs;
+    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs)) return NULL;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, NULL, 0);
+    if (!lay) return NULL;
+    Py_DECREF(lay);
+    Py_RETURN_NONE;
+}
+
 /* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos,
  * is_pad, layouts, skipped): read_sample's policy, copying each field once
  * into the caller's buffer of exactly its size (None skips a field), as the
@@ -548,37 +562,16 @@ static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args,
     double timeout = 60.0;
     int skip = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO|dp", kwlist, &gen, &pos, &bufs, &timeout,
-                                     &skip) ||
-        !wh__open(self))
+                                     &skip))
         return NULL;
-    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
-    if (!seq) return NULL;
-    Py_buffer views[WH_MAX_FIELDS];
-    memset(views, 0, sizeof views);
-    PyObject *res = NULL;
-    int got = 0;
-    if (wh__get_views(seq, views, &got)) {
-        wh__intoctx_t ctx = {views, got};
-        wh_read_at_t at = {0};
-        at.gen = gen;
-        at.pos = pos;
-        at.strict = !skip;
-        wh_err_t err = {0};
-        wh_sample_meta_t meta;
-        bool ok;
-        WH__CALL(self, st, ok, &err,
-                 wh_store_read_sample(self->st, &at, timeout, NULL, wh__into_dest, &ctx, &meta,
-                                      &err));
-        PyObject *lay = ok ? wh__layouts(views, got, &meta) : wh_module_raise(&err);
-        if (lay)
-            res = Py_BuildValue("KIONs", (unsigned long long)at.gen, at.pos,
-                                at.pad ? Py_True : Py_False, lay,
-                                at.corrupt ? at.last_skip : NULL);
-    }
-    for (int i = 0; i < got; i++)
-        if (views[i].buf) PyBuffer_Release(&views[i]);
-    Py_DECREF(seq);
-    return res;
+    wh_read_at_t at = {0};
+    at.gen = gen;
+    at.pos = pos;
+    at.strict = !skip;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout);
+    if (!lay) return NULL;
+    return Py_BuildValue("KIONs", (unsigned long long)at.gen, at.pos, at.pad ? Py_True : Py_False,
+                         lay, at.corrupt ? at.last_skip : NULL);
 }
 
 static PyObject *wh__status_dict(const wh_status_t *s) {

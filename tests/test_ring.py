@@ -15,23 +15,12 @@ import wirehead_torch as wt
 from wirehead_torch import _ring
 
 import whlib
+from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.asan
 
-SWAP_CAP = 20
 BATCH = 4
 WORKERS = 2
-
-
-@pytest.fixture
-def filled(store_cfg, monkeypatch):
-    """One sealed generation; no DDP environment (world size 1)."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    cfg = store_cfg(swap_cap=SWAP_CAP)
-    wt.WireheadGenerator((whlib.sample(5, i) for i in range(SWAP_CAP)), config=cfg).run()
-    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
-    return cfg
 
 
 def ring_ds(cfg, workers=WORKERS, **kw):

@@ -161,6 +161,7 @@ class WorkerRing:
         self.token = token
         self.worker = worker
         self.pid = os.getpid()
+        self.warned = False  # "all slots held" logged once
         self.s = _Slots(region_path(main_pid, token, worker), nslots, create=True)
         w = self.s.words
         for j in range(nslots):

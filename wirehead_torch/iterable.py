@@ -32,6 +32,10 @@ _RING_WAIT_S = 0.5
 log = logging.getLogger("wirehead_torch")
 
 
+class _NewLayout(Exception):
+    """A batch's first sample has another layout than the one cached."""
+
+
 class WireheadIterableDataset(torch.utils.data.IterableDataset):
     """Yields this DataLoader worker's items of each epoch: dicts of tensors
     named by SAMPLE (or ``fields``) plus ``is_pad`` (bool), ``generation``
@@ -83,6 +87,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         # ring files are named by the DataLoader's main process and this token
         self._ring_token = os.urandom(6).hex()
         self._ring_state = (None, None)  # (pid, WorkerRing) in this process
+        self._ring_layout = (None, None)  # (pid, field layout) in this process
         self._pickled_by = self._unpickled_in = None
         weakref.finalize(self, _ring.cleanup, os.getpid(), self._ring_token)
         self.transform = transform
@@ -198,15 +203,19 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             return self._batches(plan, epoch, start, steps, gen, worker, info is not None)
         return self._items(plan, epoch, start, steps, gen, worker)
 
-    def _items(self, plan, epoch, start, steps, gen, worker):
-        o = self.order
+    def _start(self, plan, epoch, start, steps, gen, worker):
+        """(store, generation, positions, pads) of this worker's epoch."""
         store = self._store.get()
         newest = wait_for_generation(store, self.cfg, self.timeout)
         gen = gen or newest
         if worker == 0:
             self._shared[_GEN] = gen
         positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
-        positions = memoryview(positions).cast("q")
+        return store, gen, memoryview(positions).cast("q"), pads
+
+    def _items(self, plan, epoch, start, steps, gen, worker):
+        o = self.order
+        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
             if o.refresh == "step":
@@ -279,17 +288,13 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     def _batches(self, plan, epoch, start, steps, gen, worker, in_worker):
         o = self.order
-        store = self._store.get()
-        newest = wait_for_generation(store, self.cfg, self.timeout)
-        gen = gen or newest
-        if worker == 0:
-            self._shared[_GEN] = gen
-        positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
-        positions = memoryview(positions).cast("q")
+        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
         ring = self._worker_ring(worker, in_worker)
         B = self.batch_size
-        layout = None
-        warned = False
+        # the field layout is learnt once per process (one extra read) and
+        # learnt again only when a batch's first sample differs from it
+        pid, layout = self._ring_layout
+        layout = layout if pid == os.getpid() else None
         for b0 in range(0, len(positions), B):
             n = min(B, len(positions) - b0)
             if o.refresh == "step":
@@ -297,28 +302,16 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen = max(gen, store.current())
                 except _C.StoreUnavailableError:
                     pass
-            if layout is None:
-                layout = self._layout(store, gen, positions[b0])
-            fields, off = [], 0
-            for i, name, dtype, shape, nb, target in layout:
-                fields.append((name, dtype, (n,) + shape, off, nb * n, target))
-                off += -(-nb * n // 64) * 64
-            got = ring.acquire(off, 0 if not in_worker else _RING_WAIT_S) if ring else None
-            if got is None:
-                slot, mem = None, np.empty(off, np.uint8)
-                if ring is not None and not warned:
-                    warned = True
-                    log.warning("wirehead: every ring slot of worker %d is still held by "
-                                "batches in use; sending batches the ordinary way (a copy) "
-                                "while that lasts (raise ring_slots)", worker)
-            else:
-                slot, mem = got
             try:
-                extras = self._fill(store, mem, layout, fields, positions, pads, b0, n, gen)
-            except BaseException:
-                if slot is not None:
-                    ring.give_back(slot)
-                raise
+                if layout is None:
+                    raise _NewLayout
+                slot, mem, fields, extras = self._one_batch(store, ring, layout, positions, pads,
+                                                            b0, n, gen, in_worker, True)
+            except _NewLayout:
+                layout = self._layout(store, gen, positions[b0])
+                slot, mem, fields, extras = self._one_batch(store, ring, layout, positions, pads,
+                                                            b0, n, gen, in_worker, False)
+            self._ring_layout = (os.getpid(), layout)
             gen = extras["generation"][0][-1]
             self._progress = (epoch, start + b0 + n, gen)
             if slot is None:
@@ -328,7 +321,34 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             else:
                 yield ring.local(slot, fields, extras)
 
-    def _fill(self, store, mem, layout, fields, positions, pads, b0, n, gen):
+    def _one_batch(self, store, ring, layout, positions, pads, b0, n, gen, in_worker,
+                   may_relayout):
+        """(slot or None, memory, fields, extras) of one batch read into a
+        ring slot, or into ordinary memory when no slot comes free."""
+        fields, off = [], 0
+        for i, name, dtype, shape, nb, target in layout:
+            fields.append((name, dtype, (n,) + shape, off, nb * n, target))
+            off += -(-nb * n // 64) * 64
+        got = ring.acquire(off, 0 if not in_worker else _RING_WAIT_S) if ring else None
+        if got is None:
+            slot, mem = None, np.empty(off, np.uint8)
+            if ring is not None and not ring.warned:
+                ring.warned = True
+                log.warning("wirehead: every ring slot of worker %d is still held by batches "
+                            "in use; sending batches the ordinary way (a copy) while that "
+                            "lasts (raise ring_slots)", ring.worker)
+        else:
+            slot, mem = got
+        try:
+            extras = self._fill(store, mem, layout, fields, positions, pads, b0, n, gen,
+                                may_relayout)
+        except BaseException:
+            if slot is not None:
+                ring.give_back(slot)
+            raise
+        return slot, mem, fields, extras
+
+    def _fill(self, store, mem, layout, fields, positions, pads, b0, n, gen, may_relayout):
         """Reads samples b0..b0+n-1 into their rows of mem (one copy each)."""
         o = self.order
         nf = len(self.cfg["SAMPLE"])
@@ -345,6 +365,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             except _C.InvalidSampleError:
                 lay = None  # a field of another size: named below
             if lay is None or any(lay[f[0]] != (f[2], f[3]) for f in layout):
+                if r == 0 and may_relayout:
+                    raise _NewLayout
                 self._shape_error(store, gen, pos, layout)
             if skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
@@ -392,7 +414,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_store"] = ProcessStore(self.cfg)
-        d["_ring_state"] = (None, None)
+        d["_ring_state"] = d["_ring_layout"] = (None, None)
         d["_pickled_by"] = os.getpid()
         return d
 
