@@ -175,3 +175,23 @@ def test_options_are_checked(shm_cfg):
         wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, transform=abs)
     with pytest.raises(ValueError, match="ring_slots"):
         wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, ring_slots=0)
+
+
+def test_pad_ignore_and_field_subset_in_batches(filled):
+    """Padding rows of the label field hold ignore_index; only the fields
+    asked for are read."""
+    ds = wt.WireheadIterableDataset(config=filled, batch_size=8, batches=True, pad="ignore",
+                                    ignore_index=-100, shuffle=False)
+    pads = 0
+    for b in ds:
+        assert b["data"].shape[0] == 8
+        for ident, data, pad in zip(b["id"], b["data"], b["is_pad"]):
+            if pad:
+                pads += 1
+                assert bool((data == -100).all())
+            else:
+                whlib.check_sample(ident.numpy(), data.numpy())
+    assert pads == 4  # 20 samples padded to 3 batches of 8
+    only = wt.WireheadIterableDataset(config=filled, batch_size=4, batches=True, fields=["id"])
+    b = next(iter(only))
+    assert set(b) == {"id", "is_pad", "generation", "position"} and b["id"].shape == (4, 2)
