@@ -100,17 +100,21 @@ def test_slot_reused_only_after_its_tensors_are_gone(filled):
     kept = first["data"][1]  # a view keeps the whole slot
     kept_id = first["id"][1].clone()
     del first
-    held = [o for o in owners(ds, 0) if o]
+    held = [o for o in owners(ds, "m") if o]
     assert held == [os.getpid()]
     items = []
     for b in it:
         items += check_batch(b)
         whlib.check_sample(kept_id.numpy(), kept.numpy())
     assert len(items) == 16
-    assert sum(1 for o in owners(ds, 0) if o) >= 1  # the kept view's slot
+    assert sum(1 for o in owners(ds, "m") if o) >= 1  # the kept view's slot
     del kept, b
     gc.collect()
-    assert owners(ds, 0) == [0, 0]
+    assert owners(ds, "m") == [0, 0]
+    # the same dataset under a DataLoader: its workers have regions of their own
+    for b in ring_dl(ds):
+        check_batch(b)
+    assert all(any(f".w{w}.s" in f for f in slot_files(ds)) for w in range(WORKERS))
 
 
 def test_workers_wait_for_held_slots_then_send_plain_batches(filled):

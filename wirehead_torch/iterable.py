@@ -254,8 +254,10 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         if pid == os.getpid():
             return ring
         try:
-            ring = _ring.WorkerRing(self._main_pid(in_worker), self._ring_token, worker,
-                                    self.ring_slots)
+            # in-process iteration has a region of its own ("m"): a DataLoader
+            # worker 0 started later must not find it locked
+            ring = _ring.WorkerRing(self._main_pid(in_worker), self._ring_token,
+                                    worker if in_worker else "m", self.ring_slots)
         except _ring.RingBusy:
             log.warning("wirehead: ring region of worker %d is used by another iteration of "
                         "this dataset; this one sends batches the ordinary way", worker)
@@ -334,7 +336,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             slot, mem = None, np.empty(off, np.uint8)
             if ring is not None and not ring.warned:
                 ring.warned = True
-                log.warning("wirehead: every ring slot of worker %d is still held by batches "
+                log.warning("wirehead: every ring slot of worker %s is still held by batches "
                             "in use; sending batches the ordinary way (a copy) while that "
                             "lasts (raise ring_slots)", ring.worker)
         else:
