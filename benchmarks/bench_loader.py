@@ -1,23 +1,37 @@
-"""Trainer-side throughput on the shm store, against raw store reads in the
-same run.
+"""Trainer-side read paths on the shm store, each against raw store reads
+interleaved with it repetition by repetition.
 
-    .venv/bin/python benchmarks/bench_loader.py [--size 96] [--swap-cap 24] [--epochs 3]
+    .venv/bin/python benchmarks/bench_loader.py [--mib 4 64] [--reps 5] [--json FILE]
 
-Each sample is a SynthSeg-sized pair: float32 image size^3 + uint8 labels
-size^3. One generation is filled once and no manager runs during the timing,
-so every contender reads the same bytes. The consumer touches every byte it
-receives (a sum over a uint64 view) in every contender, the baseline included.
+A sample is one float32 field of MIB MiB ('input', shape (MIB, 512, 512))
+and a 16-byte uint8 'label'. One generation is filled once and no manager
+runs while timing, so every reader reads the same bytes. Each consumer
+touches every byte it receives (a sum over a uint64 view), the baseline
+included.
 
-Contenders (samples/s and GB/s of sample bytes delivered):
-  raw store reads        Store.read_into a warm, reused buffer: one copy, one thread
-  WireheadLoader         2 C threads assemble batches into a ring of buffers
-  WireheadIterableDataset iterated in-process: one copy into a fresh buffer per sample
-  DataLoader(WireheadIterableDataset, num_workers=2)
-  DataLoader(MongoTupleheadDataset, num_workers=2)   a plain map-style reader
+One repetition of a reader = one epoch of SWAP_CAP samples through it, with
+a raw epoch right before it; its ratio is its GB/s over that raw epoch's.
+Reported per reader: the median over --reps repetitions of GB/s and of that
+ratio, and per sample the minor page faults and CPU milliseconds (user +
+system) of this process plus its DataLoader workers.
+
+Readers:
+  raw                 Store.read_into a warm, reused buffer (the baseline)
+  WireheadLoader      2 C threads assemble batches into a ring of buffers
+  Store.read          the read policy's plain read into a new buffer per sample
+  map-style           MongoTupleheadDataset[i] in this process
+  iterable            WireheadIterableDataset iterated in this process
+  DL default          DataLoader(WireheadIterableDataset, batch_size=B, num_workers=2)
+  DL ring             DataLoader(WireheadIterableDataset(batches=True), batch_size=None,
+                      num_workers=2): the shared-memory batch ring
+  DL map-style        DataLoader(MongoTupleheadDataset, batch_size=B, num_workers=2)
+DataLoaders keep persistent workers; every reader runs 3 epochs before timing.
 """
 import argparse
 import json
 import os
+import resource
+import statistics
 import sys
 import time
 
@@ -29,6 +43,8 @@ import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
 from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
 
 def touch(*arrays):
     s = 0
@@ -38,122 +54,207 @@ def touch(*arrays):
     return s
 
 
-def fill(cfg, size, n):
-    rng = np.random.default_rng(0)
-    img = rng.standard_normal((size,) * 3).astype(np.float32)
-    lab = rng.integers(0, 8, (size,) * 3).astype(np.uint8)
-    items = ((img + i, lab) for i in range(n))
+def fill(cfg, mib, n):
+    img = np.random.default_rng(0).standard_normal((mib, 512, 512)).astype(np.float32)
+    items = ((img + i, np.full(16, i, np.uint8)) for i in range(n))
     # SELF_SEAL off: the manager below makes the one seal
     assert wt.WireheadGenerator(items, config=dict(cfg, SELF_SEAL=False), quiet=True).run() == n
     assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
 
 
-def bench_raw(cfg, size, n, epochs):
-    st = _C.Store(**store_kwargs(resolve(cfg)))
-    gen = st.current()
-    img = np.ones((size,) * 3, np.float32)
-    lab = np.ones((size,) * 3, np.uint8)
-    st.read_into(gen, 0, [img, lab])  # warm
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for pos in range(n):
-            st.read_into(gen, pos, [img, lab])
-            touch(img, lab)
-    return n * epochs, time.perf_counter() - t0
+def usage(pids):
+    """(minor faults, CPU seconds) of this process and the given children."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    flt, cpu = r.ru_minflt, r.ru_utime + r.ru_stime
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                v = f.read().rsplit(")", 1)[1].split()
+            flt += int(v[7])
+            cpu += (int(v[11]) + int(v[12])) / _TICK
+        except OSError:
+            pass
+    return flt, cpu
 
 
-def bench_loader(cfg, n, epochs, batch):
-    ld = wt.WireheadLoader(config=cfg, batch_size=batch, num_threads=2, prefetch=2)
-    for b in ld:  # warm: ring buffers allocated and faulted in
-        touch(b["input"].numpy(), b["label"].numpy())
-    items = 0
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for b in ld:
+class Raw:
+    name = "raw: Store.read_into a warm buffer"
+
+    def __init__(self, cfg, mib):
+        self.st = _C.Store(**store_kwargs(resolve(cfg)))
+        self.gen = self.st.current()
+        self.bufs = [np.ones((mib, 512, 512), np.float32), np.ones(16, np.uint8)]
+        self.n = cfg["SWAP_CAP"]
+        self.epoch()
+
+    def epoch(self):
+        for pos in range(self.n):
+            self.st.read_into(self.gen, pos, self.bufs)
+            touch(*self.bufs)
+        return self.n
+
+
+class StoreRead(Raw):
+    name = "Store.read (new buffer per sample)"
+
+    def epoch(self):
+        for pos in range(self.n):
+            touch(*(np.from_dlpack(a) for a in self.st.read(self.gen, pos)))
+        return self.n
+
+
+class Loader:
+    name = "WireheadLoader (2 C threads)"
+
+    def __init__(self, cfg, batch):
+        self.ld = wt.WireheadLoader(config=cfg, batch_size=batch, num_threads=2, prefetch=2)
+        self.epoch()
+
+    def epoch(self):
+        n = 0
+        for b in self.ld:
             touch(b["input"].numpy(), b["label"].numpy())
-            items += len(b["input"])
-    dt = time.perf_counter() - t0
-    ld.close()
-    return items, dt
+            n += len(b["input"])
+        return n
 
 
-def bench_dataset_in_process(cfg, epochs):
-    """WireheadIterableDataset iterated directly: the dataset's own cost
-    (one read into a fresh buffer per sample), without DataLoader workers."""
-    ds = wt.WireheadIterableDataset(config=cfg)
-    for it in ds:
-        pass
-    items = 0
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for it in ds:
+class MapStyle:
+    name = "map-style: MongoTupleheadDataset[i]"
+
+    def __init__(self, cfg):
+        self.ds = wt.MongoTupleheadDataset(config=cfg)
+        self.epoch()
+
+    def epoch(self):
+        for i in range(len(self.ds)):
+            x, y = self.ds[i]
+            touch(x.numpy(), y.numpy())
+        return len(self.ds)
+
+
+class InProcess:
+    name = "WireheadIterableDataset in-process"
+
+    def __init__(self, cfg):
+        self.ds = wt.WireheadIterableDataset(config=cfg, shuffle=False)
+        self.epoch()
+
+    def epoch(self):
+        n = 0
+        for it in self.ds:
             touch(it["input"].numpy(), it["label"].numpy())
-            items += 1
-    return items, time.perf_counter() - t0
+            n += 1
+        return n
 
 
-def bench_dataloader(ds, n, epochs, batch):
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, persistent_workers=True,
-                                     shuffle=not isinstance(ds, torch.utils.data.IterableDataset))
-    for b in dl:
-        pass
-    items = 0
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for b in dl:
+class DL:
+    def __init__(self, name, ds, batch):
+        self.name = name
+        self.dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2,
+                                              persistent_workers=True)
+        self.epoch()
+
+    @property
+    def pids(self):
+        it = getattr(self.dl, "_iterator", None)
+        return [w.pid for w in getattr(it, "_workers", [])]
+
+    def epoch(self):
+        n = 0
+        for b in self.dl:
             x, y = (b["input"], b["label"]) if isinstance(b, dict) else b
             touch(x.numpy(), y.numpy())
-            items += len(x)
-    return items, time.perf_counter() - t0
+            n += len(x)
+        return n
+
+
+def timed(reader, item_bytes):
+    pids = getattr(reader, "pids", [])
+    f0, c0 = usage(pids)
+    t0 = time.perf_counter()
+    n = reader.epoch()
+    dt = time.perf_counter() - t0
+    f1, c1 = usage(pids)
+    return {"GB_s": n * item_bytes / dt / 1e9, "faults": (f1 - f0) / n,
+            "cpu_ms": (c1 - c0) * 1e3 / n}
+
+
+def run_size(mib, reps, swap_cap, batch):
+    item_bytes = mib * (1 << 20) + 16
+    cfg = {"STORE": f"shm://bench-loader-{os.getpid()}", "SWAP_CAP": swap_cap,
+           "SAMPLE": ["input", "label"], "BYTE_BUDGET": (item_bytes + 4096) * swap_cap + (4 << 20)}
+    wt.clean(cfg)
+    try:
+        fill(cfg, mib, swap_cap)
+        raw = Raw(cfg, mib)
+
+        def iterable(**kw):
+            return wt.WireheadIterableDataset(config=cfg, shuffle=False, batch_size=batch,
+                                              num_workers=2, **kw)
+        makers = [
+            lambda: Loader(cfg, batch),
+            lambda: StoreRead(cfg, mib),
+            lambda: MapStyle(cfg),
+            lambda: InProcess(cfg),
+            lambda: DL("DataLoader(WireheadIterableDataset, num_workers=2)", iterable(), batch),
+            lambda: DL("DataLoader(WireheadIterableDataset(batches=True), num_workers=2): ring",
+                       iterable(batches=True), None),
+            lambda: DL("DataLoader(MongoTupleheadDataset, num_workers=2)",
+                       wt.MongoTupleheadDataset(config=cfg), batch),
+        ]
+        rows = []
+        for make in makers:
+            reader = make()
+            for _ in range(2):  # rings and pools reach their steady state
+                reader.epoch()
+            got = {"raw": [], "reader": []}
+            for _ in range(reps):
+                got["raw"].append(timed(raw, item_bytes))
+                got["reader"].append(timed(reader, item_bytes))
+            name = reader.name
+            del reader
+            ratios = [r["GB_s"] / b["GB_s"] for r, b in zip(got["reader"], got["raw"])]
+            med = {k: statistics.median(x[k] for x in got["reader"])
+                   for k in ("GB_s", "faults", "cpu_ms")}
+            raw_med = {k: statistics.median(x[k] for x in got["raw"])
+                       for k in ("GB_s", "faults", "cpu_ms")}
+            rows.append({"reader": name, **med,
+                         "vs_raw": statistics.median(ratios), "raw": raw_med,
+                         "ratios": ratios})
+        return {"mib": mib, "item_bytes": item_bytes, "swap_cap": swap_cap, "batch": batch,
+                "reps": reps, "rows": rows}
+    finally:
+        wt.clean(cfg)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", type=int, default=96)
-    p.add_argument("--swap-cap", type=int, default=24)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--mib", type=int, nargs="+", default=[4, 64])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    item_bytes = a.size ** 3 * 5
-    cfg = {"STORE": f"shm://bench-loader-{os.getpid()}", "SWAP_CAP": a.swap_cap,
-           "SAMPLE": ["input", "label"], "BYTE_BUDGET": item_bytes * a.swap_cap + (8 << 20)}
-    wt.clean(cfg)
-    try:
-        fill(cfg, a.size, a.swap_cap)
-        rows = []
-        for name, fn in [
-            ("raw store reads (1 copy, warm buffer)", lambda: bench_raw(cfg, a.size, a.swap_cap, a.epochs)),
-            ("WireheadLoader (2 C threads)", lambda: bench_loader(cfg, a.swap_cap, a.epochs, a.batch)),
-            ("WireheadIterableDataset in-process (no DataLoader)",
-             lambda: bench_dataset_in_process(cfg, a.epochs)),
-            ("DataLoader(WireheadIterableDataset, num_workers=2)",
-             lambda: bench_dataloader(wt.WireheadIterableDataset(config=cfg, batch_size=a.batch,
-                                                                 num_workers=2),
-                                      a.swap_cap, a.epochs, a.batch)),
-            ("DataLoader(MongoTupleheadDataset, num_workers=2)",
-             lambda: bench_dataloader(wt.MongoTupleheadDataset(config=cfg), a.swap_cap, a.epochs,
-                                      a.batch)),
-        ]:
-            items, dt = fn()
-            rows.append({"reader": name, "samples_per_s": items / dt,
-                         "GB_per_s": items * item_bytes / dt / 1e9})
-        base = rows[0]["GB_per_s"]
-        for r in rows:
-            r["vs_raw"] = r["GB_per_s"] / base
-        if a.json:
-            print(json.dumps({"size": a.size, "item_bytes": item_bytes, "rows": rows}))
-        else:
-            print(f"sample: float32 {a.size}^3 + uint8 {a.size}^3 = {item_bytes / 2**20:.2f} MiB, "
-                  f"SWAP_CAP {a.swap_cap}, batch {a.batch}, {a.epochs} epochs\n")
-            print("| reader | samples/s | GB/s | vs raw store reads |")
-            print("|---|---:|---:|---:|")
-            for r in rows:
-                print(f"| {r['reader']} | {r['samples_per_s']:.1f} | {r['GB_per_s']:.2f} | "
-                      f"{r['vs_raw'] * 100:.0f}% |")
-    finally:
-        wt.clean(cfg)
+    results = []
+    for mib in a.mib:
+        swap_cap, batch = (8, 2) if mib >= 32 else (32, 4)
+        res = run_size(mib, a.reps, swap_cap, batch)
+        results.append(res)
+        print(f"\nsample: float32 {mib} MiB + 16-byte label, SWAP_CAP {swap_cap}, batch {batch}, "
+              f"median of {a.reps} interleaved repetitions; per sample: minor faults, CPU ms "
+              f"(this process + DataLoader workers)\n")
+        print("| reader | GB/s | vs raw (same run) | faults/sample | CPU ms/sample |")
+        print("|---|---:|---:|---:|---:|")
+        raw = statistics.median(r["raw"]["GB_s"] for r in res["rows"])
+        rf = statistics.median(r["raw"]["faults"] for r in res["rows"])
+        rc = statistics.median(r["raw"]["cpu_ms"] for r in res["rows"])
+        print(f"| raw: Store.read_into a warm buffer | {raw:.2f} | 100% | {rf:.0f} | {rc:.1f} |")
+        for r in res["rows"]:
+            print(f"| {r['reader']} | {r['GB_s']:.2f} | {r['vs_raw'] * 100:.0f}% | "
+                  f"{r['faults']:.0f} | {r['cpu_ms']:.1f} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": "benchmarks/bench_loader.py " + " ".join(argv or sys.argv[1:]),
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -506,46 +506,114 @@ static bool wh__into_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
     return true;
 }
 
+/* Writable C-contiguous views of bufs (None: field skipped) into views[];
+ * *got counts the entries filled, each to be released by the caller. */
+static bool wh__get_views(PyObject *seq, Py_buffer *views, int *got) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > WH_MAX_FIELDS) {
+        PyErr_SetString(wh__exc.value, "too many buffers");
+        return false;
+    }
+    for (; *got < n; (*got)++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, *got);
+        if (o != Py_None &&
+            PyObject_GetBuffer(o, &views[*got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            return false;
+    }
+    return true;
+}
+
+/* [(dtype name, shape tuple) or None] for the fields copied into views. */
+static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *o = Py_None;
+        if (views[i].buf && i < meta->nfields) {
+            const wh_field_meta_t *f = &meta->f[i];
+            PyObject *shape = PyTuple_New(f->ndim);
+            for (int d = 0; shape && d < f->ndim; d++)
+                PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(f->shape[d]));
+            o = shape ? Py_BuildValue("(sN)", wh_dtype_name(f->dtype), shape) : NULL;
+            if (!o) {
+                Py_CLEAR(out);
+                break;
+            }
+        } else {
+            Py_INCREF(o);
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    return out;
+}
+
+/* Copies (gen, pos) into the caller's buffers (a sequence; None skips a
+ * field), with the read policy when at is given (at->gen/pos set), else
+ * exactly that sample. Returns the fields' layouts (wh__layouts). */
+static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, PyObject *bufs,
+                               wh_read_at_t *at, double timeout) {
+    if (!wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
+    if (!seq) return NULL;
+    Py_buffer views[WH_MAX_FIELDS];
+    memset(views, 0, sizeof views);
+    PyObject *res = NULL;
+    int got = 0;
+    if (wh__get_views(seq, views, &got)) {
+        wh__intoctx_t ctx = {views, got};
+        wh_err_t err = {0};
+        wh_sample_meta_t meta;
+        bool ok;
+        if (at)
+            WH__CALL(self, st, ok, &err,
+                     wh_store_read_sample(self->st, at, timeout, NULL, wh__into_dest, &ctx, &meta,
+                                          &err));
+        else
+            WH__CALL(self, st, ok, &err,
+                     wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
+        res = ok ? wh__layouts(views, got, &meta) : wh_module_raise(&err);
+    }
+    for (int i = 0; i < got; i++)
+        if (views[i].buf) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
 /* read_into(gen, pos, buffers): copies each field into the caller's writable
  * C-contiguous buffer of exactly its size (None skips a field). */
 static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
     unsigned long long gen;
     unsigned int pos;
     PyObject *bufs;
-    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs) || !wh__open(self)) return NULL;
-    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_buffer views[WH_MAX_FIELDS];
-    memset(views, 0, sizeof views);
-    PyObject *res = NULL;
-    int got = 0;
-    if (n > WH_MAX_FIELDS) {
-        PyErr_SetString(wh__exc.value, "too many buffers");
-        goto out;
-    }
-    for (; got < n; got++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(seq, got);
-        if (o != Py_None && PyObject_GetBuffer(o, &views[got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-            goto out;
-    }
-    {
-        wh__intoctx_t ctx = {views, (int)n};
-        wh_err_t err = {0};
-        bool ok;
-        WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, NULL, &err));
-        if (ok) {
-            res = Py_None;
-            Py_INCREF(res);
-        } else {
-            wh_module_raise(&err);
-        }
-    }
-out:
-    for (int i = 0; i < got; i++)
-        if (views[i].buf) PyBuffer_Release(&views[i]);
-    Py_DECREF(seq);
-    return res;
+    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs)) return NULL;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, NULL, 0);
+    if (!lay) return NULL;
+    Py_DECREF(lay);
+    Py_RETURN_NONE;
+}
+
+/* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos,
+ * is_pad, layouts, skipped): read_sample's policy, copying each field once
+ * into the caller's buffer of exactly its size (None skips a field), as the
+ * DataLoader ring does into its shared slots; layouts[i] is (dtype, shape) of
+ * field i as read. A size mismatch is a WireheadValueError naming the field. */
+static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"gen", "pos", "buffers", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *bufs;
+    double timeout = 60.0;
+    int skip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO|dp", kwlist, &gen, &pos, &bufs, &timeout,
+                                     &skip))
+        return NULL;
+    wh_read_at_t at = {0};
+    at.gen = gen;
+    at.pos = pos;
+    at.strict = !skip;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout);
+    if (!lay) return NULL;
+    return Py_BuildValue("KIONs", (unsigned long long)at.gen, at.pos, at.pad ? Py_True : Py_False,
+                         lay, at.corrupt ? at.last_skip : NULL);
 }
 
 static PyObject *wh__status_dict(const wh_status_t *s) {
@@ -621,6 +689,9 @@ static PyMethodDef wh__store_methods[] = {
      "wait_generation(newer_than=0, timeout=60.0) -> newest read generation"},
     {"read_into", (PyCFunction)wh__store_read_into, METH_VARARGS,
      "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
+    {"read_sample_into", (PyCFunction)(void (*)(void))wh__store_read_sample_into,
+     METH_VARARGS | METH_KEYWORDS,
+     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos, is_pad, layouts, skipped)"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
     {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,201 @@
+"""WireheadIterableDataset(batches=True): DataLoader workers read each sample
+once into a shared-memory ring slot; the main process's batch tensors view
+the slot, which goes back to its worker only after they are all gone."""
+import gc
+import glob
+import mmap
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import wirehead_torch as wt
+from wirehead_torch import _ring
+
+import whlib
+from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.asan
+
+BATCH = 4
+WORKERS = 2
+
+
+def ring_ds(cfg, workers=WORKERS, **kw):
+    return wt.WireheadIterableDataset(config=cfg, batch_size=BATCH, num_workers=workers,
+                                      batches=True, **kw)
+
+
+def ring_dl(ds, method="fork", persistent=False):
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS,
+                                       multiprocessing_context=method,
+                                       persistent_workers=persistent)
+
+
+def owners(ds, worker):
+    """Owner pid of each slot of a worker's ring region (0: free)."""
+    path = _ring.region_path(os.getpid(), ds._ring_token, worker)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    words = np.frombuffer(m, np.int64).copy()
+    m.close()
+    return [int(x) for x in words[0::4]]
+
+
+def slot_files(ds):
+    return sorted(glob.glob(f"{_ring.DIR}/{_ring.PREFIX}{os.getpid()}.{ds._ring_token}.w*.s*"))
+
+
+def check_batch(b, n=BATCH):
+    """Every sample's bytes match its id; returns [(position, is_pad)]."""
+    assert set(b) == {"id", "data", "is_pad", "generation", "position"}
+    assert b["data"].shape == (n, 256) and b["data"].dtype == torch.float32
+    assert b["id"].shape == (n, 2) and b["id"].dtype == torch.int64
+    assert b["is_pad"].dtype == torch.bool and b["position"].dtype == torch.int64
+    for ident, data, pos in zip(b["id"], b["data"], b["position"]):
+        _, counter = whlib.check_sample(ident.numpy(), data.numpy())
+        assert counter == int(pos)
+    return [(int(p), bool(x)) for p, x in zip(b["position"], b["is_pad"])]
+
+
+def covers_once(items):
+    real = [p for p, pad in items if not pad]
+    return sorted(real) == list(range(SWAP_CAP))
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_bytes_correct_and_each_sample_once(filled, method, persistent):
+    ds = ring_ds(filled)
+    dl = ring_dl(ds, method, persistent)
+    assert len(dl) == len(ds) == 6  # 10 steps per worker padded to 12: 3 batches each
+    for _ in range(3):
+        items = []
+        for b in dl:
+            items += check_batch(b)
+        assert len(items) == 24 and covers_once(items), items
+        del b
+        gc.collect()
+        # every batch is gone: every slot is back with its worker
+        assert all(o == 0 for w in range(WORKERS) for o in owners(ds, w))
+    # slots are reused, not made anew per batch or epoch
+    files = slot_files(ds)
+    assert 0 < len(files) <= WORKERS * ds.ring_slots
+    del dl
+    gc.collect()
+    ds_files = slot_files(ds)
+    del ds
+    gc.collect()
+    assert ds_files and not any(os.path.exists(f) for f in ds_files)
+
+
+def test_slot_reused_only_after_its_tensors_are_gone(filled):
+    """In-process: a held view keeps its slot (and bytes) while later
+    batches are read; its slot is free again once the view is gone."""
+    ds = ring_ds(filled, workers=None, ring_slots=2)
+    it = iter(ds)
+    first = next(it)
+    kept = first["data"][1]  # a view keeps the whole slot
+    kept_id = first["id"][1].clone()
+    del first
+    held = [o for o in owners(ds, "m") if o]
+    assert held == [os.getpid()]
+    items = []
+    for b in it:
+        items += check_batch(b)
+        whlib.check_sample(kept_id.numpy(), kept.numpy())
+    assert len(items) == 16
+    assert sum(1 for o in owners(ds, "m") if o) >= 1  # the kept view's slot
+    del kept, b
+    gc.collect()
+    assert owners(ds, "m") == [0, 0]
+    # the same dataset under a DataLoader: its workers have regions of their own
+    for b in ring_dl(ds):
+        check_batch(b)
+    assert all(any(f".w{w}.s" in f for f in slot_files(ds)) for w in range(WORKERS))
+
+
+def test_workers_wait_for_held_slots_then_send_plain_batches(filled):
+    """A loop that keeps every batch never sees one overwritten: when all of
+    a worker's slots are held, it sends the batch the ordinary way."""
+    ds = ring_ds(filled, ring_slots=1)
+    kept = list(ring_dl(ds))
+    items = []
+    for b in kept:
+        items += check_batch(b)
+    assert covers_once(items)
+    assert sorted(o for w in range(WORKERS) for o in owners(ds, w)) == [os.getpid()] * WORKERS
+    del kept, b
+    gc.collect()
+    assert all(o == 0 for w in range(WORKERS) for o in owners(ds, w))
+
+
+def test_worker_killed_mid_epoch_leaks_no_slot(shm_cfg, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = shm_cfg(swap_cap=64)
+    wt.WireheadGenerator((whlib.sample(5, i) for i in range(64)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    ds = ring_ds(cfg)
+    it = iter(ring_dl(ds))
+    check_batch(next(it))
+    victim = it._workers[0].pid
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=str(victim)):
+        for b in it:
+            check_batch(b)
+    del it
+    gc.collect()
+    # the next iteration's worker takes the region over and reclaims the
+    # dead worker's slots; afterwards every slot is free again
+    items = []
+    for b in ring_dl(ds):
+        items += check_batch(b)
+    assert sorted(p for p, pad in items if not pad) == list(range(64))
+    del b
+    gc.collect()
+    got = [o for w in range(WORKERS) for o in owners(ds, w)]
+    assert got == [0] * len(got)
+    assert len(slot_files(ds)) <= WORKERS * ds.ring_slots
+
+
+def test_samples_of_another_shape_are_an_error_naming_the_field(shm_cfg):
+    cfg = shm_cfg(swap_cap=4)
+    items = [whlib.sample(1, i, n=256 if i < 2 else 128) for i in range(4)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    ds = wt.WireheadIterableDataset(config=cfg, batch_size=4, batches=True, shuffle=False)
+    with pytest.raises(ValueError, match=r"field 'data' is float32 \[256\].*\[128\]"):
+        next(iter(ds))
+
+
+def test_options_are_checked(shm_cfg):
+    cfg = shm_cfg()
+    with pytest.raises(ValueError, match="batch_size"):
+        wt.WireheadIterableDataset(config=cfg, batches=True)
+    with pytest.raises(ValueError, match="transform"):
+        wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, transform=abs)
+    with pytest.raises(ValueError, match="ring_slots"):
+        wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, ring_slots=0)
+
+
+def test_pad_ignore_and_field_subset_in_batches(filled):
+    """Padding rows of the label field hold ignore_index; only the fields
+    asked for are read."""
+    ds = wt.WireheadIterableDataset(config=filled, batch_size=8, batches=True, pad="ignore",
+                                    ignore_index=-100, shuffle=False)
+    pads = 0
+    for b in ds:
+        assert b["data"].shape[0] == 8
+        for ident, data, pad in zip(b["id"], b["data"], b["is_pad"]):
+            if pad:
+                pads += 1
+                assert bool((data == -100).all())
+            else:
+                whlib.check_sample(ident.numpy(), data.numpy())
+    assert pads == 4  # 20 samples padded to 3 batches of 8
+    only = wt.WireheadIterableDataset(config=filled, batch_size=4, batches=True, fields=["id"])
+    b = next(iter(only))
+    assert set(b) == {"id", "is_pad", "generation", "position"} and b["id"].shape == (4, 2)

@@ -1,0 +1,286 @@
+"""Shared-memory batch ring behind WireheadIterableDataset(batches=True).
+
+A DataLoader worker reads each sample once, straight into a row of a slot:
+a file in /dev/shm that the DataLoader's main process maps too. Only a small
+handle (RingBatch) crosses the worker's queue; unpickled in the main process
+it becomes a dict of tensors viewing the slot, and the slot goes back to its
+worker when the last of those tensors dies. Slots are reused, so after the
+first round no sample lands in fresh pages, in the worker or the main process.
+
+Files, per (main process, dataset, worker k), mode 0600:
+  wirehead-ring.<main pid>.<token>.w<k>             control words; the live
+                                                    worker holds an flock on it
+  wirehead-ring.<main pid>.<token>.w<k>.s<j>.v<v>   slot j's bytes (v grows it)
+Control words per slot: owner pid (0: free), fill sequence, capacity,
+version. The worker that takes region k (the flock) reclaims every slot not
+held by the main process: its previous owner died or exited, and the handle
+it sent is refused (owner and sequence are checked) if it ever arrives. The
+main process removes its files when the dataset is collected or at exit;
+files of a main process that died are removed by the next ring made.
+"""
+import fcntl
+import glob
+import logging
+import mmap
+import os
+import time
+import weakref
+
+log = logging.getLogger("wirehead_torch")
+
+DIR = "/dev/shm"
+PREFIX = "wirehead-ring."
+_WORDS = 4
+_OWNER, _SEQ, _CAP, _VER = range(_WORDS)
+_PAGE = mmap.PAGESIZE
+_swept = False
+
+
+class RingBusy(Exception):
+    """Another live process holds this worker's ring region."""
+
+
+def region_path(main_pid, token, worker):
+    return f"{DIR}/{PREFIX}{main_pid}.{token}.w{worker}"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _sweep_dead():
+    """Removes ring files whose main process is gone (it was killed before
+    its clean-up ran); once per process."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    for path in glob.glob(f"{DIR}/{PREFIX}*"):
+        try:
+            pid = int(os.path.basename(path)[len(PREFIX):].split(".", 1)[0])
+            if pid > 0 and not _alive(pid) and os.stat(path).st_uid == os.getuid():
+                os.unlink(path)
+        except (ValueError, OSError):
+            pass
+
+
+def cleanup(main_pid, token):
+    """Removes a dataset's ring files (in its main process only: a forked
+    worker that collects its copy of the dataset must not)."""
+    if os.getpid() != main_pid:
+        return
+    for key in [k for k in _MAIN if k[1] == token]:
+        del _MAIN[key]
+    for path in glob.glob(f"{DIR}/{PREFIX}{main_pid}.{token}.*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _map(path, size, create):
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        elif os.fstat(fd).st_size < size:
+            raise OSError(f"{path}: {os.fstat(fd).st_size} bytes, expected {size}")
+        # populated up front, once per slot and process: no faults per batch
+        m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    finally:
+        os.close(fd)
+    if create and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass  # shmem huge pages off: plain pages, still reused
+    return m
+
+
+def _release(words, i, seq, owner):
+    """Slot i back to its worker once the main process's tensors are gone."""
+    try:
+        if words[i + _OWNER] == owner and words[i + _SEQ] == seq:
+            words[i + _OWNER] = 0
+    except ValueError:
+        pass  # interpreter shutdown released the control map first
+
+
+class _Slots:
+    """Control words and slot maps of one region, as either side sees them."""
+
+    def __init__(self, path, nslots, create):
+        self.path = path
+        self.nslots = nslots
+        size = nslots * _WORDS * 8
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        try:
+            if create:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise RingBusy(path) from None
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+            elif os.fstat(fd).st_size < size:
+                raise RuntimeError(f"ring control file {path} is too short")
+            self._ctl = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        # a worker keeps the descriptor: its flock lives as long as it does
+        self.fd = fd if create else None
+        if not create:
+            os.close(fd)
+        self.words = memoryview(self._ctl).cast("q")
+        self.maps = {}  # slot -> (version, mmap)
+
+    def data(self, j, create=False):
+        i = j * _WORDS
+        ver, cap = self.words[i + _VER], self.words[i + _CAP]
+        have = self.maps.get(j)
+        if have is None or have[0] != ver:
+            path = f"{self.path}.s{j}.v{ver}"
+            self.maps[j] = (ver, _map(path, cap, create))
+        return self.maps[j][1]
+
+
+class WorkerRing:
+    """The worker's side of region k: takes free slots and fills them."""
+
+    def __init__(self, main_pid, token, worker, nslots):
+        _sweep_dead()
+        self.main_pid = main_pid
+        self.token = token
+        self.worker = worker
+        self.pid = os.getpid()
+        self.warned = False  # "all slots held" logged once
+        self.s = _Slots(region_path(main_pid, token, worker), nslots, create=True)
+        w = self.s.words
+        for j in range(nslots):
+            # not held by the main process: a dead or finished worker's
+            if w[j * _WORDS + _OWNER] not in (0, main_pid):
+                w[j * _WORDS + _OWNER] = 0
+
+    def acquire(self, nbytes, wait_s):
+        """(slot, writable mmap of at least nbytes), or None when every slot
+        stays held for wait_s."""
+        w, n = self.s.words, self.s.nslots
+        deadline = time.monotonic() + wait_s
+        delay = 5e-5
+        while True:
+            free = [j for j in range(n) if w[j * _WORDS + _OWNER] == 0]
+            if free:
+                fits = [j for j in free if w[j * _WORDS + _CAP] >= nbytes]
+                j = fits[0] if fits else free[0]
+                i = j * _WORDS
+                w[i + _OWNER] = self.pid
+                w[i + _SEQ] += 1
+                if not fits:
+                    self._grow(j, nbytes)
+                return j, self.s.data(j)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 2e-3)
+
+    def _grow(self, j, nbytes):
+        i = j * _WORDS
+        old = f"{self.s.path}.s{j}.v{self.s.words[i + _VER]}"
+        self.s.maps.pop(j, None)
+        try:
+            os.unlink(old)
+        except FileNotFoundError:
+            pass
+        self.s.words[i + _CAP] = -(-nbytes // _PAGE) * _PAGE
+        self.s.words[i + _VER] += 1
+        self.s.data(j, create=True)
+
+    def give_back(self, j):
+        self.s.words[j * _WORDS + _OWNER] = 0
+
+    def handle(self, j, fields, extras):
+        i = j * _WORDS
+        w = self.s.words
+        return RingBatch(self.main_pid, self.token, self.worker, self.s.nslots, j,
+                         w[i + _VER], w[i + _SEQ], self.pid, fields, extras)
+
+    def local(self, j, fields, extras):
+        """In-process iteration: the batch as tensors, no handle."""
+        i = j * _WORDS
+        return _tensors(self.s.data(j), fields, extras, self.s.words, i, self.s.words[i + _SEQ],
+                        self.pid)
+
+    def close(self):
+        if self.s.fd is not None:
+            os.close(self.s.fd)
+            self.s.fd = None
+
+
+class RingBatch:
+    """A filled slot, in transit from a worker to the DataLoader's main
+    process; unpickled there it is the batch (a dict of tensors). Use the
+    dataset with DataLoader(batch_size=None): it yields whole batches."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return _rebuild, self.args
+
+    def __repr__(self):
+        return (f"<wirehead_torch RingBatch slot {self.args[4]} of worker {self.args[2]}: "
+                f"opened as tensors in the DataLoader's main process; a DataLoader over "
+                f"WireheadIterableDataset(batches=True) needs batch_size=None>")
+
+
+# main process: (main pid, token, worker) -> _Slots
+_MAIN = {}
+
+
+def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras):
+    if os.getpid() != main_pid:
+        raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
+                           f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
+    key = (main_pid, token, worker)
+    s = _MAIN.get(key)
+    if s is None:
+        s = _MAIN[key] = _Slots(region_path(main_pid, token, worker), nslots, create=False)
+    i = j * _WORDS
+    w = s.words
+    if w[i + _OWNER] != wpid or w[i + _SEQ] != seq or w[i + _VER] != ver:
+        raise RuntimeError(f"wirehead ring: slot {j} of worker {worker} was reclaimed before "
+                           f"its batch arrived (worker {wpid} gone); batch dropped")
+    w[i + _OWNER] = main_pid
+    return _tensors(s.data(j), fields, extras, w, i, seq, main_pid)
+
+
+def _tensors(m, fields, extras, words, i, seq, owner):
+    """The batch's tensors over slot map m; the slot is released when the
+    last of them dies (the memoryview they all hold is collected)."""
+    import torch
+    used = max([off + nb for _, _, _, off, nb, _ in fields] + [0])
+    mv = memoryview(m)[:used]
+    weakref.finalize(mv, _release, words, i, seq, owner)
+    out = {}
+    for name, dtype, shape, off, nb, target in fields:
+        tdt = getattr(torch, dtype)
+        count = nb // torch.empty((), dtype=tdt).element_size()
+        t = (torch.frombuffer(mv, dtype=tdt, count=count, offset=off) if count
+             else torch.empty(0, dtype=tdt)).view(shape)
+        if target and target != dtype:
+            t = t.to(getattr(torch, target))
+        out[name] = t
+    del mv  # the tensors hold it now
+    for name, (values, dtype) in extras.items():
+        out[name] = torch.tensor(values, dtype=getattr(torch, dtype))
+    return out
