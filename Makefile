@@ -130,7 +130,8 @@ test-installed: .venv-inst/.stamp mongo-jars
 # their own (about 5 GB of CUDA wheels that also run without a GPU), kept
 # outside the tree so clean clones on the same machine (CI) reuse it. The
 # package is not installed there: the in-place extension does not link
-# torch, so the source tree on PYTHONPATH serves both venvs.
+# torch, so the source tree on PYTHONPATH serves both venvs. matplotlib:
+# the benchmark suite's plots (lane 1 has Debian's).
 TORCH2_VERSION    ?= 2.15.0
 LIGHTNING_VERSION ?= 2.6.6
 TORCH2_VENV       ?= $(HOME)/.cache/wirehead_torch/venv-torch$(TORCH2_VERSION)-lightning$(LIGHTNING_VERSION)
@@ -139,7 +140,7 @@ T2_PY := $(TORCH2_VENV)/bin/python
 $(TORCH2_VENV)/.stamp: .deps/debian.stamp
 	test -x $(T2_PY) || /usr/bin/python3 -m venv $(TORCH2_VENV)
 	$(T2_PY) -m pip install -q 'torch==$(TORCH2_VERSION)' 'lightning==$(LIGHTNING_VERSION)' \
-	  numpy pyyaml pytest
+	  numpy pyyaml pytest matplotlib
 	touch $@
 
 test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
