@@ -59,7 +59,7 @@ def fill(cfg, mib, n):
     items = ((img + i, np.full(16, i, np.uint8)) for i in range(n))
     # SELF_SEAL off: the manager below makes the one seal
     assert wt.WireheadGenerator(items, config=dict(cfg, SELF_SEAL=False), quiet=True).run() == n
-    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    assert wt.WireheadManager(config=cfg, quiet=True).run(max_swaps=1) == 1
 
 
 def usage(pids):
