@@ -13,8 +13,8 @@ from ._arrays import _torch_dtype, needs_cast_message
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits
 from ._store import ProcessStore
-from .config import get_config
-from .dataset import read_sample, wait_for_generation
+from .config import get_config, redact
+from .dataset import read_sample, view_sample, wait_for_generation
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
@@ -58,14 +58,28 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     pages per sample. A slot is reused only after every tensor of its batch
     is gone; a worker whose slots are all held for 0.5 s (the loop keeps
     more than ``ring_slots - 2`` of its batches) sends that batch the
-    ordinary way, logged once."""
+    ordinary way, logged once.
+
+    ``views=True`` (shm:// store) iterated in-process (no DataLoader
+    workers) yields tensors that view the store, read-only, with no copy
+    (README, "Store-backed views and reader pins"); when the pin policy
+    refuses a view the item is a copy. Under DataLoader workers a view
+    could not cross the process boundary, so views=True is ignored there
+    (each worker reads copies; use batches=True for one copy per sample)."""
 
     def __init__(self, config_path=None, config=None, *, fields=None, batch_size=None,
                  num_workers=None, shuffle=True, seed=0, pad="repeat", ignore_index=-100,
                  label_fields=None, refresh="epoch", transform=None, rank=None,
-                 world_size=None, cast=None, timeout=None, batches=False, ring_slots=4):
+                 world_size=None, cast=None, timeout=None, batches=False, ring_slots=4, views=False):
         super().__init__()
         self.cfg = get_config(config_path, config)
+        if views and not str(self.cfg["STORE"]).startswith("shm://"):
+            raise ValueError(f"views=True needs an shm:// store (STORE is "
+                             f"{redact(self.cfg['STORE'])}); MongoDB samples are read as copies")
+        if views and batches:
+            raise ValueError("views=True and batches=True exclude each other: batches are "
+                             "copied once into ring slots, views are not copied at all")
+        self.views = bool(views)
         self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
                            refresh, rank, world_size)
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -201,7 +215,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         steps = self._steps(workers)
         if self.batches:
             return self._batches(plan, epoch, start, steps, gen, worker, info is not None)
-        return self._items(plan, epoch, start, steps, gen, worker)
+        return self._items(plan, epoch, start, steps, gen, worker,
+                           self.views and info is None)
 
     def _start(self, plan, epoch, start, steps, gen, worker):
         """(store, generation, positions, pads) of this worker's epoch."""
@@ -213,7 +228,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
         return store, gen, memoryview(positions).cast("q"), pads
 
-    def _items(self, plan, epoch, start, steps, gen, worker):
+    def _items(self, plan, epoch, start, steps, gen, worker, views=False):
         o = self.order
         store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
         for k in range(len(positions)):
@@ -223,12 +238,18 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen = max(gen, store.current())
                 except _C.StoreUnavailableError:
                     pass  # keep reading gen; the read policy waits out the outage
-            gen, pos, skipped, arrs = read_sample(store, gen, pos, o.want, self.timeout)
+            got = view_sample(store, gen, pos, o.want, self.timeout) if views else None
+            viewed = got is not None
+            if not viewed:  # a copy, also when the pin policy refuses the view
+                got = read_sample(store, gen, pos, o.want, self.timeout)
+            gen, pos, skipped, arrs = got
             is_pad = is_pad or skipped
             item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
                     for i, name in zip(o.want, o.fields)}
             if is_pad and o.pad == "ignore":
                 for name in o.label_fields:
+                    if viewed:  # a view is read-only: the filled label is a copy
+                        item[name] = item[name].clone()
                     check_ignore_fits(item[name].dtype, o.ignore_index, name)
                     item[name].fill_(o.ignore_index)
             item["is_pad"] = torch.tensor(is_pad)
