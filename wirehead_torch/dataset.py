@@ -86,6 +86,13 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
     return gen, pos, is_pad, arrs
 
 
+def check_views_store(cfg):
+    """views=True needs the shm store: MongoDB bytes arrive as copies."""
+    if not str(cfg["STORE"]).startswith("shm://"):
+        raise ValueError(f"views=True needs an shm:// store (STORE is "
+                         f"{redact(cfg['STORE'])}); MongoDB samples are read as copies")
+
+
 def view_sample(store, gen, pos, want, timeout, skip=True):
     """As read_sample, but the arrays view the shm store (read-only, the
     generation pinned while any of them lives); None when the pin policy
@@ -116,9 +123,8 @@ class _CurrentGenerationReader(_Base):
             raise ValueError("collection= (a pymongo collection) is not supported: give "
                              "config_path= (or config=) naming the store")
         self.cfg = get_config(config_path or None, config)
-        if views and not str(self.cfg["STORE"]).startswith("shm://"):
-            raise ValueError(f"views=True needs an shm:// store (STORE is "
-                             f"{redact(self.cfg['STORE'])}); MongoDB samples are read as copies")
+        if views:
+            check_views_store(self.cfg)
         self.views = bool(views)
         names = self.cfg["SAMPLE"][:2] if sample is None else list(sample)
         if len(names) != 2:

@@ -13,8 +13,8 @@ from ._arrays import _torch_dtype, needs_cast_message
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits
 from ._store import ProcessStore
-from .config import get_config, redact
-from .dataset import read_sample, view_sample, wait_for_generation
+from .config import get_config
+from .dataset import check_views_store, read_sample, view_sample, wait_for_generation
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
@@ -73,9 +73,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                  world_size=None, cast=None, timeout=None, batches=False, ring_slots=4, views=False):
         super().__init__()
         self.cfg = get_config(config_path, config)
-        if views and not str(self.cfg["STORE"]).startswith("shm://"):
-            raise ValueError(f"views=True needs an shm:// store (STORE is "
-                             f"{redact(self.cfg['STORE'])}); MongoDB samples are read as copies")
+        if views:
+            check_views_store(self.cfg)
         if views and batches:
             raise ValueError("views=True and batches=True exclude each other: batches are "
                              "copied once into ring slots, views are not copied at all")
