@@ -10,6 +10,7 @@
 #include "wh_dlpack.h"
 #include "wh_loader.h"
 #include "wh_plan.h"
+#include "wh_ring.h"
 #include "wh_store.h"
 
 typedef struct {
@@ -1088,6 +1089,140 @@ static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ---- SharedMap: a mapped ring file with atomic control words ---- */
+
+typedef struct {
+    PyObject_HEAD
+    wh_map_t map; /* a buffer on it holds a reference: unmapped only when all are gone */
+} wh__map_obj;
+
+static int wh__map_init(wh__map_obj *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"fd", "size", "populate", "hugepage", NULL};
+    int fd, populate = 0, hugepage = 0;
+    Py_ssize_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "in|pp", kwlist, &fd, &size, &populate, &hugepage))
+        return -1;
+    if (self->map.base) {
+        PyErr_SetString(PyExc_RuntimeError, "SharedMap: already mapped");
+        return -1;
+    }
+    if (size <= 0) {
+        PyErr_Format(PyExc_ValueError, "SharedMap: size must be > 0, got %zd", size);
+        return -1;
+    }
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_map_fd(&self->map, fd, (size_t)size, populate, hugepage, &err);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        if (err.code == WH_E_SYS) PyErr_SetString(PyExc_OSError, err.message);
+        else PyErr_SetString(PyExc_ValueError, err.message);
+        return -1;
+    }
+    return 0;
+}
+
+static void wh__map_dealloc(wh__map_obj *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    wh_map_close(&self->map);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int wh__map_getbuffer(wh__map_obj *self, Py_buffer *view, int flags) {
+    if (!self->map.base) {
+        PyErr_SetString(PyExc_ValueError, "SharedMap: not mapped");
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->map.base, (Py_ssize_t)self->map.size,
+                             0, flags);
+}
+
+/* Word index from a Python int, checked against the mapping's size. */
+static int wh__map_index(wh__map_obj *self, Py_ssize_t i, size_t *out) {
+    if (!self->map.base) {
+        PyErr_SetString(PyExc_ValueError, "SharedMap: not mapped");
+        return -1;
+    }
+    if (i < 0 || (size_t)i >= self->map.size / 8) {
+        PyErr_Format(PyExc_IndexError, "SharedMap: word %zd outside 0..%zu", i,
+                     self->map.size / 8);
+        return -1;
+    }
+    *out = (size_t)i;
+    return 0;
+}
+
+static PyObject *wh__map_load(wh__map_obj *self, PyObject *arg) {
+    size_t i;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if ((n == -1 && PyErr_Occurred()) || wh__map_index(self, n, &i) < 0) return NULL;
+    return PyLong_FromLongLong(wh_word_load(&self->map, i));
+}
+
+static PyObject *wh__map_store(wh__map_obj *self, PyObject *args) {
+    Py_ssize_t n;
+    long long v;
+    size_t i;
+    if (!PyArg_ParseTuple(args, "nL", &n, &v) || wh__map_index(self, n, &i) < 0) return NULL;
+    wh_word_store(&self->map, i, v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__map_cas(wh__map_obj *self, PyObject *args) {
+    Py_ssize_t n;
+    long long expect, desired;
+    size_t i;
+    if (!PyArg_ParseTuple(args, "nLL", &n, &expect, &desired) || wh__map_index(self, n, &i) < 0)
+        return NULL;
+    return PyBool_FromLong(wh_word_cas(&self->map, i, expect, desired));
+}
+
+static PyObject *wh__map_add(wh__map_obj *self, PyObject *args) {
+    Py_ssize_t n;
+    long long d;
+    size_t i;
+    if (!PyArg_ParseTuple(args, "nL", &n, &d) || wh__map_index(self, n, &i) < 0) return NULL;
+    return PyLong_FromLongLong(wh_word_add(&self->map, i, d));
+}
+
+static PyObject *wh__map_size(wh__map_obj *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(self->map.size);
+}
+
+static PyMethodDef wh__map_methods[] = {
+    {"load", (PyCFunction)wh__map_load, METH_O, "load(i): control word i"},
+    {"store", (PyCFunction)wh__map_store, METH_VARARGS, "store(i, v): set control word i"},
+    {"cas", (PyCFunction)wh__map_cas, METH_VARARGS,
+     "cas(i, expect, new): set word i to new if it holds expect; True if it did"},
+    {"add", (PyCFunction)wh__map_add, METH_VARARGS, "add(i, d): add d to word i, the new value"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef wh__map_getset[] = {
+    {"size", (getter)wh__map_size, NULL, "bytes mapped", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot wh__map_slots[] = {
+    {Py_tp_init, wh__map_init},
+    {Py_tp_dealloc, wh__map_dealloc},
+    {Py_tp_methods, wh__map_methods},
+    {Py_tp_getset, wh__map_getset},
+    {Py_bf_getbuffer, wh__map_getbuffer},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "SharedMap(fd, size, populate=False, hugepage=False): a shared, writable "
+                "mapping of an open file (the batch ring's slots and control words); "
+                "unmapped when the last buffer on it is gone."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__map_spec = {
+    "wirehead_torch._C.SharedMap", sizeof(wh__map_obj), 0, Py_TPFLAGS_DEFAULT, wh__map_slots,
+};
+
 static PyMethodDef wh__module_methods[] = {
     {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
      "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
@@ -1149,6 +1284,8 @@ static int wh__exec(PyObject *m) {
     if (!t || PyModule_AddObject(m, "Store", t) < 0) return -1;
     t = PyType_FromSpec(&wh__loader_spec);
     if (!t || PyModule_AddObject(m, "Loader", t) < 0) return -1;
+    t = PyType_FromSpec(&wh__map_spec);
+    if (!t || PyModule_AddObject(m, "SharedMap", t) < 0) return -1;
     if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0) return -1;
     PyObject *d = PyDict_New();
     if (!d) return -1;

@@ -199,3 +199,27 @@ def test_pad_ignore_and_field_subset_in_batches(filled):
     only = wt.WireheadIterableDataset(config=filled, batch_size=4, batches=True, fields=["id"])
     b = next(iter(only))
     assert set(b) == {"id", "is_pad", "generation", "position"} and b["id"].shape == (4, 2)
+
+
+def test_shared_map_words_and_size_checks(tmp_path):
+    path = tmp_path / "ctl"
+    path.write_bytes(bytes(32))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        m = wt._C.SharedMap(fd, 32)
+        with pytest.raises(ValueError, match="holds 32 bytes, 64 needed"):
+            wt._C.SharedMap(fd, 64)  # a short file is refused, not a SIGBUS later
+    finally:
+        os.close(fd)
+    assert m.size == 32
+    m.store(1, 7)
+    assert not m.cas(1, 6, 9) and m.load(1) == 7
+    assert m.cas(1, 7, 9) and m.load(1) == 9
+    assert m.add(3, 5) == 5
+    with pytest.raises(IndexError, match="word 4 outside"):
+        m.load(4)
+    with pytest.raises(IndexError):
+        m.store(-1, 0)
+    view = memoryview(m)
+    del m  # the buffer keeps the mapping alive
+    assert view.cast("q")[1] == 9 and path.read_bytes()[8:16] == (9).to_bytes(8, "little")

@@ -21,10 +21,11 @@ files of a main process that died are removed by the next ring made.
 import fcntl
 import glob
 import logging
-import mmap
 import os
 import time
 import weakref
+
+from . import _C
 
 log = logging.getLogger("wirehead_torch")
 
@@ -32,7 +33,7 @@ DIR = "/dev/shm"
 PREFIX = "wirehead-ring."
 _WORDS = 4
 _OWNER, _SEQ, _CAP, _VER = range(_WORDS)
-_PAGE = mmap.PAGESIZE
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _swept = False
 
 
@@ -90,27 +91,18 @@ def _map(path, size, create):
     try:
         if create:
             os.ftruncate(fd, size)
-        elif os.fstat(fd).st_size < size:
-            raise OSError(f"{path}: {os.fstat(fd).st_size} bytes, expected {size}")
         # populated up front, once per slot and process: no faults per batch
-        m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        return _C.SharedMap(fd, size, populate=True, hugepage=create)
+    except ValueError as e:
+        raise OSError(f"{path}: {e}") from None
     finally:
         os.close(fd)
-    if create and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass  # shmem huge pages off: plain pages, still reused
-    return m
 
 
 def _release(words, i, seq, owner):
     """Slot i back to its worker once the main process's tensors are gone."""
-    try:
-        if words[i + _OWNER] == owner and words[i + _SEQ] == seq:
-            words[i + _OWNER] = 0
-    except ValueError:
-        pass  # interpreter shutdown released the control map first
+    if words.load(i + _SEQ) == seq:
+        words.cas(i + _OWNER, owner, 0)
 
 
 class _Slots:
@@ -131,7 +123,7 @@ class _Slots:
                     os.ftruncate(fd, size)
             elif os.fstat(fd).st_size < size:
                 raise RuntimeError(f"ring control file {path} is too short")
-            self._ctl = mmap.mmap(fd, size)
+            self.words = _C.SharedMap(fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -139,12 +131,11 @@ class _Slots:
         self.fd = fd if create else None
         if not create:
             os.close(fd)
-        self.words = memoryview(self._ctl).cast("q")
         self.maps = {}  # slot -> (version, mmap)
 
     def data(self, j, create=False):
         i = j * _WORDS
-        ver, cap = self.words[i + _VER], self.words[i + _CAP]
+        ver, cap = self.words.load(i + _VER), self.words.load(i + _CAP)
         have = self.maps.get(j)
         if have is None or have[0] != ver:
             path = f"{self.path}.s{j}.v{ver}"
@@ -166,8 +157,9 @@ class WorkerRing:
         w = self.s.words
         for j in range(nslots):
             # not held by the main process: a dead or finished worker's
-            if w[j * _WORDS + _OWNER] not in (0, main_pid):
-                w[j * _WORDS + _OWNER] = 0
+            held = w.load(j * _WORDS + _OWNER)
+            if held not in (0, main_pid):
+                w.cas(j * _WORDS + _OWNER, held, 0)
 
     def acquire(self, nbytes, wait_s):
         """(slot, writable mmap of at least nbytes), or None when every slot
@@ -176,13 +168,14 @@ class WorkerRing:
         deadline = time.monotonic() + wait_s
         delay = 5e-5
         while True:
-            free = [j for j in range(n) if w[j * _WORDS + _OWNER] == 0]
+            free = [j for j in range(n) if w.load(j * _WORDS + _OWNER) == 0]
+            # only this worker takes free slots of its region, so a free slot stays free
             if free:
-                fits = [j for j in free if w[j * _WORDS + _CAP] >= nbytes]
+                fits = [j for j in free if w.load(j * _WORDS + _CAP) >= nbytes]
                 j = fits[0] if fits else free[0]
                 i = j * _WORDS
-                w[i + _OWNER] = self.pid
-                w[i + _SEQ] += 1
+                w.add(i + _SEQ, 1)
+                w.store(i + _OWNER, self.pid)
                 if not fits:
                     self._grow(j, nbytes)
                 return j, self.s.data(j)
@@ -193,30 +186,30 @@ class WorkerRing:
 
     def _grow(self, j, nbytes):
         i = j * _WORDS
-        old = f"{self.s.path}.s{j}.v{self.s.words[i + _VER]}"
+        old = f"{self.s.path}.s{j}.v{self.s.words.load(i + _VER)}"
         self.s.maps.pop(j, None)
         try:
             os.unlink(old)
         except FileNotFoundError:
             pass
-        self.s.words[i + _CAP] = -(-nbytes // _PAGE) * _PAGE
-        self.s.words[i + _VER] += 1
+        self.s.words.store(i + _CAP, -(-nbytes // _PAGE) * _PAGE)
+        self.s.words.add(i + _VER, 1)
         self.s.data(j, create=True)
 
     def give_back(self, j):
-        self.s.words[j * _WORDS + _OWNER] = 0
+        self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
 
     def handle(self, j, fields, extras):
         i = j * _WORDS
         w = self.s.words
         return RingBatch(self.main_pid, self.token, self.worker, self.s.nslots, j,
-                         w[i + _VER], w[i + _SEQ], self.pid, fields, extras)
+                         w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras)
 
     def local(self, j, fields, extras):
         """In-process iteration: the batch as tensors, no handle."""
         i = j * _WORDS
-        return _tensors(self.s.data(j), fields, extras, self.s.words, i, self.s.words[i + _SEQ],
-                        self.pid)
+        return _tensors(self.s.data(j), fields, extras, self.s.words, i,
+                        self.s.words.load(i + _SEQ), self.pid)
 
     def close(self):
         if self.s.fd is not None:
@@ -257,10 +250,11 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras)
         s = _MAIN[key] = _Slots(region_path(main_pid, token, worker), nslots, create=False)
     i = j * _WORDS
     w = s.words
-    if w[i + _OWNER] != wpid or w[i + _SEQ] != seq or w[i + _VER] != ver:
+    # the owner word changes hands atomically: a worker reclaiming the slot
+    # at the same moment either sees it held here or takes it first
+    if w.load(i + _SEQ) != seq or w.load(i + _VER) != ver or not w.cas(i + _OWNER, wpid, main_pid):
         raise RuntimeError(f"wirehead ring: slot {j} of worker {worker} was reclaimed before "
                            f"its batch arrived (worker {wpid} gone); batch dropped")
-    w[i + _OWNER] = main_pid
     return _tensors(s.data(j), fields, extras, w, i, seq, main_pid)
 
 
