@@ -48,7 +48,18 @@ class Feed:
         # generators yield the CPU to the ranks; they use what is left
         for p in self.gens:
             os.setpriority(os.PRIO_PROCESS, p.pid, 10)
-        whlib.until(lambda: self.seals() >= 1, 60, "the first seal")
+        try:
+            whlib.until(lambda: self.seals() >= 1, 60, "the first seal")
+        except TimeoutError:
+            whlib.assert_alive(self.gens + [self.mgr], "before the first seal")
+            raise AssertionError(f"no seal within 60 s; store status {self.status()}; "
+                                 f"manager says {whlib.tail(self.mgr.stderr)}") from None
+
+    def status(self):
+        try:
+            return wt.status(self.cfg)
+        except Exception as e:  # noqa: BLE001 (a diagnostic)
+            return repr(e)
 
     def seals(self):
         try:

@@ -404,7 +404,7 @@ def test_server_restart_while_everything_runs(tmp_path):
             srv.stop()
             # everyone notices the outage: the manager reports it
             whlib.wait_line(mgr.stderr, "MongoDB", 60)
-            assert all(p.poll() is None for p in procs), "a process died during the outage"
+            whlib.assert_alive(procs, "during the outage")
             srv.start()  # same port, empty
             def read_gen():
                 try:
@@ -423,7 +423,7 @@ def test_server_restart_while_everything_runs(tmp_path):
                 if newer:
                     break
                 assert time.monotonic() < deadline, "reader did not continue after restart"
-            assert all(p.poll() is None for p in procs), "a process died after the restart"
+            whlib.assert_alive(procs, "after the restart")
         finally:
             codes = [whlib.stop(p) for p in procs]
         assert codes == [0] * len(procs), f"SIGTERM exit codes {codes}"

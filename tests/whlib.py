@@ -174,6 +174,27 @@ def stop(proc, sig=signal.SIGTERM, timeout=20):
     return proc.returncode
 
 
+def tail(stream, n=8):
+    """The last n lines drained from a child's pipe so far."""
+    if stream is None:
+        return ""
+    d = _drain(stream)
+    with d.cond:
+        return "".join(d.lines[-n:])
+
+
+def assert_alive(procs, when):
+    """Fails naming each child that ended, its exit code and last stderr lines."""
+    dead = []
+    for p in procs:
+        if p.poll() is not None:
+            if p.stderr is not None:
+                _drain(p.stderr).thread.join(5)  # to its end: the last words
+            dead.append(f"{' '.join(map(str, p.args[2:3]))} pid {p.pid} exit {p.returncode}: "
+                        f"{tail(p.stderr)}")
+    assert not dead, f"a process died {when}:\n" + "\n".join(dead)
+
+
 def until(cond, timeout, what):
     """Polls cond() (a real condition) until true; bounded."""
     deadline = time.monotonic() + timeout

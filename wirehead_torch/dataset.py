@@ -54,13 +54,15 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
     try:
         try:
             return store.wait_generation(newer_than, first)
-        except _C.StoreTimeoutError:
+        except (_C.StoreTimeoutError, _C.StoreUnavailableError) as e:
+            # an outage is waited out for the whole timeout, like a slow start
             if first >= timeout:
                 raise
-            # a slow start: say early if this database holds the original's layout
-            hint = original_layout_hint(cfg)
-            if hint:
-                log.warning("wirehead reader: no generation yet%s", hint)
+            if isinstance(e, _C.StoreTimeoutError):
+                # a slow start: say early if this database holds the original's layout
+                hint = original_layout_hint(cfg)
+                if hint:
+                    log.warning("wirehead reader: no generation yet%s", hint)
         return store.wait_generation(newer_than, timeout - first)
     except _C.StoreTimeoutError:
         st = store.status()
