@@ -30,7 +30,7 @@ def main():
         assert paths and all("wirehead_torch.libs" in p for p in paths), (lib, paths)
 
     cfg = {"STORE": f"shm://wheelsmoke{os.getpid()}", "SWAP_CAP": 4, "SAMPLE": ["id", "data"],
-           "BYTE_BUDGET": "1MiB"}
+           "BYTE_BUDGET": "1MiB", "SELF_SEAL": False}  # the manager below seals
     items = [(np.array([7, i], dtype=np.int64), np.arange(64, dtype=np.float32) + i)
              for i in range(4)]
     try:
