@@ -20,6 +20,7 @@ if _os.environ.get("WIREHEAD_EXT_DIR"):
 from . import _C  # noqa: E402
 from ._C import (  # noqa: E402
     CorruptSampleError,
+    CudaError,
     GenerationGoneError,
     InvalidSampleError,
     LeaseLostError,
@@ -70,5 +71,5 @@ __all__ = [
     "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
-    "LeaseLostError", "PinLimitError",
+    "LeaseLostError", "PinLimitError", "CudaError",
 ]

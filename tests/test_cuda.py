@@ -1,0 +1,337 @@
+"""GPU-direct path (ext/wh_cuda.c) against a fake CUDA runtime built here
+(tests/fakecuda/fakecuda.c): its streams run on their own threads, copies
+happen later (slowed or held), and it records violations, so a missing
+stream wait or an early slot reuse gives wrong bytes or a recorded
+violation. No GPU is needed; the tests that need one say "GPU" when
+skipped."""
+import ctypes
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import pytest
+
+import wirehead_torch as wt
+from wirehead_torch import _C
+
+import whlib
+
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_SRC = os.path.join(HERE, "fakecuda", "fakecuda.c")
+KDLCUDA = 2
+
+
+def build_fake(out_dir):
+    """The fake runtime as a shared library, compiled with the system cc."""
+    path = os.path.join(str(out_dir), "libfakecudart.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+                    "-pthread", "-o", path, FAKE_SRC], check=True)
+    return path
+
+
+class Fake:
+    """ctypes handle on the fake runtime the extension loaded (same library,
+    same state)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path)
+        lib.fake_stream_read.restype = ctypes.c_ulonglong
+        lib.fake_stream_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                         ctypes.c_void_p]
+        lib.fake_op_done.argtypes = [ctypes.c_ulonglong]
+        for f in ("fake_drain", "fake_gate"):
+            getattr(lib, f).argtypes = [ctypes.c_void_p]
+        lib.fake_counter.restype = ctypes.c_long
+        lib.fake_counter.argtypes = [ctypes.c_char_p]
+        lib.fake_set_copy_delay_us.argtypes = [ctypes.c_long]
+        lib.fake_kind.argtypes = [ctypes.c_void_p]
+        lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+
+    def counter(self, name):
+        return self.lib.fake_counter(name.encode())
+
+    def violations(self):
+        out, buf = [], ctypes.create_string_buffer(256)
+        while self.lib.fake_violation(len(out), buf, 256):
+            out.append(buf.value.decode())
+        return out
+
+    def new_stream(self):
+        s = ctypes.c_void_p()
+        assert self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+        return s.value
+
+    def read(self, stream, ptr, nbytes):
+        """A consumer kernel on `stream` reading device bytes: (op id, buffer)."""
+        out = ctypes.create_string_buffer(nbytes)
+        op = self.lib.fake_stream_read(stream, ptr, nbytes, out)
+        assert op
+        return op, out
+
+    def done(self, op):
+        return bool(self.lib.fake_op_done(op))
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory):
+    path = build_fake(tmp_path_factory.mktemp("fakecuda"))
+    old = os.environ.get("WIREHEAD_CUDA_LIB")
+    os.environ["WIREHEAD_CUDA_LIB"] = path
+    info = _C.cuda_init(0)
+    assert info["lib"] == path, f"the extension loaded another CUDA runtime: {info}"
+    yield Fake(path)
+    if old is None:
+        os.environ.pop("WIREHEAD_CUDA_LIB", None)
+    else:
+        os.environ["WIREHEAD_CUDA_LIB"] = old
+
+
+@pytest.fixture
+def fake(fake_lib):
+    lib = fake_lib.lib
+    lib.fake_reset()
+    lib.fake_set_copy_delay_us(0)
+    yield fake_lib
+    lib.fake_hold_copies(0)
+    lib.fake_open_gate()
+    lib.fake_drain_all()
+    lib.fake_set_copy_delay_us(0)
+
+
+def tensor_of(cap, versioned=False):
+    """(data pointer, device type, device id, ndim, shape) of a DLPack capsule."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    p = get(cap, b"dltensor_versioned" if versioned else b"dltensor")
+    if versioned:
+        p += 8 + 8 + 8 + 8  # version, manager_ctx, deleter, flags
+    data = ctypes.c_void_p.from_address(p).value
+    dev_type = ctypes.c_int32.from_address(p + 8).value
+    dev_id = ctypes.c_int32.from_address(p + 12).value
+    ndim = ctypes.c_int32.from_address(p + 16).value
+    shape_p = ctypes.c_void_p.from_address(p + 24).value
+    shape = tuple(ctypes.c_int64.from_address(shape_p + 8 * i).value for i in range(ndim))
+    return data, dev_type, dev_id, ndim, shape
+
+
+def host_items(*arrays):
+    return [(a.ctypes.data, a.nbytes, _C.DTYPES[a.dtype.name], a.shape) for a in arrays]
+
+
+def run_child(code, **env):
+    """Runs code in a fresh interpreter (the runtime is loaded once per
+    process) and returns its output."""
+    e = whlib.env_for_child({k: str(v) for k, v in env.items()})
+    for k in ("WIREHEAD_CUDA_LIB", "FAKECUDA_DEVICES", "FAKECUDA_RUNTIME_VERSION",
+              "FAKECUDA_DRIVER_VERSION"):
+        if k not in env:
+            e.pop(k, None)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+PROBE = """
+import wirehead_torch as wt
+from wirehead_torch import _C
+try:
+    print(_C.cuda_init({dev}))
+except wt.CudaError as e:
+    print("CudaError:", e)
+"""
+
+
+def test_errors_name_what_is_missing(fake_lib):
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB="/nonexistent/libcudart.so.12")
+    assert "CudaError: CUDA: WIREHEAD_CUDA_LIB=/nonexistent/libcudart.so.12 cannot be loaded" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path,
+                    FAKECUDA_RUNTIME_VERSION=10020)
+    assert "version 10.2, too old (need 11.0 or newer)" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path,
+                    FAKECUDA_DRIVER_VERSION=0)
+    assert "no NVIDIA driver is installed" in out
+    out = run_child(PROBE.format(dev=1), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=1)
+    assert "CUDA: no device 1: this machine has 1 CUDA device" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=0)
+    assert "no device 0: this machine has 0 CUDA devices" in out
+    out = run_child(PROBE.format(dev=1), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=2)
+    assert "'runtime_version': 12040" in out
+
+
+def test_no_library_found_without_override():
+    # this machine has no CUDA runtime; with one (a GPU machine) the probe succeeds
+    out = run_child(PROBE.format(dev=0))
+    if "CudaError" in out:
+        assert "no CUDA runtime library is loaded or loadable" in out
+        assert "WIREHEAD_CUDA_LIB" in out
+    else:
+        assert "libcudart" in out
+
+
+def test_extension_links_no_cuda_library():
+    so = _C.__file__
+    out = subprocess.run(["ldd", so], capture_output=True, text=True, check=True).stdout
+    libs = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert not [x for x in libs if x.startswith(("libcudart", "libcuda.", "libnvrtc"))], out
+    assert "dlopen" in subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout
+
+
+def test_correct_bytes_under_a_slow_copy_engine(fake):
+    fake.lib.fake_set_copy_delay_us(3000)
+    stage = _C.CudaStage(device=0)
+    stream = fake.new_stream()
+    rng = np.random.default_rng(1)
+    sent, reads = [], []
+    for i in range(6):
+        a = rng.integers(0, 255, size=(3, 50), dtype=np.uint8)
+        b = rng.standard_normal(17).astype(np.float32)
+        arrs = stage.copy(host_items(a, b))
+        a[:] = 0  # the caller's memory is free once copy() returns
+        for arr, want in zip(arrs, (a.copy(), b)):
+            assert arr.__dlpack_device__() == (KDLCUDA, 0)
+            cap = arr.__dlpack__(stream=stream)
+            ptr, dt, di, ndim, shape = tensor_of(cap)
+            assert (dt, di, shape) == (KDLCUDA, 0, arr.shape)
+            assert fake.lib.fake_kind(ptr) == 1  # device memory
+            reads.append((fake.read(stream, ptr, arr_nbytes(arr)), cap))
+        sent.append(b)
+    fake.lib.fake_drain(stream)
+    got = [np.frombuffer(out.raw, np.float32) for (op, out), _ in reads[1::2]]
+    for g, b in zip(got, sent):
+        np.testing.assert_array_equal(g, b)
+    st = stage.stats()
+    assert st["copies"] == 6 and st["stream_waits"] == 12
+    assert fake.counter("pageable_copies") == 0 and fake.violations() == []
+    del reads
+    stage.close()
+    fake.lib.cudaStreamDestroy(stream)
+
+
+def arr_nbytes(arr):
+    n = np.dtype(arr.dtype).itemsize
+    for d in arr.shape:
+        n *= d
+    return n
+
+
+def test_consumer_stream_waits_on_the_copy(fake):
+    stage = _C.CudaStage(device=0)
+    waits = fake.counter("stream_waits")
+    for i, stream in enumerate((None, 1, 2, fake.new_stream())):
+        x = np.arange(1000, dtype=np.int64) * (i + 1)
+        fake.lib.fake_hold_copies(1)  # the copy engine has not run yet
+        (arr,) = stage.copy(host_items(x))
+        cap = arr.__dlpack__(stream=stream)
+        ptr = tensor_of(cap)[0]
+        op, out = fake.read(1 if stream is None else stream, ptr, x.nbytes)
+        assert not fake.done(op)  # held behind the copy event, not reading garbage
+        fake.lib.fake_hold_copies(0)
+        fake.lib.fake_drain_all()
+        assert fake.done(op)
+        np.testing.assert_array_equal(np.frombuffer(out.raw, np.int64), x)
+        del cap, arr
+    # one wait per export, and the refills of the reused buffer waited on its consumers
+    assert stage.stats()["stream_waits"] == 4 and fake.counter("stream_waits") - waits > 4
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    stage.close()
+
+
+def test_missing_wait_is_caught_by_the_fake(fake):
+    # the check itself: stream=-1 (the consumer synchronises itself) makes no
+    # wait, and a read racing the copy is a recorded violation
+    stage = _C.CudaStage(device=0)
+    x = np.arange(64, dtype=np.float64)
+    fake.lib.fake_hold_copies(1)
+    (arr,) = stage.copy(host_items(x))
+    cap = arr.__dlpack__(stream=-1)
+    op, out = fake.read(2, tensor_of(cap)[0], x.nbytes)
+    fake.lib.fake_drain(2)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    v = fake.violations()
+    assert len(v) == 1 and "did not wait on the copy event" in v[0]
+    assert not np.array_equal(np.frombuffer(out.raw, np.float64), x)
+    del cap
+    stage.close()
+
+
+def test_pinned_slot_reused_only_after_its_event(fake):
+    stage = _C.CudaStage(device=0)
+    fake.lib.fake_hold_copies(1)
+    xs = [np.full(4096, i, dtype=np.uint8) for i in range(3)]
+    arrs = [stage.copy(host_items(x))[0] for x in xs]
+    # copies pending: each needed its own page-locked buffer
+    assert stage.stats()["pinned_buffers"] == 3
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    more = [stage.copy(host_items(x))[0] for x in xs]
+    assert stage.stats()["pinned_buffers"] == 3  # events done: reused
+    stream = fake.new_stream()
+    for arr, x in zip(arrs + more, xs + xs):
+        cap = arr.__dlpack__(stream=stream)
+        op, out = fake.read(stream, tensor_of(cap)[0], x.nbytes)
+        fake.lib.fake_drain(stream)
+        assert out.raw == x.tobytes()
+    assert fake.violations() == []
+    assert fake.counter("host_syncs") == 0
+    stage.close()
+
+
+def test_device_buffer_reused_only_after_its_consumer(fake):
+    stage = _C.CudaStage(device=0)
+    stream = fake.new_stream()
+    a = np.full(10000, 7, dtype=np.uint8)
+    b = np.full(10000, 9, dtype=np.uint8)
+    (arr,) = stage.copy(host_items(a))
+    fake.lib.fake_gate(stream)  # the consumer's stream is busy with earlier work
+    cap = arr.__dlpack__(stream=stream)
+    ptr = tensor_of(cap)[0]
+    op, out = fake.read(stream, ptr, a.nbytes)
+    del cap, arr  # the consumer is done on the host side; its read is still queued
+    (arr2,) = stage.copy(host_items(b))
+    assert arr2.data_ptr == ptr  # the same device buffer, from the pool
+    fake.lib.fake_open_gate()
+    fake.lib.fake_drain_all()
+    assert out.raw == a.tobytes()  # the refill waited for the consumer's read
+    cap2 = arr2.__dlpack__(stream=stream)
+    op, out2 = fake.read(stream, tensor_of(cap2)[0], b.nbytes)
+    fake.lib.fake_drain(stream)
+    assert out2.raw == b.tobytes()
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    del cap2
+    stage.close()
+
+
+def test_dlpack_arguments_for_device_arrays(fake):
+    stage = _C.CudaStage(device=0)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (arr,) = stage.copy(host_items(x))
+    with pytest.raises(ValueError, match="stream=0 is ambiguous"):
+        arr.__dlpack__(stream=0)
+    with pytest.raises(ValueError, match="not a CUDA stream"):
+        arr.__dlpack__(stream=-5)
+    with pytest.raises(TypeError, match="stream must be None or an int"):
+        arr.__dlpack__(stream="1")
+    with pytest.raises(BufferError, match=r"lives on device \(2, 0\)"):
+        arr.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match="copy=True is supported for host arrays only"):
+        arr.__dlpack__(copy=True)
+    cap = arr.__dlpack__(stream=1, max_version=(1, 0), dl_device=(KDLCUDA, 0), copy=False)
+    assert "dltensor_versioned" in repr(cap)
+    ptr, dt, di, ndim, shape = tensor_of(cap, versioned=True)
+    assert (dt, di, shape) == (KDLCUDA, 0, (3, 4))
+    old = arr.__dlpack__(stream=2, max_version=(0, 8))
+    assert '"dltensor"' in repr(old)
+    op, out = fake.read(1, ptr, x.nbytes)
+    fake.lib.fake_drain(1)
+    np.testing.assert_array_equal(np.frombuffer(out.raw, np.float32).reshape(3, 4), x)
+    del cap, old
+    stage.close()
