@@ -599,6 +599,7 @@ bool wh_gpu_feed_next(wh_gpu_feed_t *f, unsigned wait_ms, wh_batch_t *out, bool 
                       bool *any_pad, wh_err_t *err) {
     *done = false;
     out->buf = NULL;
+    wh_gpu_poll(f->g); /* slots whose copies completed go back to the ring first */
     /* issue the copies of every batch already read, up to depth ahead; block
      * (up to wait_ms) only when none is queued */
     while (!f->done && f->n < f->depth) {

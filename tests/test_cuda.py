@@ -291,6 +291,7 @@ def test_device_buffer_reused_only_after_its_consumer(fake):
     a = np.full(10000, 7, dtype=np.uint8)
     b = np.full(10000, 9, dtype=np.uint8)
     (arr,) = stage.copy(host_items(a))
+    fake.lib.fake_drain_all()  # A's copy is done: only its consumer holds the buffer
     fake.lib.fake_gate(stream)  # the consumer's stream is busy with earlier work
     cap = arr.__dlpack__(stream=stream)
     ptr = tensor_of(cap)[0]
@@ -335,3 +336,194 @@ def test_dlpack_arguments_for_device_arrays(fake):
     np.testing.assert_array_equal(np.frombuffer(out.raw, np.float32).reshape(3, 4), x)
     del cap, old
     stage.close()
+
+
+# ---- WireheadLoader(device="cuda") and to_device against the fake ----
+
+N = 10
+
+
+def fill(cfg):
+    wt.WireheadGenerator((whlib.sample(4, i) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return cfg
+
+
+class Consumer:
+    """Stands in for torch.from_dlpack of a CUDA build: exports device arrays
+    for its own stream (as torch passes its current stream), reads the bytes
+    there with a fake kernel, and releases the capsule after that read, as a
+    tensor going away would. Host arrays go to the real from_dlpack."""
+
+    def __init__(self, fake, real):
+        self.fake, self.real = fake, real
+        self.stream = fake.new_stream()
+        self.exports = 0
+
+    def __call__(self, arr):
+        import torch
+        if arr.__dlpack_device__()[0] != KDLCUDA:
+            return self.real(arr)
+        cap = arr.__dlpack__(stream=self.stream)
+        ptr, _, _, _, shape = tensor_of(cap)
+        dt = np.dtype({"bool": "uint8", "bfloat16": "int16"}.get(arr.dtype, arr.dtype))
+        op, out = self.fake.read(self.stream, ptr, int(np.prod(shape)) * dt.itemsize)
+        self.fake.lib.fake_drain(self.stream)  # the test's own wait, not the loader's
+        self.exports += 1
+        del cap
+        t = torch.from_numpy(np.frombuffer(out.raw, dt).reshape(shape).copy())
+        return t.view(torch.bfloat16) if arr.dtype == "bfloat16" else t
+
+
+@pytest.fixture
+def consumer(fake, monkeypatch):
+    import torch
+    c = Consumer(fake, torch.from_dlpack)
+    monkeypatch.setattr(torch, "from_dlpack", c)
+    return c
+
+
+def check_batches(batches):
+    seen = set()
+    for b in batches:
+        for ident, data, pad in zip(b["id"], b["data"], b["is_pad"]):
+            tag, counter = whlib.check_sample(ident.numpy(), data.numpy())
+            if not pad:
+                seen.add(counter)
+    return seen
+
+
+def test_loader_device_bytes_under_a_slow_copy_engine(fake, consumer, store_cfg):
+    cfg = fill(store_cfg(swap_cap=N))
+    fake.lib.fake_set_copy_delay_us(2000)
+    loader = wt.WireheadLoader(config=cfg, batch_size=3, device="cuda:0", shuffle=True,
+                               prefetch=2)
+    for epoch in range(2):
+        batches = list(loader)
+        assert len(batches) == len(loader) == 4
+        assert check_batches(batches) == set(range(N))
+        assert all(b["is_pad"].dtype.is_floating_point is False for b in batches)
+    st = loader.stats()
+    assert st["copies"] == 8 and st["h2d_bytes"] > 8 * 3 * (256 * 4 + 16)
+    assert st["stream_waits"] == consumer.exports == 8 * 5  # id, data, is_pad, generation, position
+    assert st["copy_s"] > 0 and "wait_s" in st
+    assert fake.counter("pageable_copies") == 0  # the ring is page-locked
+    assert fake.counter("host_syncs") == 0  # no host synchronize in the steady state
+    assert fake.violations() == []
+    loader.close()
+
+
+def test_loader_ring_slot_reused_only_after_its_copy(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               prefetch=1)
+    ld = loader._loader()
+    stream = fake.new_stream()
+
+    def epoch(e):
+        ld.start(e, 0, 0)
+        got = []
+        while (b := ld.next()) is not None:
+            fields, is_pad, gens, pos, index, any_pad = b
+            assert fields[1].__dlpack_device__() == (KDLCUDA, 0)
+            caps = [fields[0].__dlpack__(stream=stream), fields[1].__dlpack__(stream=stream)]
+            reads = [fake.read(stream, tensor_of(c)[0], n) for c, n in zip(caps, (16 * 2, 1024 * 2))]
+            got.append((reads, caps, any_pad))
+        return got
+
+    fake.lib.fake_hold_copies(1)  # no copy completes while the epoch is read
+    first = epoch(0)
+    assert len(first) == 5
+    ring = ld.info()["ring"]
+    assert ring >= 5  # every slot's copy pending: none reused, the ring grew
+    assert not any(fake.done(r[0][0][0]) for r in first)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    counters = []
+    for (ids, data), caps, any_pad in first:
+        ids = np.frombuffer(ids[1].raw, np.int64).reshape(2, 2)
+        data = np.frombuffer(data[1].raw, np.float32).reshape(2, 256)
+        for i, d in zip(ids, data):
+            counters.append(whlib.check_sample(i, d)[1])
+        assert any_pad is False
+    assert counters == list(range(N))
+    del first, caps
+    second = epoch(1)  # copies complete now: slots come back, the ring stays
+    fake.lib.fake_drain_all()
+    assert ld.info()["ring"] == ring and len(second) == 5
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    del second
+    loader.close()
+
+
+def test_loader_ignore_pad_uses_the_host_flag(fake, consumer, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", shuffle=False,
+                               pad="ignore", label_fields=["id"], ignore_index=-7)
+    batches = list(loader)
+    last = batches[-1]
+    assert last["is_pad"].tolist() == [False, False, True, True]
+    assert (last["id"][2:] == -7).all() and (batches[0]["id"] != -7).all()
+    loader.close()
+
+
+def test_cpu_loader_is_untouched(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    before = fake.counter("copies"), fake.counter("event_records")
+    loader = wt.WireheadLoader(config=cfg, batch_size=3)
+    batches = list(loader)
+    assert check_batches(batches) == set(range(N))
+    assert all(b["data"].device.type == "cpu" for b in batches)
+    assert "h2d_bytes" not in loader.stats()
+    assert (fake.counter("copies"), fake.counter("event_records")) == before
+    loader.close()
+
+
+def test_to_device_moves_dataloader_batches(fake, consumer):
+    import torch
+    fake.lib.fake_set_copy_delay_us(1000)
+    ds = torch.utils.data.TensorDataset(torch.arange(40, dtype=torch.float32).reshape(10, 4),
+                                        torch.arange(10) % 2 == 0)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4)
+    out = list(wt.to_device(dl, "cuda:0"))
+    assert len(out) == 3
+    for (x, flag), (hx, hflag) in zip(out, dl):
+        assert torch.equal(x, hx) and flag.dtype == torch.bool and torch.equal(flag, hflag)
+    d = {"a": torch.ones(3, dtype=torch.bfloat16), "b": [torch.zeros(2, 2, dtype=torch.int16)],
+         "name": "x"}
+    (moved,) = list(wt.to_device([d], 0))
+    assert moved["name"] == "x" and moved["a"].dtype == torch.bfloat16
+    assert torch.equal(moved["a"], d["a"])
+    assert torch.equal(moved["b"][0], d["b"][0])
+    assert fake.violations() == [] and fake.counter("pageable_copies") == 0
+
+
+class CudaInWorker:
+    """A map-style dataset whose items try to create CUDA state in a worker."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import torch
+        try:
+            if i == 0:
+                next(wt.to_device([torch.zeros(1)], "cuda"))
+            else:
+                wt.WireheadLoader(config=self.cfg, batch_size=1, device="cuda")
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+
+
+def test_dataloader_workers_refuse_cuda(fake_lib, shm_cfg):
+    import torch
+    dl = torch.utils.data.DataLoader(CudaInWorker(shm_cfg()), num_workers=1, batch_size=None)
+    msgs = list(dl)
+    assert len(msgs) == 2
+    for what, msg in zip(("wirehead_torch.to_device", "WireheadLoader"), msgs):
+        assert msg.startswith(what) and "inside a DataLoader worker process" in msg
+        assert "must not create CUDA state" in msg

@@ -42,7 +42,8 @@ from .manager import WireheadManager  # noqa: E402
 # output="numpy"); generators, the manager and the CLI do not, so readers are
 # imported on first use and `import wirehead_torch` never imports torch.
 _LAZY = {"WireheadIterableDataset": ".iterable", "WireheadLoader": ".loader",
-         "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset"}
+         "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset",
+         "to_device": ".cuda"}
 
 
 def __getattr__(name):

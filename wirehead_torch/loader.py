@@ -41,6 +41,9 @@ class WireheadLoader:
         self.prefetch = int(prefetch)
         self.drop_last = bool(drop_last)
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            from .cuda import refuse_in_worker
+            refuse_in_worker("WireheadLoader")
         self.transform = transform
         self.cast = cast
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
@@ -82,9 +85,16 @@ class WireheadLoader:
                 prefetch=self.prefetch, drop_last=self.drop_last, world=rw[1],
                 rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                 pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
-                timeout_s=self.timeout)
+                timeout_s=self.timeout, **self._cuda_kwargs())
             self._pid = os.getpid()
         return self._ld
+
+    def _cuda_kwargs(self):
+        # device="cuda": page-locked ring, async copies on a side stream (C)
+        if self.device.type != "cuda":
+            return {}
+        from .cuda import device_index
+        return {"device": device_index(self.device)}
 
     def __iter__(self):
         # one C loader feeds one iteration: a second thread would take
@@ -118,12 +128,16 @@ class WireheadLoader:
             got = ld.next()
             if got is None:
                 break
-            fields, is_pad, gens, pos, index = got
+            fields, is_pad, gens, pos, index = got[:5]
+            # on a CUDA device from_dlpack makes the current stream wait on the
+            # batch's copy; whether it holds padding is known on the host
+            any_pad = got[5] if len(got) > 5 else None
             pad_t = torch.from_dlpack(is_pad).view(torch.bool)
             batch = {}
             for i, name in zip(o.want, o.fields):
                 t = to_output(fields[i], name, "torch", self.cast, numpy_ok=False)
-                if name in o.label_fields and o.pad == "ignore" and bool(pad_t.any()):
+                if name in o.label_fields and o.pad == "ignore" and (
+                        bool(pad_t.any()) if any_pad is None else any_pad):
                     check_ignore_fits(t.dtype, o.ignore_index, name)
                     t[pad_t] = o.ignore_index
                 batch[name] = t
@@ -132,7 +146,7 @@ class WireheadLoader:
             batch["position"] = torch.from_dlpack(pos)
             del fields, is_pad, gens, pos
             self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
-            if self.device.type != "cpu":
+            if self.device.type not in ("cpu", "cuda"):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
             if self.transform is not None:
                 batch = self.transform(batch)
