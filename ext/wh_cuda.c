@@ -529,7 +529,9 @@ void wh_gpu_exported_done(wh_buf_t *b, intptr_t stream) {
     while (i < d->ncons && d->cons_stream[i] != stream) i++;
     if (i == d->ncons && i == WH__MAX_CONSUMERS) {
         /* too many streams to track: wait for the oldest on the host instead */
+        uint64_t t0 = wh_now_mono_ns();
         wh__cu.EventSynchronize(d->cons_ev[0]);
+        g->stats.host_wait_ns += wh_now_mono_ns() - t0;
         wh__cu.EventDestroy(d->cons_ev[0]);
         memmove(d->cons_ev, d->cons_ev + 1, (WH__MAX_CONSUMERS - 1) * sizeof *d->cons_ev);
         memmove(d->cons_stream, d->cons_stream + 1, (WH__MAX_CONSUMERS - 1) * sizeof *d->cons_stream);

@@ -527,3 +527,39 @@ def test_dataloader_workers_refuse_cuda(fake_lib, shm_cfg):
     for what, msg in zip(("wirehead_torch.to_device", "WireheadLoader"), msgs):
         assert msg.startswith(what) and "inside a DataLoader worker process" in msg
         assert "must not create CUDA state" in msg
+
+
+REAL_GPU = """
+import torch, wirehead_torch as wt, json, sys
+cfg = json.loads(sys.argv[1])
+cpu = list(wt.WireheadLoader(config=cfg, batch_size=3, shuffle=False))
+gpu = wt.WireheadLoader(config=cfg, batch_size=3, shuffle=False, device="cuda")
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):  # a non-default consumer stream
+    got = [{k: v.clone() for k, v in b.items()} for b in gpu]
+torch.cuda.current_stream().wait_stream(side)
+assert len(got) == len(cpu)
+for c, g in zip(cpu, got):
+    for k in c:
+        assert g[k].device.type == "cuda", k
+        assert torch.equal(c[k], g[k].cpu()), k
+st = gpu.stats()
+assert st["h2d_bytes"] > 0 and st["copies"] == len(cpu), st
+moved = list(wt.to_device(torch.utils.data.DataLoader(torch.arange(12.0).reshape(6, 2),
+                                                      batch_size=4), "cuda"))
+assert torch.equal(torch.cat(moved).cpu(), torch.arange(12.0).reshape(6, 2))
+print("ok", st["h2d_bytes"])
+"""
+
+
+def test_real_gpu_loader_and_to_device(shm_cfg):
+    import json
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    cfg = fill(shm_cfg(swap_cap=N))
+    e = whlib.env_for_child()
+    e.pop("WIREHEAD_CUDA_LIB", None)  # the real runtime, as torch loaded it
+    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg)], env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
