@@ -8,7 +8,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import sysconfig
 
 import numpy as np
 import pytest
