@@ -168,11 +168,11 @@ def test_errors_name_what_is_missing(fake_lib):
 def test_no_library_found_without_override():
     # this machine has no CUDA runtime; with one (a GPU machine) the probe succeeds
     out = run_child(PROBE.format(dev=0))
-    if "CudaError" in out:
-        assert "no CUDA runtime library is loaded or loadable" in out
-        assert "WIREHEAD_CUDA_LIB" in out
-    else:
-        assert "libcudart" in out
+    # without a runtime the error says where it looked and how to name one;
+    # with one (torch's CUDA wheels, a GPU machine) the result or the error
+    # (no driver, no device) names the library it found
+    assert ("no CUDA runtime library is loaded or loadable" in out
+            and "WIREHEAD_CUDA_LIB" in out) or "libcudart" in out, out
 
 
 def test_extension_links_no_cuda_library():
