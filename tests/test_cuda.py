@@ -562,3 +562,11 @@ def test_real_gpu_loader_and_to_device(shm_cfg):
     r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg)], env=e,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
+
+
+def test_loader_on_a_missing_device_names_it(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda:3")
+    with pytest.raises(wt.CudaError, match="no device 3: this machine has 1 CUDA device"):
+        next(iter(loader))
+    loader.close()
