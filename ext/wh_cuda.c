@@ -201,11 +201,17 @@ void wh_cuda_host_free(void *ctx, void *p, size_t size) {
 
 enum { WH__MAX_CONSUMERS = 8 };
 
-typedef struct wh__dbuf {
+/* What the pools' buffers share: a buffer whose last reference returns it
+ * to its stage's pool. */
+typedef struct {
     wh_buf_t buf; /* first member: the release callback casts back */
     struct wh_gpu *g;
     size_t cap;
     bool busy;
+} wh__gbuf_t;
+
+typedef struct wh__dbuf {
+    wh__gbuf_t p; /* first member */
     wh__cevent_t start_ev, copy_ev; /* around the copy into this buffer */
     int ncons;                      /* consumers' release events, one per stream */
     intptr_t cons_stream[WH__MAX_CONSUMERS];
@@ -214,10 +220,7 @@ typedef struct wh__dbuf {
 } wh__dbuf_t;
 
 typedef struct wh__hbuf {
-    wh_buf_t buf;
-    struct wh_gpu *g;
-    size_t cap;
-    bool busy;
+    wh__gbuf_t p; /* first member */
     struct wh__hbuf *next;
 } wh__hbuf_t;
 
@@ -254,12 +257,12 @@ static void wh__gpu_free(wh_gpu_t *g) {
         }
         if (d->start_ev) wh__cu.EventDestroy(d->start_ev);
         if (d->copy_ev) wh__cu.EventDestroy(d->copy_ev);
-        if (d->buf.data) wh__cu.Free(d->buf.data);
+        if (d->p.buf.data) wh__cu.Free(d->p.buf.data);
         free(d);
     }
     for (wh__hbuf_t *h = g->hbufs, *n; h; h = n) {
         n = h->next;
-        wh__cu.FreeHost(h->buf.data);
+        wh__cu.FreeHost(h->p.buf.data);
         free(h);
     }
     wh__dev_leave(g->device, prev);
@@ -306,7 +309,7 @@ void wh_gpu_destroy(wh_gpu_t *g) {
     }
     for (size_t i = 0; i < n; i++) {
         wh_buf_unref(fl[i].host);
-        wh_buf_unref(&fl[i].dev->buf);
+        wh_buf_unref(&fl[i].dev->p.buf);
     }
     free(fl);
     wh__gpu_unref(g);
@@ -321,7 +324,7 @@ static void wh__poll_locked(wh_gpu_t *g, wh_buf_t **drop, size_t *ndrop) {
                                     g->inflight[k].dev->copy_ev) == WH__CUDA_SUCCESS && ms > 0)
             g->stats.copy_ns += (uint64_t)(ms * 1e6);
         drop[(*ndrop)++] = g->inflight[k].host;
-        drop[(*ndrop)++] = &g->inflight[k].dev->buf;
+        drop[(*ndrop)++] = &g->inflight[k].dev->p.buf;
         k++;
     }
     if (k) {
@@ -349,12 +352,12 @@ void wh_gpu_poll(wh_gpu_t *g) {
     free(drop);
 }
 
-static void wh__hbuf_release(wh_buf_t *b) {
-    wh__hbuf_t *h = (wh__hbuf_t *)b;
-    wh_gpu_t *g = h->g;
+static void wh__gbuf_release(wh_buf_t *b) {
+    wh__gbuf_t *x = (wh__gbuf_t *)b;
+    wh_gpu_t *g = x->g;
     pthread_mutex_lock(&g->mu);
-    h->busy = false;
-    h->buf.refs = 1;
+    x->busy = false;
+    x->buf.refs = 1;
     pthread_mutex_unlock(&g->mu);
     wh__gpu_unref(g);
 }
@@ -364,7 +367,7 @@ wh_buf_t *wh_gpu_pinned(wh_gpu_t *g, size_t size, wh_err_t *err) {
     pthread_mutex_lock(&g->mu);
     wh__hbuf_t *h = NULL;
     for (wh__hbuf_t *x = g->hbufs; x; x = x->next)
-        if (!x->busy && x->cap >= size && (!h || x->cap < h->cap)) h = x;
+        if (!x->p.busy && x->p.cap >= size && (!h || x->p.cap < h->p.cap)) h = x;
     if (!h) {
         h = calloc(1, sizeof *h);
         void *p = h ? wh_cuda_host_alloc((void *)(intptr_t)g->device, WH_ALIGN_UP(size)) : NULL;
@@ -374,65 +377,55 @@ wh_buf_t *wh_gpu_pinned(wh_gpu_t *g, size_t size, wh_err_t *err) {
             return wh_err_set(err, WH_E_CUDA, "CUDA: cannot allocate %zu bytes of page-locked "
                                               "host memory (cudaHostAlloc)", size), NULL;
         }
-        h->g = g;
-        h->cap = WH_ALIGN_UP(size);
-        h->buf.data = p;
-        h->buf.device_type = 3; /* kDLCUDAHost */
-        h->buf.device_id = 0;
-        h->buf.release = wh__hbuf_release;
-        h->buf.owner = g;
+        h->p.g = g;
+        h->p.cap = WH_ALIGN_UP(size);
+        h->p.buf.data = p;
+        h->p.buf.device_type = 3; /* kDLCUDAHost */
+        h->p.buf.device_id = 0;
+        h->p.buf.release = wh__gbuf_release;
+        h->p.buf.owner = g;
         h->next = g->hbufs;
         g->hbufs = h;
         g->stats.pinned_bufs++;
     }
-    h->busy = true;
-    h->buf.refs = 1;
-    h->buf.size = size;
+    h->p.busy = true;
+    h->p.buf.refs = 1;
+    h->p.buf.size = size;
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g->mu);
-    return &h->buf;
-}
-
-static void wh__dbuf_release(wh_buf_t *b) {
-    wh__dbuf_t *d = (wh__dbuf_t *)b;
-    wh_gpu_t *g = d->g;
-    pthread_mutex_lock(&g->mu);
-    d->busy = false;
-    d->buf.refs = 1;
-    pthread_mutex_unlock(&g->mu);
-    wh__gpu_unref(g);
+    return &h->p.buf;
 }
 
 /* A free device buffer of at least size bytes; mutex held, device entered. */
 static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
     wh__dbuf_t *d = NULL;
     for (wh__dbuf_t *x = g->dbufs; x; x = x->next)
-        if (!x->busy && x->cap >= size && x->cap <= 2 * size + 4096 && (!d || x->cap < d->cap))
+        if (!x->p.busy && x->p.cap >= size && x->p.cap <= 2 * size + 4096 && (!d || x->p.cap < d->p.cap))
             d = x;
     if (!d) {
         d = calloc(1, sizeof *d);
         if (!d) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
-        int rc = wh__cu.Malloc(&d->buf.data, WH_ALIGN_UP(size ? size : 1));
+        int rc = wh__cu.Malloc(&d->p.buf.data, WH_ALIGN_UP(size ? size : 1));
         if (rc == WH__CUDA_SUCCESS) rc = wh__cu.EventCreateWithFlags(&d->start_ev, WH__CUDA_EVENT_DEFAULT);
         if (rc == WH__CUDA_SUCCESS) rc = wh__cu.EventCreateWithFlags(&d->copy_ev, WH__CUDA_EVENT_DEFAULT);
         if (rc != WH__CUDA_SUCCESS) {
             if (d->start_ev) wh__cu.EventDestroy(d->start_ev);
-            if (d->buf.data) wh__cu.Free(d->buf.data);
+            if (d->p.buf.data) wh__cu.Free(d->p.buf.data);
             free(d);
             wh_err_set(err, WH_E_CUDA, "CUDA: cannot allocate a %zu-byte device buffer on "
                                        "device %d: %s", size, g->device, wh__cu_str(rc));
             return NULL;
         }
-        d->g = g;
-        d->cap = WH_ALIGN_UP(size ? size : 1);
-        d->buf.device_type = 2; /* kDLCUDA */
-        d->buf.device_id = g->device;
-        d->buf.release = wh__dbuf_release;
-        d->buf.owner = g;
+        d->p.g = g;
+        d->p.cap = WH_ALIGN_UP(size ? size : 1);
+        d->p.buf.device_type = 2; /* kDLCUDA */
+        d->p.buf.device_id = g->device;
+        d->p.buf.release = wh__gbuf_release;
+        d->p.buf.owner = g;
         d->next = g->dbufs;
         g->dbufs = d;
         g->stats.device_bufs++;
-        g->stats.device_bytes += d->cap;
+        g->stats.device_bytes += d->p.cap;
     }
     return d;
 }
@@ -463,7 +456,7 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
             rc = wh__cu.StreamWaitEvent(g->stream, d->cons_ev[i], 0);
         if (rc == WH__CUDA_SUCCESS) rc = wh__cu.EventRecord(d->start_ev, g->stream);
         if (rc == WH__CUDA_SUCCESS)
-            rc = wh__cu.MemcpyAsync(d->buf.data, host->data, size, WH__CUDA_MEMCPY_H2D, g->stream);
+            rc = wh__cu.MemcpyAsync(d->p.buf.data, host->data, size, WH__CUDA_MEMCPY_H2D, g->stream);
         if (rc == WH__CUDA_SUCCESS) rc = wh__cu.EventRecord(d->copy_ev, g->stream);
         if (rc != WH__CUDA_SUCCESS) {
             ok = wh__cu_fail(err, rc, "the host-to-device copy (cudaMemcpyAsync)");
@@ -471,9 +464,9 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
         }
     }
     if (d) {
-        d->busy = true;
-        d->buf.size = size;
-        d->buf.refs = 2; /* the caller's and the in-flight entry's */
+        d->p.busy = true;
+        d->p.buf.size = size;
+        d->p.buf.refs = 2; /* the caller's and the in-flight entry's */
         __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
         wh_buf_ref(host);
         g->inflight[g->ninflight++] = (wh__inflight_t){host, d, size};
@@ -482,7 +475,7 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
     }
     wh__dev_leave(g->device, prev);
     pthread_mutex_unlock(&g->mu);
-    return d ? &d->buf : NULL;
+    return d ? &d->p.buf : NULL;
 }
 
 void wh_gpu_stats(wh_gpu_t *g, wh_gpu_stats_t *out) {
@@ -508,7 +501,7 @@ bool wh_gpu_export(wh_buf_t *b, intptr_t stream, wh_err_t *err) {
     if (!wh__stream_ok(stream, err)) return false;
     if (stream == -1) return true; /* the consumer synchronises itself */
     wh__dbuf_t *d = (wh__dbuf_t *)b;
-    wh_gpu_t *g = d->g;
+    wh_gpu_t *g = d->p.g;
     int prev = wh__dev_enter(g->device);
     int rc = wh__cu.StreamWaitEvent((wh__cstream_t)stream, d->copy_ev, 0);
     wh__dev_leave(g->device, prev);
@@ -521,7 +514,7 @@ bool wh_gpu_export(wh_buf_t *b, intptr_t stream, wh_err_t *err) {
 
 void wh_gpu_exported_done(wh_buf_t *b, intptr_t stream) {
     wh__dbuf_t *d = (wh__dbuf_t *)b;
-    wh_gpu_t *g = d->g;
+    wh_gpu_t *g = d->p.g;
     if (stream == -1 || stream == 0) stream = 1; /* unknown: the legacy default stream */
     pthread_mutex_lock(&g->mu);
     int prev = wh__dev_enter(g->device);

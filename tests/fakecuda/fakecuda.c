@@ -130,27 +130,32 @@ static region_t *find_region(const void *p) {
         for (fop_t *o = s->running ? s->running : s->head; o;     \
              o = (o == s->running ? s->head : o->next))
 
+/* Reports each unfinished op of `kind` on another stream, enqueued before op,
+ * touching the device bytes [p, p + n); why: the message after the ids. */
+static void races(fstream_t *me, fop_t *op, int kind, const char *p, size_t n, const char *why) {
+    FOR_PENDING(s, o) {
+        const char *q = kind == OP_READ ? o->src : o->dst;
+        if (s != me && o->kind == kind && o->id < op->id && overlap(q, o->n, p, n))
+            violation("%s #%llu on stream %d and %s #%llu on stream %d, enqueued earlier and not "
+                      "done: %s",
+                      op->kind == OP_COPY ? "copy" : "read", (unsigned long long)op->id, me->id,
+                      kind == OP_COPY ? "copy" : "read", (unsigned long long)o->id, s->id, why);
+    }
+}
+
 static void check_before(fstream_t *me, fop_t *op) {
     if (op->kind == OP_COPY) {
         if (checksum(op->src, op->n) != op->sum)
             violation("the host buffer %p of copy #%llu changed before the copy ran (a slot "
                       "reused before its copy event completed)",
                       (const void *)op->src, (unsigned long long)op->id);
-        FOR_PENDING(s, o) {
-            if (s != me && o->kind == OP_READ && o->id < op->id && overlap(o->src, o->n, op->dst, op->n))
-                violation("copy #%llu on stream %d overwrote device bytes that read #%llu, "
-                          "enqueued earlier on stream %d, had not done yet (device memory "
-                          "reused before its consumer finished)",
-                          (unsigned long long)op->id, me->id, (unsigned long long)o->id, s->id);
-        }
+        races(me, op, OP_READ, op->dst, op->n,
+              "the copy overwrote device bytes before the read (device memory reused before "
+              "its consumer finished)");
     } else if (op->kind == OP_READ) {
-        FOR_PENDING(s, o) {
-            if (s != me && o->kind == OP_COPY && o->id < op->id && overlap(o->dst, o->n, op->src, op->n))
-                violation("read #%llu on stream %d of device bytes whose copy #%llu on stream "
-                          "%d had not completed (the consumer stream did not wait on the copy "
-                          "event)",
-                          (unsigned long long)op->id, me->id, (unsigned long long)o->id, s->id);
-        }
+        races(me, op, OP_COPY, op->src, op->n,
+              "the read saw device bytes before their copy completed (the consumer stream "
+              "did not wait on the copy event)");
     }
 }
 
@@ -398,13 +403,20 @@ API int cudaEventDestroy(void *ev) {
     return OK;
 }
 
-API int cudaEventRecord(void *ev, void *h) {
+/* Locks M and resolves h; NULL (M unlocked) for a bad stream or event. */
+static fstream_t *lock_stream(void *h, void *ev) {
     pthread_mutex_lock(&M);
     fstream_t *s = resolve(h);
     if (!s || !ev) {
         pthread_mutex_unlock(&M);
-        return ERR_INVALID_HANDLE;
+        return NULL;
     }
+    return s;
+}
+
+API int cudaEventRecord(void *ev, void *h) {
+    fstream_t *s = lock_stream(h, ev);
+    if (!s) return ERR_INVALID_HANDLE;
     fevent_t *e = ev;
     fop_t *op = enqueue(s, OP_RECORD);
     op->ev = e;
@@ -445,12 +457,8 @@ API int cudaEventElapsedTime(float *ms, void *a, void *b) {
 /* Waits on the event's record as of now; an event never recorded is a no-op. */
 API int cudaStreamWaitEvent(void *h, void *ev, unsigned flags) {
     (void)flags;
-    pthread_mutex_lock(&M);
-    fstream_t *s = resolve(h);
-    if (!s || !ev) {
-        pthread_mutex_unlock(&M);
-        return ERR_INVALID_HANDLE;
-    }
+    fstream_t *s = lock_stream(h, ev);
+    if (!s) return ERR_INVALID_HANDLE;
     fevent_t *e = ev;
     counters[C_WAITS]++;
     if (e->recorded) {
