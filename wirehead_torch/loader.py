@@ -23,7 +23,11 @@ class WireheadLoader:
     field name plus ``is_pad`` (bool), ``generation`` and ``position``
     (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
-    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order")."""
+    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order").
+
+    ``device="cuda[:N]"``: batches are assembled in page-locked memory and
+    copied ahead on a side stream; the tensors are on the device and your
+    current stream waits on their copy (README, "GPU")."""
 
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
@@ -139,7 +143,10 @@ class WireheadLoader:
                 if name in o.label_fields and o.pad == "ignore" and (
                         bool(pad_t.any()) if any_pad is None else any_pad):
                     check_ignore_fits(t.dtype, o.ignore_index, name)
-                    t[pad_t] = o.ignore_index
+                    if any_pad is None:
+                        t[pad_t] = o.ignore_index
+                    else:  # a boolean index would synchronise the device
+                        t.masked_fill_(pad_t.view(-1, *[1] * (t.dim() - 1)), o.ignore_index)
                 batch[name] = t
             batch["is_pad"] = pad_t
             batch["generation"] = torch.from_dlpack(gens)
