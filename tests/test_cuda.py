@@ -570,3 +570,42 @@ def test_loader_on_a_missing_device_names_it(fake, shm_cfg):
     with pytest.raises(wt.CudaError, match="no device 3: this machine has 1 CUDA device"):
         next(iter(loader))
     loader.close()
+
+
+def test_many_consumer_streams_fall_back_to_a_host_wait(fake):
+    # a device buffer tracks the release events of 8 streams; a 9th makes the
+    # stage wait for the oldest on the host rather than forget it
+    stage = _C.CudaStage(device=0)
+    x = np.arange(256, dtype=np.int32)
+    (arr,) = stage.copy(host_items(x))
+    streams = [fake.new_stream() for _ in range(9)]
+    outs = []
+    for s in streams:
+        cap = arr.__dlpack__(stream=s)
+        outs.append(fake.read(s, tensor_of(cap)[0], x.nbytes)[1])
+        del cap
+    fake.lib.fake_drain_all()
+    assert all(o.raw == x.tobytes() for o in outs)
+    st = stage.stats()
+    assert st["host_waits"] == 1 and st["stream_waits"] == 9
+    del arr
+    y = x + 1
+    (arr2,) = stage.copy(host_items(y))
+    cap = arr2.__dlpack__(stream=streams[0])
+    op, out = fake.read(streams[0], tensor_of(cap)[0], y.nbytes)
+    fake.lib.fake_drain_all()
+    assert out.raw == y.tobytes() and fake.violations() == []
+    del cap
+    stage.close()
+
+
+def test_second_device(fake_lib):
+    out = run_child("""
+import numpy as np
+from wirehead_torch import _C
+st = _C.CudaStage(device=1)
+x = np.arange(6, dtype=np.float64)
+(a,) = st.copy([(x.ctypes.data, x.nbytes, _C.DTYPES["float64"], x.shape)])
+print(a.__dlpack_device__(), a.shape, a.dtype)
+""", WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=2)
+    assert out.strip() == "(2, 1) (6,) float64"
