@@ -29,7 +29,8 @@ typedef enum {
     WH_E_SYS,       /* OS call failed */
     WH_E_LEASE,     /* this manager does not hold the lease (lost or expired) */
     WH_E_PINNED,    /* a view would break the pin policy: read a copy instead */
-    WH_E_INTERNAL
+    WH_E_INTERNAL,
+    WH_E_CUDA       /* CUDA runtime missing or failing (wh_cuda.c) */
 } wh_code_t;
 
 typedef struct {

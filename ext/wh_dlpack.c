@@ -4,6 +4,8 @@
 #define PY_SSIZE_T_CLEAN
 #include "wh_dlpack.h"
 
+#include "wh_cuda.h"
+
 #include <dlpack/dlpack.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +95,13 @@ typedef struct {
     wh_buf_t *buf;
     int64_t shape[WH_MAX_NDIM + 1];
     int64_t strides[WH_MAX_NDIM + 1];
+    bool gpu;        /* a device buffer of wh_cuda.c */
+    intptr_t stream; /* the consumer's stream it was exported for */
 } wh__export_t;
 
 static void wh__export_free(wh__export_t *e) {
+    /* the consumer's queued work must finish before the buffer is refilled */
+    if (e->gpu) wh_gpu_exported_done(e->buf, e->stream);
     wh_buf_unref(e->buf);
     free(e);
 }
@@ -113,6 +119,42 @@ static void wh__capsule_v1(PyObject *cap) {
         wh__managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
         if (m && m->deleter) m->deleter(m);
     }
+}
+
+/* The array API's stream argument for CUDA: None is the legacy default
+ * stream (1), 2 the per-thread default stream, -1 no synchronisation, a
+ * larger integer a cudaStream_t; 0 is ambiguous and refused. The consumer's
+ * stream is made to wait on the copy that filled the buffer. */
+static bool wh__cuda_stream(wh_buf_t *buf, PyObject *stream, intptr_t *out) {
+    long long v = 1;
+    if (stream != Py_None) {
+        if (!PyLong_Check(stream) || PyBool_Check(stream)) {
+            PyErr_Format(PyExc_TypeError, "wirehead_torch.Array.__dlpack__: stream must be None "
+                                          "or an int for a CUDA array, got %s",
+                         Py_TYPE(stream)->tp_name);
+            return false;
+        }
+        int overflow = 0;
+        v = PyLong_AsLongLongAndOverflow(stream, &overflow);
+        if (overflow > 0) v = (long long)PyLong_AsUnsignedLongLong(stream); /* a pointer above 2^63 */
+        if (PyErr_Occurred() || overflow < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "wirehead_torch.Array.__dlpack__: stream out of range");
+            return false;
+        }
+    }
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_gpu_export(buf, (intptr_t)v, &err);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_Format(err.code == WH_E_INVALID ? PyExc_ValueError : PyExc_BufferError, "%s",
+                     err.message);
+        return false;
+    }
+    *out = (intptr_t)v;
+    return true;
 }
 
 static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) {
@@ -145,6 +187,9 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
             return NULL;
         }
     }
+    intptr_t cstream = 0;
+    if (a->buf->device_type == kDLCUDA && !wh__cuda_stream(a->buf, stream, &cstream))
+        return NULL;
     wh_buf_t *src = a->buf;
     size_t src_off = a->offset;
     if (copy == Py_True) {
@@ -171,6 +216,8 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
         return PyErr_NoMemory();
     }
     e->buf = src;
+    e->gpu = a->buf->device_type == kDLCUDA;
+    e->stream = cstream;
     memcpy(e->shape, a->shape, sizeof e->shape);
     memcpy(e->strides, a->strides, sizeof e->strides);
     DLTensor *t = versioned ? &e->m.v1.dl_tensor : &e->m.v0.dl_tensor;

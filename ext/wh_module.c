@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wh_cuda.h"
 #include "wh_dlpack.h"
 #include "wh_loader.h"
 #include "wh_plan.h"
@@ -18,6 +19,7 @@ typedef struct {
         *unavail, *notfound, *lease, *pinned;
 } wh__exc_t;
 static wh__exc_t wh__exc;
+static PyObject *wh__cuda_exc; /* CudaError, made in the CUDA block */
 
 PyObject *wh_module_raise(const wh_err_t *err);
 
@@ -35,6 +37,7 @@ PyObject *wh_module_raise(const wh_err_t *err) {
     case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
     case WH_E_LEASE: cls = wh__exc.lease; break;
     case WH_E_PINNED: cls = wh__exc.pinned; break;
+    case WH_E_CUDA: cls = wh__cuda_exc ? wh__cuda_exc : cls; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
@@ -718,6 +721,245 @@ static PyType_Spec wh__store_spec = {
 };
 
 
+/* ---- CUDA (wh_cuda.c): the runtime probe and the GPU stage ---- */
+
+static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int device = 0;
+    if (!PyArg_ParseTuple(args, "|i", &device)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_cuda_init(device, &err);
+    Py_END_ALLOW_THREADS
+    if (!ok) return wh_module_raise(&err);
+    return Py_BuildValue("{sssi}", "lib", wh_cuda_lib_name(), "runtime_version",
+                         wh_cuda_runtime_version());
+}
+
+static int wh__gpu_stats_into(PyObject *d, wh_gpu_t *g) {
+    wh_gpu_stats_t st;
+    Py_BEGIN_ALLOW_THREADS
+    wh_gpu_stats(g, &st);
+    Py_END_ALLOW_THREADS
+    PyObject *x = Py_BuildValue(
+        "{sKsKsdsKsdsKsIsIsK}", "copies", (unsigned long long)st.copies, "h2d_bytes",
+        (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
+        (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
+        "stream_waits", (unsigned long long)st.stream_waits, "device_buffers", st.device_bufs,
+        "pinned_buffers", st.pinned_bufs, "device_bytes", (unsigned long long)st.device_bytes);
+    if (!x) return -1;
+    int r = PyDict_Update(d, x);
+    Py_DECREF(x);
+    return r;
+}
+
+typedef struct {
+    PyObject_HEAD
+    wh_gpu_t *g;
+    long pid;
+    pthread_mutex_t mu;
+    bool inited;
+} wh__pystage_t;
+
+static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"device", NULL};
+    int device;
+    if (self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "CudaStage already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i", kwlist, &device)) return -1;
+    wh_err_t err = {0};
+    Py_BEGIN_ALLOW_THREADS
+    self->g = wh_gpu_new(device, &err);
+    Py_END_ALLOW_THREADS
+    if (!self->g) {
+        wh_module_raise(&err);
+        return -1;
+    }
+    pthread_mutex_init(&self->mu, NULL);
+    self->pid = (long)getpid();
+    self->inited = true;
+    return 0;
+}
+
+static void wh__stage_close_g(wh__pystage_t *self) {
+    if (!self->inited) return;
+    wh_gpu_t *g;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    g = self->g;
+    self->g = NULL;
+    pthread_mutex_unlock(&self->mu);
+    if ((long)getpid() == self->pid) wh_gpu_destroy(g); /* no CUDA calls after fork */
+    Py_END_ALLOW_THREADS
+}
+
+static void wh__stage_dealloc(wh__pystage_t *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    wh__stage_close_g(self);
+    if (self->inited) pthread_mutex_destroy(&self->mu);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static bool wh__stage_ok(wh__pystage_t *self) {
+    if (!self->g) {
+        PyErr_SetString(wh__exc.value, "CudaStage is closed");
+        return false;
+    }
+    if ((long)getpid() != self->pid) {
+        PyErr_SetString(wh__cuda_exc, "CUDA: a CudaStage cannot be used after fork (DataLoader "
+                                      "workers must not create CUDA state)");
+        return false;
+    }
+    return true;
+}
+
+typedef struct {
+    const void *src;
+    size_t n, off;
+    int dtype, ndim;
+    int64_t shape[WH_MAX_NDIM + 1];
+} wh__stage_item_t;
+
+static bool wh__stage_copy_c(wh_gpu_t *g, wh__stage_item_t *it, Py_ssize_t k, size_t total,
+                             wh_buf_t **dev, wh_err_t *err) {
+    wh_buf_t *h = wh_gpu_pinned(g, total, err);
+    if (!h) return false;
+    for (Py_ssize_t i = 0; i < k; i++) memcpy((char *)h->data + it[i].off, it[i].src, it[i].n);
+    *dev = wh_gpu_copy(g, h, total, err);
+    wh_buf_unref(h); /* the stage holds it until the copy's event */
+    return *dev != NULL;
+}
+
+/* copy([(data_ptr, nbytes, dtype, shape), ...]): the host bytes (C order,
+ * alive for the call) through one page-locked buffer and one async copy;
+ * returns device Arrays. */
+static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
+    if (!wh__stage_ok(self)) return NULL;
+    PyObject *seq = PySequence_Fast(items, "copy() takes a sequence of (ptr, nbytes, dtype, shape)");
+    if (!seq) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    wh__stage_item_t *it = PyMem_Calloc(k ? (size_t)k : 1, sizeof *it);
+    PyObject *res = NULL;
+    size_t total = 0;
+    if (!it) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *ptr, *shape;
+        unsigned long long n;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "OKiO;copy() items are (ptr, "
+                              "nbytes, dtype, shape)", &ptr, &n, &it[i].dtype, &shape))
+            goto out;
+        it[i].src = PyLong_AsVoidPtr(ptr);
+        if (PyErr_Occurred()) goto out;
+        PyObject *sh = PySequence_Fast(shape, "shape must be a sequence");
+        if (!sh) goto out;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(sh);
+        uint64_t want = wh_dtype_size(it[i].dtype);
+        bool bad = want == 0 || nd > WH_MAX_NDIM + 1;
+        for (Py_ssize_t d = 0; !bad && d < nd; d++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sh, d));
+            bad = v < 0 || !wh_mul_ok(want, (uint64_t)v, &want);
+            it[i].shape[d] = v;
+        }
+        Py_DECREF(sh);
+        if (PyErr_Occurred()) goto out;
+        if (bad || want != n) {
+            PyErr_Format(wh__exc.value, "copy() item %zd: %llu bytes do not match dtype %d and "
+                                        "its shape (at most %d dims)",
+                         i, n, it[i].dtype, WH_MAX_NDIM + 1);
+            goto out;
+        }
+        it[i].ndim = (int)nd;
+        it[i].n = n;
+        it[i].off = total;
+        total += WH_ALIGN_UP(n);
+    }
+    wh_err_t err = {0};
+    wh_buf_t *dev = NULL;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    ok = self->g ? wh__stage_copy_c(self->g, it, k, total, &dev, &err)
+                 : wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        wh_module_raise(&err);
+        goto out;
+    }
+    res = PyList_New(k);
+    for (Py_ssize_t i = 0; res && i < k; i++) {
+        PyObject *a = wh_array_new(dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape);
+        if (!a) Py_CLEAR(res);
+        else PyList_SET_ITEM(res, i, a);
+    }
+    wh_buf_unref(dev);
+out:
+    PyMem_Free(it);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *wh__stage_stats(wh__pystage_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__stage_ok(self)) return NULL;
+    PyObject *d = PyDict_New();
+    if (d && wh__gpu_stats_into(d, self->g) < 0) Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *wh__stage_close(wh__pystage_t *self, PyObject *unused) {
+    (void)unused;
+    wh__stage_close_g(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef wh__stage_methods[] = {
+    {"copy", (PyCFunction)wh__stage_copy, METH_O,
+     "copy([(ptr, nbytes, dtype, shape), ...]) -> device Arrays (pinned ring, async copy)"},
+    {"stats", (PyCFunction)wh__stage_stats, METH_NOARGS, "copy counters"},
+    {"close", (PyCFunction)wh__stage_close, METH_NOARGS, "free the stage (exports stay valid)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot wh__stage_slots[] = {
+    {Py_tp_init, wh__stage_init},
+    {Py_tp_dealloc, wh__stage_dealloc},
+    {Py_tp_methods, wh__stage_methods},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "Host-to-device copies through page-locked memory on a side stream."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__stage_spec = {
+    "wirehead_torch._C.CudaStage", sizeof(wh__pystage_t), 0, Py_TPFLAGS_DEFAULT, wh__stage_slots,
+};
+
+static PyMethodDef wh__cuda_methods[] = {
+    {"cuda_init", wh__cuda_init_py, METH_VARARGS,
+     "cuda_init(device=0): load the CUDA runtime, check the device; {lib, runtime_version}"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int wh__cuda_exec(PyObject *m) {
+    PyObject *b = PyTuple_Pack(2, wh__exc.base, PyExc_RuntimeError);
+    int r = b ? PyModule_AddObject(m, "CudaError", wh__cuda_exc = PyErr_NewExceptionWithDoc(
+                "wirehead_torch.CudaError", "The CUDA runtime is missing or failed.", b, NULL))
+              : -1;
+    Py_XDECREF(b);
+    if (r < 0 || !wh__cuda_exc) return -1;
+    Py_INCREF(wh__cuda_exc);
+    PyObject *t = PyType_FromSpec(&wh__stage_spec);
+    if (!t || PyModule_AddObject(m, "CudaStage", t) < 0) return -1;
+    return PyModule_AddFunctions(m, wh__cuda_methods);
+}
+
 /* ---- Loader ---- */
 
 typedef struct {
@@ -728,25 +970,38 @@ typedef struct {
     uint32_t want;
     int nfields;
     bool inited;
+    wh_gpu_t *gpu;       /* device=N: the GPU stage, */
+    wh_gpu_feed_t *feed; /* and batches copied ahead */
 } wh__pyloader_t;
+
+/* device=N: batch memory is page-locked and a GPU stage copies it. */
+static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int device,
+                               wh_err_t *err) {
+    self->gpu = wh_gpu_new(device, err);
+    if (!self->gpu) return;
+    lc->alloc.alloc = wh_cuda_host_alloc;
+    lc->alloc.free = wh_cuda_host_free;
+    lc->alloc.ctx = (void *)(intptr_t)device;
+}
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"store", "batch", "threads", "prefetch", "drop_last", "world",
                              "rank", "shuffle", "seed", "pad", "pad_batches", "want",
-                             "refresh", "timeout_s", NULL};
+                             "refresh", "timeout_s", "device", NULL};
     PyObject *store, *want;
     unsigned int batch, threads, prefetch, world, rank;
     int drop_last, shuffle, pad, pad_batches, refresh;
     unsigned long long seed;
     double timeout_s;
+    int device = -1;
     if (self->inited) {
         PyErr_SetString(PyExc_RuntimeError, "Loader already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!IIIpIIpKipOid", kwlist, &PyDict_Type, &store,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!IIIpIIpKipOid|i", kwlist, &PyDict_Type, &store,
                                      &batch, &threads, &prefetch, &drop_last, &world, &rank,
                                      &shuffle, &seed, &pad, &pad_batches, &want, &refresh,
-                                     &timeout_s))
+                                     &timeout_s, &device))
         return -1;
     if (!(timeout_s > 0 && timeout_s < 1e6)) {
         PyErr_SetString(wh__exc.value, "READ_TIMEOUT must be a positive number of seconds below "
@@ -792,9 +1047,18 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     }
     Py_DECREF(seq);
     wh_err_t err = {0};
-    wh_loader_t *ld;
+    wh_loader_t *ld = NULL;
     Py_BEGIN_ALLOW_THREADS
-    ld = wh_loader_new(&lc, &err);
+    if (device >= 0) wh__loader_gpu_new(self, &lc, device, &err);
+    if (device < 0 || self->gpu) ld = wh_loader_new(&lc, &err);
+    if (ld && self->gpu && !(self->feed = wh_gpu_feed_new(self->gpu, ld, prefetch, &err))) {
+        wh_loader_destroy(ld);
+        ld = NULL;
+    }
+    if (!ld) {
+        wh_gpu_destroy(self->gpu);
+        self->gpu = NULL;
+    }
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
     if (!ld) {
@@ -814,6 +1078,8 @@ static void wh__loader_close_ld(wh__pyloader_t *self) {
     if (!self->inited) return;
     if ((long)getpid() != self->pid) { /* threads did not cross the fork */
         self->ld = NULL;
+        self->feed = NULL;
+        self->gpu = NULL;
         return;
     }
     wh_loader_t *ld;
@@ -822,6 +1088,10 @@ static void wh__loader_close_ld(wh__pyloader_t *self) {
     ld = self->ld;
     self->ld = NULL;
     pthread_mutex_unlock(&self->mu);
+    wh_gpu_feed_destroy(self->feed);
+    wh_gpu_destroy(self->gpu);
+    self->feed = NULL;
+    self->gpu = NULL;
     wh_loader_destroy(ld);
     Py_END_ALLOW_THREADS
 }
@@ -852,7 +1122,8 @@ static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    WH__CALL(self, ld, ok, &err, wh_loader_start(self->ld, epoch, start, gen, &err));
+    WH__CALL(self, ld, ok, &err, (self->feed ? wh_gpu_feed_reset(self->feed) : (void)0,
+                                  wh_loader_start(self->ld, epoch, start, gen, &err)));
     if (!ok) return wh_module_raise(&err);
     Py_RETURN_NONE;
 }
@@ -861,10 +1132,12 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     (void)unused;
     if (!wh__loader_ok(self)) return NULL;
     wh_batch_t b;
-    bool ok, done;
+    bool ok, done, any_pad = false;
     wh_err_t err = {0};
     for (;;) {
-        WH__CALL(self, ld, ok, &err, wh_loader_next(self->ld, 100, &b, &done, &err));
+        WH__CALL(self, ld, ok, &err,
+                 self->feed ? wh_gpu_feed_next(self->feed, 100, &b, &done, &any_pad, &err)
+                            : wh_loader_next(self->ld, 100, &b, &done, &err));
         if (!ok) return wh_module_raise(&err);
         if (done) Py_RETURN_NONE;
         if (b.buf) break;
@@ -888,7 +1161,10 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     PyObject *pad = fields ? wh_array_new(b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
     PyObject *gen = pad ? wh_array_new(b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
     PyObject *pos = gen ? wh_array_new(b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
-    if (pos) res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
+    if (pos && self->feed) /* device batches: whether padding is in, known on the host */
+        res = Py_BuildValue("(NNNNKO)", fields, pad, gen, pos, (unsigned long long)b.index,
+                            any_pad ? Py_True : Py_False);
+    else if (pos) res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
     if (!res) {
         Py_XDECREF(fields);
         Py_XDECREF(pad);
@@ -917,13 +1193,15 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     bool ok;
     WH__CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, &st, sz));
     if (!ok) return wh_module_raise(&err);
-    return Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0],
+    PyObject *d = Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0],
                          "items_per_epoch", (unsigned long long)sz[1], "batches",
                          (unsigned long long)st.batches, "items", (unsigned long long)st.items,
                          "corrupt", (unsigned long long)st.corrupt, "gone",
                          (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9,
                          "ring", st.ring, "generation", (unsigned long long)sz[2], "last_skip",
                          st.last_skip);
+    if (d && self->gpu && wh__gpu_stats_into(d, self->gpu) < 0) Py_CLEAR(d);
+    return d;
 }
 
 static PyObject *wh__loader_close(wh__pyloader_t *self, PyObject *unused) {
@@ -1286,7 +1564,7 @@ static int wh__exec(PyObject *m) {
     if (!t || PyModule_AddObject(m, "Loader", t) < 0) return -1;
     t = PyType_FromSpec(&wh__map_spec);
     if (!t || PyModule_AddObject(m, "SharedMap", t) < 0) return -1;
-    if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0) return -1;
+    if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0 || wh__cuda_exec(m) < 0) return -1;
     PyObject *d = PyDict_New();
     if (!d) return -1;
     for (int i = 1; i < WH_DT_MAX_; i++) {

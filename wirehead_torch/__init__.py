@@ -20,6 +20,7 @@ if _os.environ.get("WIREHEAD_EXT_DIR"):
 from . import _C  # noqa: E402
 from ._C import (  # noqa: E402
     CorruptSampleError,
+    CudaError,
     GenerationGoneError,
     InvalidSampleError,
     LeaseLostError,
@@ -41,7 +42,8 @@ from .manager import WireheadManager  # noqa: E402
 # output="numpy"); generators, the manager and the CLI do not, so readers are
 # imported on first use and `import wirehead_torch` never imports torch.
 _LAZY = {"WireheadIterableDataset": ".iterable", "WireheadLoader": ".loader",
-         "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset"}
+         "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset",
+         "to_device": ".cuda"}
 
 
 def __getattr__(name):
@@ -70,5 +72,5 @@ __all__ = [
     "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
-    "LeaseLostError", "PinLimitError",
+    "LeaseLostError", "PinLimitError", "CudaError",
 ]

@@ -23,7 +23,11 @@ class WireheadLoader:
     field name plus ``is_pad`` (bool), ``generation`` and ``position``
     (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
-    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order")."""
+    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order").
+
+    ``device="cuda[:N]"``: batches are assembled in page-locked memory and
+    copied ahead on a side stream; the tensors are on the device and your
+    current stream waits on their copy (README, "GPU")."""
 
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
@@ -41,6 +45,9 @@ class WireheadLoader:
         self.prefetch = int(prefetch)
         self.drop_last = bool(drop_last)
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            from .cuda import refuse_in_worker
+            refuse_in_worker("WireheadLoader")
         self.transform = transform
         self.cast = cast
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
@@ -82,9 +89,16 @@ class WireheadLoader:
                 prefetch=self.prefetch, drop_last=self.drop_last, world=rw[1],
                 rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                 pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
-                timeout_s=self.timeout)
+                timeout_s=self.timeout, **self._cuda_kwargs())
             self._pid = os.getpid()
         return self._ld
+
+    def _cuda_kwargs(self):
+        # device="cuda": page-locked ring, async copies on a side stream (C)
+        if self.device.type != "cuda":
+            return {}
+        from .cuda import device_index
+        return {"device": device_index(self.device)}
 
     def __iter__(self):
         # one C loader feeds one iteration: a second thread would take
@@ -118,21 +132,28 @@ class WireheadLoader:
             got = ld.next()
             if got is None:
                 break
-            fields, is_pad, gens, pos, index = got
+            fields, is_pad, gens, pos, index = got[:5]
+            # on a CUDA device from_dlpack makes the current stream wait on the
+            # batch's copy; whether it holds padding is known on the host
+            any_pad = got[5] if len(got) > 5 else None
             pad_t = torch.from_dlpack(is_pad).view(torch.bool)
             batch = {}
             for i, name in zip(o.want, o.fields):
                 t = to_output(fields[i], name, "torch", self.cast, numpy_ok=False)
-                if name in o.label_fields and o.pad == "ignore" and bool(pad_t.any()):
+                if name in o.label_fields and o.pad == "ignore" and (
+                        bool(pad_t.any()) if any_pad is None else any_pad):
                     check_ignore_fits(t.dtype, o.ignore_index, name)
-                    t[pad_t] = o.ignore_index
+                    if any_pad is None:
+                        t[pad_t] = o.ignore_index
+                    else:  # a boolean index would synchronise the device
+                        t.masked_fill_(pad_t.view(-1, *[1] * (t.dim() - 1)), o.ignore_index)
                 batch[name] = t
             batch["is_pad"] = pad_t
             batch["generation"] = torch.from_dlpack(gens)
             batch["position"] = torch.from_dlpack(pos)
             del fields, is_pad, gens, pos
             self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
-            if self.device.type != "cpu":
+            if self.device.type not in ("cpu", "cuda"):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
             if self.transform is not None:
                 batch = self.transform(batch)

@@ -1,0 +1,87 @@
+/* The CUDA runtime, loaded at run time with dlopen (no CUDA headers or
+ * libraries at build time: one build serves CPU-only and GPU machines), and
+ * the GPU stage built on it: page-locked host memory, async host-to-device
+ * copies on a side stream, events, and a pool of device buffers that are
+ * reused only after their consumers' work is done. */
+#ifndef WH_CUDA_H
+#define WH_CUDA_H
+
+#include "wh.h"
+#include "wh_loader.h"
+
+/* Loads the runtime once per process (WIREHEAD_CUDA_LIB names a library;
+ * otherwise a copy already in the process, e.g. torch's, then the usual
+ * sonames) and checks that `device` exists. Errors (code WH_E_CUDA) name
+ * what is missing: the library, a driver, device N, a new enough runtime. */
+bool wh_cuda_init(int device, wh_err_t *err);
+/* Path or soname of the loaded runtime and its version (e.g. 12040); NULL/0
+ * before a successful wh_cuda_init. */
+const char *wh_cuda_lib_name(void);
+int wh_cuda_runtime_version(void);
+
+/* Page-locked host memory (cudaHostAlloc) as a loader allocator hook;
+ * ctx is the device number cast to a pointer. */
+void *wh_cuda_host_alloc(void *ctx, size_t size);
+void wh_cuda_host_free(void *ctx, void *p, size_t size);
+
+/* Stream handles as the array API gives them: 1 the legacy default stream,
+ * 2 the per-thread default stream, anything else a cudaStream_t. */
+typedef uintptr_t wh_stream_t;
+
+typedef struct wh_gpu wh_gpu_t;
+
+typedef struct {
+    uint64_t copies;         /* host-to-device copies issued */
+    uint64_t h2d_bytes;      /* bytes they carried */
+    uint64_t copy_ns;        /* copy time measured by events (completed copies) */
+    uint64_t host_waits;     /* times a host thread had to wait on an event */
+    uint64_t host_wait_ns;   /* time spent there */
+    uint64_t stream_waits;   /* cudaStreamWaitEvent calls for consumers */
+    uint32_t device_bufs;    /* device buffers in the pool */
+    uint32_t pinned_bufs;    /* page-locked host buffers in the pool */
+    uint64_t device_bytes;   /* device memory held by the pool */
+} wh_gpu_stats_t;
+
+/* A stage for one device: its own non-blocking copy stream. Open it in the
+ * process that uses it (CUDA state never crosses fork). */
+wh_gpu_t *wh_gpu_new(int device, wh_err_t *err);
+/* Drops the owner's reference; device buffers still exported stay valid
+ * until released. NULL is a no-op. */
+void wh_gpu_destroy(wh_gpu_t *g);
+/* A page-locked host buffer of at least size bytes from the stage's pool
+ * (refs = 1; it returns to the pool when the last reference goes). */
+wh_buf_t *wh_gpu_pinned(wh_gpu_t *g, size_t size, wh_err_t *err);
+/* Copies host->data[0, size) to a device buffer from the pool with
+ * cudaMemcpyAsync on the copy stream; returns that buffer (refs = 1,
+ * device_type 2). The stage keeps a reference to `host` until the copy's
+ * event has completed, so a ring slot is reused only after its copy. Before
+ * the copy, the copy stream waits on the events recorded when the device
+ * buffer's previous consumers released it. */
+wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err);
+/* Drops references to host buffers whose copies completed (no waiting). */
+void wh_gpu_poll(wh_gpu_t *g);
+void wh_gpu_stats(wh_gpu_t *g, wh_gpu_stats_t *out);
+
+/* For DLPack export of a device buffer made by wh_gpu_copy: makes `stream`
+ * wait on the copy's event (stream 0 is refused as ambiguous; -1 means the
+ * consumer synchronises itself). */
+bool wh_gpu_export(wh_buf_t *b, intptr_t stream, wh_err_t *err);
+/* An export made for `stream` was released: records an event there that the
+ * next copy into this buffer waits on. */
+void wh_gpu_exported_done(wh_buf_t *b, intptr_t stream);
+
+/* A loader's batches on a device: up to `depth` batches copied ahead (their
+ * copies overlap the consumer's compute). The loader's ring must be
+ * page-locked (wh_cuda_host_alloc). */
+typedef struct wh_gpu_feed wh_gpu_feed_t;
+wh_gpu_feed_t *wh_gpu_feed_new(wh_gpu_t *g, wh_loader_t *ld, uint32_t depth, wh_err_t *err);
+/* As wh_loader_next, but out->buf is a device buffer (same offsets) and
+ * *any_pad says whether the batch holds padding (read on the host before
+ * the copy, so callers need no device sync to know). */
+bool wh_gpu_feed_next(wh_gpu_feed_t *f, unsigned wait_ms, wh_batch_t *out, bool *done,
+                      bool *any_pad, wh_err_t *err);
+/* Drops batches copied ahead (before the loader starts another epoch). */
+void wh_gpu_feed_reset(wh_gpu_feed_t *f);
+void wh_gpu_feed_destroy(wh_gpu_feed_t *f);
+
+#endif

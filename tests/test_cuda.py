@@ -1,0 +1,611 @@
+"""GPU-direct path (ext/wh_cuda.c) against a fake CUDA runtime built here
+(tests/fakecuda/fakecuda.c): its streams run on their own threads, copies
+happen later (slowed or held), and it records violations, so a missing
+stream wait or an early slot reuse gives wrong bytes or a recorded
+violation. No GPU is needed; the tests that need one say "GPU" when
+skipped."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import wirehead_torch as wt
+from wirehead_torch import _C
+
+import whlib
+
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_SRC = os.path.join(HERE, "fakecuda", "fakecuda.c")
+KDLCUDA = 2
+
+
+def build_fake(out_dir):
+    """The fake runtime as a shared library, compiled with the system cc."""
+    path = os.path.join(str(out_dir), "libfakecudart.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+                    "-pthread", "-o", path, FAKE_SRC], check=True)
+    return path
+
+
+class Fake:
+    """ctypes handle on the fake runtime the extension loaded (same library,
+    same state)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path)
+        lib.fake_stream_read.restype = ctypes.c_ulonglong
+        lib.fake_stream_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                         ctypes.c_void_p]
+        lib.fake_op_done.argtypes = [ctypes.c_ulonglong]
+        for f in ("fake_drain", "fake_gate"):
+            getattr(lib, f).argtypes = [ctypes.c_void_p]
+        lib.fake_counter.restype = ctypes.c_long
+        lib.fake_counter.argtypes = [ctypes.c_char_p]
+        lib.fake_set_copy_delay_us.argtypes = [ctypes.c_long]
+        lib.fake_kind.argtypes = [ctypes.c_void_p]
+        lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+
+    def counter(self, name):
+        return self.lib.fake_counter(name.encode())
+
+    def violations(self):
+        out, buf = [], ctypes.create_string_buffer(256)
+        while self.lib.fake_violation(len(out), buf, 256):
+            out.append(buf.value.decode())
+        return out
+
+    def new_stream(self):
+        s = ctypes.c_void_p()
+        assert self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+        return s.value
+
+    def read(self, stream, ptr, nbytes):
+        """A consumer kernel on `stream` reading device bytes: (op id, buffer)."""
+        out = ctypes.create_string_buffer(nbytes)
+        op = self.lib.fake_stream_read(stream, ptr, nbytes, out)
+        assert op
+        return op, out
+
+    def done(self, op):
+        return bool(self.lib.fake_op_done(op))
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory):
+    path = build_fake(tmp_path_factory.mktemp("fakecuda"))
+    old = os.environ.get("WIREHEAD_CUDA_LIB")
+    os.environ["WIREHEAD_CUDA_LIB"] = path
+    info = _C.cuda_init(0)
+    assert info["lib"] == path, f"the extension loaded another CUDA runtime: {info}"
+    yield Fake(path)
+    if old is None:
+        os.environ.pop("WIREHEAD_CUDA_LIB", None)
+    else:
+        os.environ["WIREHEAD_CUDA_LIB"] = old
+
+
+@pytest.fixture
+def fake(fake_lib):
+    lib = fake_lib.lib
+    lib.fake_reset()
+    lib.fake_set_copy_delay_us(0)
+    yield fake_lib
+    lib.fake_hold_copies(0)
+    lib.fake_open_gate()
+    lib.fake_drain_all()
+    lib.fake_set_copy_delay_us(0)
+
+
+def tensor_of(cap, versioned=False):
+    """(data pointer, device type, device id, ndim, shape) of a DLPack capsule."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    p = get(cap, b"dltensor_versioned" if versioned else b"dltensor")
+    if versioned:
+        p += 8 + 8 + 8 + 8  # version, manager_ctx, deleter, flags
+    data = ctypes.c_void_p.from_address(p).value
+    dev_type = ctypes.c_int32.from_address(p + 8).value
+    dev_id = ctypes.c_int32.from_address(p + 12).value
+    ndim = ctypes.c_int32.from_address(p + 16).value
+    shape_p = ctypes.c_void_p.from_address(p + 24).value
+    shape = tuple(ctypes.c_int64.from_address(shape_p + 8 * i).value for i in range(ndim))
+    return data, dev_type, dev_id, ndim, shape
+
+
+def host_items(*arrays):
+    return [(a.ctypes.data, a.nbytes, _C.DTYPES[a.dtype.name], a.shape) for a in arrays]
+
+
+def run_child(code, **env):
+    """Runs code in a fresh interpreter (the runtime is loaded once per
+    process) and returns its output."""
+    e = whlib.env_for_child({k: str(v) for k, v in env.items()})
+    for k in ("WIREHEAD_CUDA_LIB", "FAKECUDA_DEVICES", "FAKECUDA_RUNTIME_VERSION",
+              "FAKECUDA_DRIVER_VERSION"):
+        if k not in env:
+            e.pop(k, None)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+PROBE = """
+import wirehead_torch as wt
+from wirehead_torch import _C
+try:
+    print(_C.cuda_init({dev}))
+except wt.CudaError as e:
+    print("CudaError:", e)
+"""
+
+
+def test_errors_name_what_is_missing(fake_lib):
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB="/nonexistent/libcudart.so.12")
+    assert "CudaError: CUDA: WIREHEAD_CUDA_LIB=/nonexistent/libcudart.so.12 cannot be loaded" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path,
+                    FAKECUDA_RUNTIME_VERSION=10020)
+    assert "version 10.2, too old (need 11.0 or newer)" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path,
+                    FAKECUDA_DRIVER_VERSION=0)
+    assert "no NVIDIA driver is installed" in out
+    out = run_child(PROBE.format(dev=1), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=1)
+    assert "CUDA: no device 1: this machine has 1 CUDA device" in out
+    out = run_child(PROBE.format(dev=0), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=0)
+    assert "no device 0: this machine has 0 CUDA devices" in out
+    out = run_child(PROBE.format(dev=1), WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=2)
+    assert "'runtime_version': 12040" in out
+
+
+def test_no_library_found_without_override():
+    # this machine has no CUDA runtime; with one (a GPU machine) the probe succeeds
+    out = run_child(PROBE.format(dev=0))
+    # without a runtime the error says where it looked and how to name one;
+    # with one (torch's CUDA wheels, a GPU machine) the result or the error
+    # (no driver, no device) names the library it found
+    assert ("no CUDA runtime library is loaded or loadable" in out
+            and "WIREHEAD_CUDA_LIB" in out) or "libcudart" in out, out
+
+
+def test_extension_links_no_cuda_library():
+    so = _C.__file__
+    out = subprocess.run(["ldd", so], capture_output=True, text=True, check=True).stdout
+    libs = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert not [x for x in libs if x.startswith(("libcudart", "libcuda.", "libnvrtc"))], out
+    assert "dlopen" in subprocess.run(["nm", "-D", so], capture_output=True, text=True).stdout
+
+
+def test_correct_bytes_under_a_slow_copy_engine(fake):
+    fake.lib.fake_set_copy_delay_us(3000)
+    stage = _C.CudaStage(device=0)
+    stream = fake.new_stream()
+    rng = np.random.default_rng(1)
+    sent, reads = [], []
+    for i in range(6):
+        a = rng.integers(0, 255, size=(3, 50), dtype=np.uint8)
+        b = rng.standard_normal(17).astype(np.float32)
+        arrs = stage.copy(host_items(a, b))
+        a[:] = 0  # the caller's memory is free once copy() returns
+        for arr, want in zip(arrs, (a.copy(), b)):
+            assert arr.__dlpack_device__() == (KDLCUDA, 0)
+            cap = arr.__dlpack__(stream=stream)
+            ptr, dt, di, ndim, shape = tensor_of(cap)
+            assert (dt, di, shape) == (KDLCUDA, 0, arr.shape)
+            assert fake.lib.fake_kind(ptr) == 1  # device memory
+            reads.append((fake.read(stream, ptr, arr_nbytes(arr)), cap))
+        sent.append(b)
+    fake.lib.fake_drain(stream)
+    got = [np.frombuffer(out.raw, np.float32) for (op, out), _ in reads[1::2]]
+    for g, b in zip(got, sent):
+        np.testing.assert_array_equal(g, b)
+    st = stage.stats()
+    assert st["copies"] == 6 and st["stream_waits"] == 12
+    assert fake.counter("pageable_copies") == 0 and fake.violations() == []
+    del reads
+    stage.close()
+    fake.lib.cudaStreamDestroy(stream)
+
+
+def arr_nbytes(arr):
+    n = np.dtype(arr.dtype).itemsize
+    for d in arr.shape:
+        n *= d
+    return n
+
+
+def test_consumer_stream_waits_on_the_copy(fake):
+    stage = _C.CudaStage(device=0)
+    waits = fake.counter("stream_waits")
+    for i, stream in enumerate((None, 1, 2, fake.new_stream())):
+        x = np.arange(1000, dtype=np.int64) * (i + 1)
+        fake.lib.fake_hold_copies(1)  # the copy engine has not run yet
+        (arr,) = stage.copy(host_items(x))
+        cap = arr.__dlpack__(stream=stream)
+        ptr = tensor_of(cap)[0]
+        op, out = fake.read(1 if stream is None else stream, ptr, x.nbytes)
+        assert not fake.done(op)  # held behind the copy event, not reading garbage
+        fake.lib.fake_hold_copies(0)
+        fake.lib.fake_drain_all()
+        assert fake.done(op)
+        np.testing.assert_array_equal(np.frombuffer(out.raw, np.int64), x)
+        del cap, arr
+    # one wait per export, and the refills of the reused buffer waited on its consumers
+    assert stage.stats()["stream_waits"] == 4 and fake.counter("stream_waits") - waits > 4
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    stage.close()
+
+
+def test_missing_wait_is_caught_by_the_fake(fake):
+    # the check itself: stream=-1 (the consumer synchronises itself) makes no
+    # wait, and a read racing the copy is a recorded violation
+    stage = _C.CudaStage(device=0)
+    x = np.arange(64, dtype=np.float64)
+    fake.lib.fake_hold_copies(1)
+    (arr,) = stage.copy(host_items(x))
+    cap = arr.__dlpack__(stream=-1)
+    op, out = fake.read(2, tensor_of(cap)[0], x.nbytes)
+    fake.lib.fake_drain(2)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    v = fake.violations()
+    assert len(v) == 1 and "did not wait on the copy event" in v[0]
+    assert not np.array_equal(np.frombuffer(out.raw, np.float64), x)
+    del cap
+    stage.close()
+
+
+def test_pinned_slot_reused_only_after_its_event(fake):
+    stage = _C.CudaStage(device=0)
+    fake.lib.fake_hold_copies(1)
+    xs = [np.full(4096, i, dtype=np.uint8) for i in range(3)]
+    arrs = [stage.copy(host_items(x))[0] for x in xs]
+    # copies pending: each needed its own page-locked buffer
+    assert stage.stats()["pinned_buffers"] == 3
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    more = [stage.copy(host_items(x))[0] for x in xs]
+    assert stage.stats()["pinned_buffers"] == 3  # events done: reused
+    stream = fake.new_stream()
+    for arr, x in zip(arrs + more, xs + xs):
+        cap = arr.__dlpack__(stream=stream)
+        op, out = fake.read(stream, tensor_of(cap)[0], x.nbytes)
+        fake.lib.fake_drain(stream)
+        assert out.raw == x.tobytes()
+    assert fake.violations() == []
+    assert fake.counter("host_syncs") == 0
+    stage.close()
+
+
+def test_device_buffer_reused_only_after_its_consumer(fake):
+    stage = _C.CudaStage(device=0)
+    stream = fake.new_stream()
+    a = np.full(10000, 7, dtype=np.uint8)
+    b = np.full(10000, 9, dtype=np.uint8)
+    (arr,) = stage.copy(host_items(a))
+    fake.lib.fake_drain_all()  # A's copy is done: only its consumer holds the buffer
+    fake.lib.fake_gate(stream)  # the consumer's stream is busy with earlier work
+    cap = arr.__dlpack__(stream=stream)
+    ptr = tensor_of(cap)[0]
+    op, out = fake.read(stream, ptr, a.nbytes)
+    del cap, arr  # the consumer is done on the host side; its read is still queued
+    (arr2,) = stage.copy(host_items(b))
+    assert arr2.data_ptr == ptr  # the same device buffer, from the pool
+    fake.lib.fake_open_gate()
+    fake.lib.fake_drain_all()
+    assert out.raw == a.tobytes()  # the refill waited for the consumer's read
+    cap2 = arr2.__dlpack__(stream=stream)
+    op, out2 = fake.read(stream, tensor_of(cap2)[0], b.nbytes)
+    fake.lib.fake_drain(stream)
+    assert out2.raw == b.tobytes()
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    del cap2
+    stage.close()
+
+
+def test_dlpack_arguments_for_device_arrays(fake):
+    stage = _C.CudaStage(device=0)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (arr,) = stage.copy(host_items(x))
+    with pytest.raises(ValueError, match="stream=0 is ambiguous"):
+        arr.__dlpack__(stream=0)
+    with pytest.raises(ValueError, match="not a CUDA stream"):
+        arr.__dlpack__(stream=-5)
+    with pytest.raises(TypeError, match="stream must be None or an int"):
+        arr.__dlpack__(stream="1")
+    with pytest.raises(BufferError, match=r"lives on device \(2, 0\)"):
+        arr.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match="copy=True is supported for host arrays only"):
+        arr.__dlpack__(copy=True)
+    cap = arr.__dlpack__(stream=1, max_version=(1, 0), dl_device=(KDLCUDA, 0), copy=False)
+    assert "dltensor_versioned" in repr(cap)
+    ptr, dt, di, ndim, shape = tensor_of(cap, versioned=True)
+    assert (dt, di, shape) == (KDLCUDA, 0, (3, 4))
+    old = arr.__dlpack__(stream=2, max_version=(0, 8))
+    assert '"dltensor"' in repr(old)
+    op, out = fake.read(1, ptr, x.nbytes)
+    fake.lib.fake_drain(1)
+    np.testing.assert_array_equal(np.frombuffer(out.raw, np.float32).reshape(3, 4), x)
+    del cap, old
+    stage.close()
+
+
+# ---- WireheadLoader(device="cuda") and to_device against the fake ----
+
+N = 10
+
+
+def fill(cfg):
+    wt.WireheadGenerator((whlib.sample(4, i) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return cfg
+
+
+class Consumer:
+    """Stands in for torch.from_dlpack of a CUDA build: exports device arrays
+    for its own stream (as torch passes its current stream), reads the bytes
+    there with a fake kernel, and releases the capsule after that read, as a
+    tensor going away would. Host arrays go to the real from_dlpack."""
+
+    def __init__(self, fake, real):
+        self.fake, self.real = fake, real
+        self.stream = fake.new_stream()
+        self.exports = 0
+
+    def __call__(self, arr):
+        import torch
+        if arr.__dlpack_device__()[0] != KDLCUDA:
+            return self.real(arr)
+        cap = arr.__dlpack__(stream=self.stream)
+        ptr, _, _, _, shape = tensor_of(cap)
+        dt = np.dtype({"bool": "uint8", "bfloat16": "int16"}.get(arr.dtype, arr.dtype))
+        op, out = self.fake.read(self.stream, ptr, int(np.prod(shape)) * dt.itemsize)
+        self.fake.lib.fake_drain(self.stream)  # the test's own wait, not the loader's
+        self.exports += 1
+        del cap
+        t = torch.from_numpy(np.frombuffer(out.raw, dt).reshape(shape).copy())
+        return t.view(torch.bfloat16) if arr.dtype == "bfloat16" else t
+
+
+@pytest.fixture
+def consumer(fake, monkeypatch):
+    import torch
+    c = Consumer(fake, torch.from_dlpack)
+    monkeypatch.setattr(torch, "from_dlpack", c)
+    return c
+
+
+def check_batches(batches):
+    seen = set()
+    for b in batches:
+        for ident, data, pad in zip(b["id"], b["data"], b["is_pad"]):
+            tag, counter = whlib.check_sample(ident.numpy(), data.numpy())
+            if not pad:
+                seen.add(counter)
+    return seen
+
+
+def test_loader_device_bytes_under_a_slow_copy_engine(fake, consumer, store_cfg):
+    cfg = fill(store_cfg(swap_cap=N))
+    fake.lib.fake_set_copy_delay_us(2000)
+    loader = wt.WireheadLoader(config=cfg, batch_size=3, device="cuda:0", shuffle=True,
+                               prefetch=2)
+    for epoch in range(2):
+        batches = list(loader)
+        assert len(batches) == len(loader) == 4
+        assert check_batches(batches) == set(range(N))
+        assert all(b["is_pad"].dtype.is_floating_point is False for b in batches)
+    st = loader.stats()
+    assert st["copies"] == 8 and st["h2d_bytes"] > 8 * 3 * (256 * 4 + 16)
+    assert st["stream_waits"] == consumer.exports == 8 * 5  # id, data, is_pad, generation, position
+    assert st["copy_s"] > 0 and "wait_s" in st
+    assert fake.counter("pageable_copies") == 0  # the ring is page-locked
+    assert fake.counter("host_syncs") == 0  # no host synchronize in the steady state
+    assert fake.violations() == []
+    loader.close()
+
+
+def test_loader_ring_slot_reused_only_after_its_copy(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               prefetch=1)
+    ld = loader._loader()
+    stream = fake.new_stream()
+
+    def epoch(e):
+        ld.start(e, 0, 0)
+        got = []
+        while (b := ld.next()) is not None:
+            fields, is_pad, gens, pos, index, any_pad = b
+            assert fields[1].__dlpack_device__() == (KDLCUDA, 0)
+            caps = [fields[0].__dlpack__(stream=stream), fields[1].__dlpack__(stream=stream)]
+            reads = [fake.read(stream, tensor_of(c)[0], n) for c, n in zip(caps, (16 * 2, 1024 * 2))]
+            got.append((reads, caps, any_pad))
+        return got
+
+    fake.lib.fake_hold_copies(1)  # no copy completes while the epoch is read
+    first = epoch(0)
+    assert len(first) == 5
+    ring = ld.info()["ring"]
+    assert ring >= 5  # every slot's copy pending: none reused, the ring grew
+    assert not any(fake.done(r[0][0][0]) for r in first)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    counters = []
+    for (ids, data), caps, any_pad in first:
+        ids = np.frombuffer(ids[1].raw, np.int64).reshape(2, 2)
+        data = np.frombuffer(data[1].raw, np.float32).reshape(2, 256)
+        for i, d in zip(ids, data):
+            counters.append(whlib.check_sample(i, d)[1])
+        assert any_pad is False
+    assert counters == list(range(N))
+    del first, caps
+    second = epoch(1)  # copies complete now: slots come back, the ring stays
+    fake.lib.fake_drain_all()
+    assert ld.info()["ring"] == ring and len(second) == 5
+    assert fake.violations() == [] and fake.counter("host_syncs") == 0
+    del second
+    loader.close()
+
+
+def test_loader_ignore_pad_uses_the_host_flag(fake, consumer, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", shuffle=False,
+                               pad="ignore", label_fields=["id"], ignore_index=-7)
+    batches = list(loader)
+    last = batches[-1]
+    assert last["is_pad"].tolist() == [False, False, True, True]
+    assert (last["id"][2:] == -7).all() and (batches[0]["id"] != -7).all()
+    loader.close()
+
+
+def test_cpu_loader_is_untouched(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    before = fake.counter("copies"), fake.counter("event_records")
+    loader = wt.WireheadLoader(config=cfg, batch_size=3)
+    batches = list(loader)
+    assert check_batches(batches) == set(range(N))
+    assert all(b["data"].device.type == "cpu" for b in batches)
+    assert "h2d_bytes" not in loader.stats()
+    assert (fake.counter("copies"), fake.counter("event_records")) == before
+    loader.close()
+
+
+def test_to_device_moves_dataloader_batches(fake, consumer):
+    import torch
+    fake.lib.fake_set_copy_delay_us(1000)
+    ds = torch.utils.data.TensorDataset(torch.arange(40, dtype=torch.float32).reshape(10, 4),
+                                        torch.arange(10) % 2 == 0)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4)
+    out = list(wt.to_device(dl, "cuda:0"))
+    assert len(out) == 3
+    for (x, flag), (hx, hflag) in zip(out, dl):
+        assert torch.equal(x, hx) and flag.dtype == torch.bool and torch.equal(flag, hflag)
+    d = {"a": torch.ones(3, dtype=torch.bfloat16), "b": [torch.zeros(2, 2, dtype=torch.int16)],
+         "name": "x"}
+    (moved,) = list(wt.to_device([d], 0))
+    assert moved["name"] == "x" and moved["a"].dtype == torch.bfloat16
+    assert torch.equal(moved["a"], d["a"])
+    assert torch.equal(moved["b"][0], d["b"][0])
+    assert fake.violations() == [] and fake.counter("pageable_copies") == 0
+
+
+class CudaInWorker:
+    """A map-style dataset whose items try to create CUDA state in a worker."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import torch
+        try:
+            if i == 0:
+                next(wt.to_device([torch.zeros(1)], "cuda"))
+            else:
+                wt.WireheadLoader(config=self.cfg, batch_size=1, device="cuda")
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+
+
+def test_dataloader_workers_refuse_cuda(fake_lib, shm_cfg):
+    import torch
+    dl = torch.utils.data.DataLoader(CudaInWorker(shm_cfg()), num_workers=1, batch_size=None)
+    msgs = list(dl)
+    assert len(msgs) == 2
+    for what, msg in zip(("wirehead_torch.to_device", "WireheadLoader"), msgs):
+        assert msg.startswith(what) and "inside a DataLoader worker process" in msg
+        assert "must not create CUDA state" in msg
+
+
+REAL_GPU = """
+import torch, wirehead_torch as wt, json, sys
+cfg = json.loads(sys.argv[1])
+cpu = list(wt.WireheadLoader(config=cfg, batch_size=3, shuffle=False))
+gpu = wt.WireheadLoader(config=cfg, batch_size=3, shuffle=False, device="cuda")
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):  # a non-default consumer stream
+    got = [{k: v.clone() for k, v in b.items()} for b in gpu]
+torch.cuda.current_stream().wait_stream(side)
+assert len(got) == len(cpu)
+for c, g in zip(cpu, got):
+    for k in c:
+        assert g[k].device.type == "cuda", k
+        assert torch.equal(c[k], g[k].cpu()), k
+st = gpu.stats()
+assert st["h2d_bytes"] > 0 and st["copies"] == len(cpu), st
+moved = list(wt.to_device(torch.utils.data.DataLoader(torch.arange(12.0).reshape(6, 2),
+                                                      batch_size=4), "cuda"))
+assert torch.equal(torch.cat(moved).cpu(), torch.arange(12.0).reshape(6, 2))
+print("ok", st["h2d_bytes"])
+"""
+
+
+def test_real_gpu_loader_and_to_device(shm_cfg):
+    import json
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    cfg = fill(shm_cfg(swap_cap=N))
+    e = whlib.env_for_child()
+    e.pop("WIREHEAD_CUDA_LIB", None)  # the real runtime, as torch loaded it
+    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg)], env=e,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
+
+
+def test_loader_on_a_missing_device_names_it(fake, shm_cfg):
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda:3")
+    with pytest.raises(wt.CudaError, match="no device 3: this machine has 1 CUDA device"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_many_consumer_streams_fall_back_to_a_host_wait(fake):
+    # a device buffer tracks the release events of 8 streams; a 9th makes the
+    # stage wait for the oldest on the host rather than forget it
+    stage = _C.CudaStage(device=0)
+    x = np.arange(256, dtype=np.int32)
+    (arr,) = stage.copy(host_items(x))
+    streams = [fake.new_stream() for _ in range(9)]
+    outs = []
+    for s in streams:
+        cap = arr.__dlpack__(stream=s)
+        outs.append(fake.read(s, tensor_of(cap)[0], x.nbytes)[1])
+        del cap
+    fake.lib.fake_drain_all()
+    assert all(o.raw == x.tobytes() for o in outs)
+    st = stage.stats()
+    assert st["host_waits"] == 1 and st["stream_waits"] == 9
+    del arr
+    y = x + 1
+    (arr2,) = stage.copy(host_items(y))
+    cap = arr2.__dlpack__(stream=streams[0])
+    op, out = fake.read(streams[0], tensor_of(cap)[0], y.nbytes)
+    fake.lib.fake_drain_all()
+    assert out.raw == y.tobytes() and fake.violations() == []
+    del cap
+    stage.close()
+
+
+def test_second_device(fake_lib):
+    out = run_child("""
+import numpy as np
+from wirehead_torch import _C
+st = _C.CudaStage(device=1)
+x = np.arange(6, dtype=np.float64)
+(a,) = st.copy([(x.ctypes.data, x.nbytes, _C.DTYPES["float64"], x.shape)])
+print(a.__dlpack_device__(), a.shape, a.dtype)
+""", WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=2)
+    assert out.strip() == "(2, 1) (6,) float64"
