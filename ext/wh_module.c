@@ -1235,15 +1235,22 @@ static PyType_Spec wh__loader_spec = {
 
 /* ---- sample order (wh_plan) ---- */
 
-static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, unsigned long long *a,
-                           unsigned long long *b, unsigned long long *c) {
-    static char *kwlist[] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
-                             "shuffle", "seed", "pad", "a", "b", "c", NULL};
+/* The plan's keywords, then up to 3 optional integers named by extra
+ * (NULL-terminated; the plan functions each take their own). */
+static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, const char *const *extra,
+                           unsigned long long *a, unsigned long long *b, unsigned long long *c) {
+    char *kwlist[13] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
+                        "shuffle", "seed", "pad", NULL, NULL, NULL, NULL};
+    char fmt[16] = "IIIIIIpKi|";
+    for (int i = 0; extra && extra[i] && i < 3; i++) {
+        kwlist[9 + i] = (char *)extra[i];
+        strcat(fmt, "K");
+    }
     int shuffle = 0;
     memset(p, 0, sizeof *p);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "IIIIIIpKi|KKK", kwlist, &p->swap_cap, &p->world,
-                                     &p->rank, &p->workers, &p->worker, &p->batch, &shuffle,
-                                     &p->seed, &p->pad, a, b, c))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &p->swap_cap, &p->world, &p->rank,
+                                     &p->workers, &p->worker, &p->batch, &shuffle, &p->seed,
+                                     &p->pad, a, b, c))
         return false;
     p->shuffle = shuffle;
     wh_err_t err = {0};
@@ -1258,19 +1265,19 @@ static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, unsigned 
 static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
     (void)m;
     wh_plan_t p;
-    unsigned long long a = 0, b = 0, c = 0;
-    if (!wh__parse_plan(args, kw, &p, &a, &b, &c)) return NULL;
+    if (!wh__parse_plan(args, kw, &p, NULL, NULL, NULL, NULL)) return NULL;
     return Py_BuildValue("{sKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
                          "rank_items", (unsigned long long)wh_plan_rank_items(&p),
                          "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0));
 }
 
-/* plan_items(plan..., a=epoch, b=start, c=stop) -> (positions bytes int64, is_pad bytes uint8). */
+/* plan_items(plan..., epoch=0, start=0, stop=all) -> (positions bytes int64, is_pad bytes uint8). */
 static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
     (void)m;
     wh_plan_t p;
+    static const char *const names[] = {"epoch", "start", "stop", NULL};
     unsigned long long epoch = 0, start = 0, stop = UINT64_MAX;
-    if (!wh__parse_plan(args, kw, &p, &epoch, &start, &stop)) return NULL;
+    if (!wh__parse_plan(args, kw, &p, names, &epoch, &start, &stop)) return NULL;
     uint64_t steps = wh_plan_steps(&p);
     if (stop > steps) stop = steps;
     if (start > stop) start = stop;
@@ -1296,12 +1303,13 @@ static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
     return Py_BuildValue("(NN)", pos, pad);
 }
 
-/* plan_resume_step(plan..., a=batches_consumed) -> this worker's first step. */
+/* plan_resume_step(plan..., consumed=batches) -> this worker's first step. */
 static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
     (void)m;
     wh_plan_t p;
-    unsigned long long consumed = 0, b = 0, c = 0;
-    if (!wh__parse_plan(args, kw, &p, &consumed, &b, &c)) return NULL;
+    static const char *const names[] = {"consumed", NULL};
+    unsigned long long consumed = 0;
+    if (!wh__parse_plan(args, kw, &p, names, &consumed, NULL, NULL)) return NULL;
     return PyLong_FromUnsignedLongLong(wh_plan_resume_step(&p, consumed));
 }
 
@@ -1510,9 +1518,9 @@ static PyMethodDef wh__module_methods[] = {
     {"plan_info", (PyCFunction)(void (*)(void))wh__plan_info, METH_VARARGS | METH_KEYWORDS,
      "steps per worker, items and batches per rank"},
     {"plan_items", (PyCFunction)(void (*)(void))wh__plan_items, METH_VARARGS | METH_KEYWORDS,
-     "positions and padding flags of steps [b, c) of epoch a"},
+     "positions and padding flags of steps [start, stop) of an epoch"},
     {"plan_resume_step", (PyCFunction)(void (*)(void))wh__plan_resume,
-     METH_VARARGS | METH_KEYWORDS, "first step of this worker after a batches were consumed"},
+     METH_VARARGS | METH_KEYWORDS, "first step of this worker after `consumed` batches"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {NULL, NULL, 0, NULL},
 };

@@ -142,11 +142,11 @@ def plan_positions(cfg, kind, rank, epoch, steps):
     DataLoader hands batch i out from worker i mod WORKERS."""
     o = Order(resolve(cfg), None, True, SEED, "repeat", -100, None, "epoch", rank, WORLD)
     if kind == "loader":
-        pos, pad = _C.plan_items(**o.plan(0, 0, BATCH), a=epoch, b=0, c=1 << 40)
+        pos, pad = _C.plan_items(**o.plan(0, 0, BATCH), epoch=epoch)
         return [(p, bool(x)) for p, x in zip(memoryview(pos).cast("q"), pad)][:steps * BATCH]
     per_worker = []
     for w in range(WORKERS):
-        pos, pad = _C.plan_items(**o.plan(WORKERS, w, BATCH), a=epoch, b=0, c=1 << 40)
+        pos, pad = _C.plan_items(**o.plan(WORKERS, w, BATCH), epoch=epoch)
         per_worker.append([(p, bool(x)) for p, x in zip(memoryview(pos).cast("q"), pad)])
     seq = []
     for i in range(steps):

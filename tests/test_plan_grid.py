@@ -17,7 +17,7 @@ def plan(n, world, rank, workers, worker, batch, pad="repeat", shuffle=True, see
 
 
 def items(p, epoch):
-    pos, pad = _C.plan_items(**p, a=epoch)
+    pos, pad = _C.plan_items(**p, epoch=epoch)
     return list(memoryview(pos).cast("q")), [bool(x) for x in pad]
 
 

@@ -45,7 +45,7 @@ def plan(cfg, epoch):
     o = Order(resolve(cfg), None, True, SEED, "repeat", -100, None, "epoch", 0, 1)
     per_worker = []
     for w in range(WORKERS):
-        pos, pad = _C.plan_items(**o.plan(WORKERS, w, BATCH), a=epoch, b=0, c=1 << 40)
+        pos, pad = _C.plan_items(**o.plan(WORKERS, w, BATCH), epoch=epoch)
         per_worker.append([(p, bool(x)) for p, x in zip(memoryview(pos).cast("q"), pad)])
     steps = len(per_worker[0])
     seq = []

@@ -209,7 +209,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             # later iterations of this worker go on from the resumed epoch
             sh[_COUNTS + worker] = max(epoch - sh[_BASE] + 1, 1)
         elif count == 0 and sh[_RESUME] >= 0:
-            start = _C.plan_resume_step(**plan, a=sh[_RESUME])
+            start = _C.plan_resume_step(**plan, consumed=sh[_RESUME])
             gen = sh[_RESUME_GEN]
         steps = self._steps(workers)
         if self.batches:
@@ -224,7 +224,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         gen = gen or newest
         if worker == 0:
             self._shared[_GEN] = gen
-        positions, pads = _C.plan_items(**plan, a=epoch, b=start, c=steps)
+        positions, pads = _C.plan_items(**plan, epoch=epoch, start=start, stop=steps)
         return store, gen, memoryview(positions).cast("q"), pads
 
     def _items(self, plan, epoch, start, steps, gen, worker, views=False):
