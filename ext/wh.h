@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WH_FORMAT_VERSION 1
+/* 2: a sample's header records its generation and position */
+#define WH_FORMAT_VERSION 2
 #define WH_MAX_FIELDS 16
 #define WH_MAX_NDIM 8
 #define WH_MAX_NAME 64

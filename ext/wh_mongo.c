@@ -925,9 +925,11 @@ static bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned
 
     uint64_t pos = 0;
     ok = wh__claim(m, c, &pos, err);
-    if (ok && pos < st->cfg.swap_cap)
+    if (ok && pos < st->cfg.swap_cap) {
+        wh_sample_set_place(m->buf, &meta, w, (uint32_t)pos);
         ok = wh__insert_manifest(m, mc, (uint32_t)pos, sid, nchunks, len, cb, m->buf, hlen,
                                  &accepted, err);
+    }
     /* Counter past the end (or our slot taken): fill a hole left by a
      * generator that died between counter and manifest, if any. */
     for (int tries = 0; ok && !accepted && tries < WH__REPAIR_TRIES; tries++) {
@@ -935,6 +937,7 @@ static bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned
         uint64_t nholes = 0;
         ok = wh__find_hole(m, mc, &hole, &nholes, err);
         if (!ok || nholes == 0) break;
+        wh_sample_set_place(m->buf, &meta, w, hole);
         ok = wh__insert_manifest(m, mc, hole, sid, nchunks, len, cb, m->buf, hlen, &accepted,
                                  err);
     }
@@ -1221,7 +1224,7 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
         bson_destroy(&man);
         return wh__corrupt(gen, pos, err, "manifest lacks s, k, z, b or h");
     }
-    if (!wh_sample_decode_meta(hdr, hlen, schema, &meta, err)) {
+    if (!wh_sample_decode_meta(hdr, hlen, schema, gen, pos, &meta, err)) {
         bson_destroy(&man);
         return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
     }

@@ -155,12 +155,26 @@ static uint64_t wh__get_u64(const unsigned char *p) {
     return v;
 }
 
-static uint64_t wh__header_hash(const unsigned char *b, uint64_t header_size) {
+/* Header offsets (little-endian fields). */
+enum { WH__H_VER = 4, WH__H_NF = 6, WH__H_SCHEMA = 8, WH__H_TOTAL = 16, WH__H_HSIZE = 24,
+       WH__H_SUM = 32, WH__H_GEN = 40, WH__H_POS = 48 };
+
+/* XXH3 of the header and descriptors, all but the checksum field itself.
+ * Format version 1 left bytes 40..63 out. */
+static uint64_t wh__header_hash(const unsigned char *b, uint64_t header_size, unsigned version) {
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
-    XXH3_64bits_update(&st, b, 32);
-    XXH3_64bits_update(&st, b + WH_SAMPLE_HDR_SIZE, header_size - WH_SAMPLE_HDR_SIZE);
+    XXH3_64bits_update(&st, b, WH__H_SUM);
+    uint64_t from = version == 1 ? WH_SAMPLE_HDR_SIZE : WH__H_GEN;
+    XXH3_64bits_update(&st, b + from, header_size - from);
     return XXH3_64bits_digest(&st);
+}
+
+void wh_sample_set_place(void *buf, const wh_sample_meta_t *meta, uint64_t gen, uint32_t pos) {
+    unsigned char *b = buf;
+    wh__put_u64(b + WH__H_GEN, gen);
+    wh__put_u64(b + WH__H_POS, pos);
+    wh__put_u64(b + WH__H_SUM, wh__header_hash(b, meta->header_size, WH_FORMAT_VERSION));
 }
 
 bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
@@ -199,11 +213,11 @@ bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
     uint32_t magic = WH_SAMPLE_MAGIC;
     uint16_t ver = WH_FORMAT_VERSION, nf = (uint16_t)meta->nfields;
     memcpy(b, &magic, 4);
-    memcpy(b + 4, &ver, 2);
-    memcpy(b + 6, &nf, 2);
-    wh__put_u64(b + 8, s->hash);
-    wh__put_u64(b + 16, meta->total_size);
-    wh__put_u64(b + 24, meta->header_size);
+    memcpy(b + WH__H_VER, &ver, 2);
+    memcpy(b + WH__H_NF, &nf, 2);
+    wh__put_u64(b + WH__H_SCHEMA, s->hash);
+    wh__put_u64(b + WH__H_TOTAL, meta->total_size);
+    wh__put_u64(b + WH__H_HSIZE, meta->header_size);
     for (int i = 0; i < meta->nfields; i++) {
         const wh_field_meta_t *f = &meta->f[i];
         unsigned char *d = b + WH_SAMPLE_HDR_SIZE + (size_t)i * WH_SAMPLE_DESC_SIZE;
@@ -214,12 +228,13 @@ bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
         wh__put_u64(d + 80, f->nbytes);
         wh__put_u64(d + 88, f->checksum);
     }
-    wh__put_u64(b + 32, wh__header_hash(b, meta->header_size));
+    /* place 0/0 until the store commits it (wh_sample_set_place) */
+    wh__put_u64(b + WH__H_SUM, wh__header_hash(b, meta->header_size, WH_FORMAT_VERSION));
     return true;
 }
 
-bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s,
-                           wh_sample_meta_t *meta, wh_err_t *err) {
+bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, uint64_t gen,
+                           uint32_t pos, wh_sample_meta_t *meta, wh_err_t *err) {
     const unsigned char *b = buf;
     memset(meta, 0, sizeof *meta);
     if (len < WH_SAMPLE_HDR_SIZE)
@@ -228,25 +243,38 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s,
     uint32_t magic;
     uint16_t ver, nf;
     memcpy(&magic, b, 4);
-    memcpy(&ver, b + 4, 2);
-    memcpy(&nf, b + 6, 2);
+    memcpy(&ver, b + WH__H_VER, 2);
+    memcpy(&nf, b + WH__H_NF, 2);
     if (magic != WH_SAMPLE_MAGIC)
         return wh_err_set(err, WH_E_CORRUPT, "not a wirehead sample (bad magic)");
+    if (nf < 1 || nf > WH_MAX_FIELDS)
+        return wh_err_set(err, WH_E_CORRUPT, "sample header claims %u fields", nf);
+    uint64_t hsize = WH_ALIGN_UP((uint64_t)WH_SAMPLE_HDR_SIZE + (uint64_t)nf * WH_SAMPLE_DESC_SIZE);
+    if (wh__get_u64(b + WH__H_HSIZE) != hsize || len < hsize)
+        return wh_err_set(err, WH_E_CORRUPT, "sample header size wrong or truncated");
+    /* the checksum before anything it covers: a flipped bit in the version
+     * or schema is damage (a skipped sample), not a change of format */
+    uint64_t sum = wh__get_u64(b + WH__H_SUM);
+    if (sum != wh__header_hash(b, hsize, WH_FORMAT_VERSION) &&
+        !(ver == 1 && sum == wh__header_hash(b, hsize, 1)))
+        return wh_err_set(err, WH_E_CORRUPT, "sample header checksum mismatch");
     if (ver != WH_FORMAT_VERSION)
         return wh_err_set(err, WH_E_SCHEMA,
                           "sample format version %u, this build reads version %d", ver,
                           WH_FORMAT_VERSION);
-    if (nf != s->nfields || wh__get_u64(b + 8) != s->hash)
+    if (nf != s->nfields || wh__get_u64(b + WH__H_SCHEMA) != s->hash)
         return wh_err_set(err, WH_E_SCHEMA,
                           "sample was written with another SAMPLE schema (%u fields)", nf);
-    uint64_t hsize = WH_ALIGN_UP((uint64_t)WH_SAMPLE_HDR_SIZE + (uint64_t)nf * WH_SAMPLE_DESC_SIZE);
-    uint64_t total = wh__get_u64(b + 16);
+    meta->gen = wh__get_u64(b + WH__H_GEN);
+    uint64_t p = wh__get_u64(b + WH__H_POS);
+    if (meta->gen != gen || p != pos)
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "the sample found there was stored at generation %llu position %llu",
+                          (unsigned long long)meta->gen, (unsigned long long)p);
+    meta->pos = (uint32_t)p;
+    uint64_t total = wh__get_u64(b + WH__H_TOTAL);
     if (total > WH_SAMPLE_MAX_BYTES) /* also keeps every aligned offset below from wrapping */
         return wh_err_set(err, WH_E_CORRUPT, "sample claims %llu bytes", (unsigned long long)total);
-    if (wh__get_u64(b + 24) != hsize || len < hsize)
-        return wh_err_set(err, WH_E_CORRUPT, "sample header size wrong or truncated");
-    if (wh__get_u64(b + 32) != wh__header_hash(b, hsize))
-        return wh_err_set(err, WH_E_CORRUPT, "sample header checksum mismatch");
     uint64_t off = hsize;
     meta->nfields = nf;
     meta->header_size = hsize;

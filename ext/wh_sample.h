@@ -2,7 +2,8 @@
  * field's bytes (C-contiguous, 64-byte aligned from the sample start).
  *
  *   header   64 bytes  magic, format version, nfields, schema hash,
- *                      total size, header checksum
+ *                      total size, header size, header checksum,
+ *                      generation and position the sample was stored at
  *   desc[n]  96 bytes  dtype, ndim, shape[8], offset, nbytes, XXH3 checksum
  *   data               field 0 at desc[0].offset, ...
  *
@@ -39,6 +40,8 @@ typedef struct {
 
 typedef struct {
     int nfields;
+    uint64_t gen;        /* where the sample was stored (wh_sample_set_place) */
+    uint32_t pos;
     uint64_t total_size; /* header + descriptors + data, padded */
     uint64_t header_size; /* header + descriptors, padded to WH_ALIGN */
     wh_field_meta_t f[WH_MAX_FIELDS];
@@ -58,15 +61,22 @@ bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
                       const wh_array_t *arr, wh_sample_meta_t *meta, bool fault_point,
                       wh_err_t *err);
 
+/* Records in an encoded sample's header the generation and position it is
+ * committed at, and re-hashes the header (the data is untouched). */
+void wh_sample_set_place(void *buf, const wh_sample_meta_t *meta, uint64_t gen, uint32_t pos);
+
 /* Parses and validates the header and descriptors of an encoded sample held
  * in len readable bytes (len may cover only the header, see below):
- * magic, version, schema hash, header checksum, dtype codes, ndim, that
+ * magic, header checksum, version, schema hash, the place the sample
+ * records (it must be generation gen, position pos: an index pointing at
+ * another sample reads as corrupt), dtype codes, ndim, that
  * nbytes == prod(shape) * itemsize, that offsets are aligned, ordered and
  * within total_size. If len < total_size only the header part is required
- * to be present (for chunked stores). WH_E_SCHEMA on another version or
- * schema, WH_E_CORRUPT on anything else. */
-bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s,
-                           wh_sample_meta_t *meta, wh_err_t *err);
+ * to be present (for chunked stores). The checksum is checked first, so
+ * damage is WH_E_CORRUPT; WH_E_SCHEMA only for an intact header of
+ * another format version or schema. */
+bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, uint64_t gen,
+                           uint32_t pos, wh_sample_meta_t *meta, wh_err_t *err);
 
 /* XXH3 of a field's bytes compared with its descriptor: WH_E_CORRUPT on
  * mismatch, naming the field. */

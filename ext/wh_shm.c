@@ -650,6 +650,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     bool commit = mine && ok && wh__ld(&sl->gen) == gen && sl->count < s->swap_cap;
     if (mine) wh__end_writer(sl, wi, commit);
     if (commit) {
+        wh_sample_set_place(dst, &meta, gen, sl->count); /* before the commit point */
         wh__entry_t *e = &wh__index(s, slot)[sl->count];
         e->off = off;
         e->size = size;
@@ -841,7 +842,8 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     wh_sample_meta_t meta;
     const char *src = wh__data(s, slot) + (e.off <= s->slot_bytes ? e.off : 0);
     if (e.off > s->slot_bytes || e.size > s->slot_bytes - e.off ||
-        !wh_sample_decode_meta(src, e.size, schema, &meta, err) || meta.total_size != e.size) {
+        !wh_sample_decode_meta(src, e.size, schema, gen, pos, &meta, err) ||
+        meta.total_size != e.size) {
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
         if (err && err->code != WH_E_CORRUPT && err->code != WH_E_SCHEMA)
@@ -979,7 +981,7 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
         ok = wh_err_set(err, WH_E_CORRUPT, "index entry out of bounds");
     } else {
         src += e.off;
-        ok = wh_sample_decode_meta(src, e.size, &st->cfg.schema, &meta, err) &&
+        ok = wh_sample_decode_meta(src, e.size, &st->cfg.schema, gen, pos, &meta, err) &&
              (meta.total_size == e.size ||
               wh_err_set(err, WH_E_CORRUPT, "sample size differs from its index entry"));
         for (int i = 0; ok && st->cfg.verify_reads && i < meta.nfields; i++)

@@ -456,7 +456,7 @@ def test_bad_data_reads_as_corrupt_with_a_reason(mongo_cfg, server):
         # 2: a wrong dtype code (header checksum recomputed: only the code is wrong)
         h = bytearray(unbinary(m[2]["h"]))
         h[64 + 96] = 42  # field 1's dtype
-        h[32:40] = _xxh3(bytes(h[:32] + h[64:])).to_bytes(8, "little")
+        h[32:40] = _xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
         rc.update(db, man, {"_id": 2}, {"$set": {"h": binary(h)}})
         # 3: a missing chunk
         rc.command(db, {"delete": chunks, "deletes": [

@@ -462,13 +462,13 @@ static void test_bounded_and_gone(void) {
     wh_store_destroy(st);
 }
 
-/* XXH3 header hash as wh_sample.c computes it: bytes [0,32) and the
- * descriptors, skipping the hash field itself. */
+/* XXH3 header hash as wh_sample.c computes it: the header and
+ * descriptors, skipping the hash field itself (bytes [32,40)). */
 static uint64_t header_hash(const uint8_t *b, size_t hsize) {
     XXH3_state_t *s = XXH3_createState();
     XXH3_64bits_reset(s);
     XXH3_64bits_update(s, b, 32);
-    XXH3_64bits_update(s, b + WH_SAMPLE_HDR_SIZE, hsize - WH_SAMPLE_HDR_SIZE);
+    XXH3_64bits_update(s, b + 40, hsize - 40);
     uint64_t h = XXH3_64bits_digest(s);
     XXH3_freeState(s);
     return h;

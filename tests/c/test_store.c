@@ -507,7 +507,7 @@ static void t_sample_roundtrip(void) {
             memset(enc, 0xAB, meta.total_size);
             ok = wh_sample_encode(enc, meta.total_size, &s, a, &meta, false, &e);
             CHECK(ok, "%s %s: encode: %s", wh_dtype_name(dt), layout_names[k], e.message);
-            ok = ok && wh_sample_decode_meta(enc, meta.total_size, &s, &dm, &e);
+            ok = ok && wh_sample_decode_meta(enc, meta.total_size, &s, 0, 0, &dm, &e);
             CHECK(ok, "%s %s: decode: %s", wh_dtype_name(dt), layout_names[k], e.message);
             if (ok) {
                 CHECK(dm.total_size == meta.total_size && dm.nfields == 2, "%s %s: sizes",
@@ -617,7 +617,7 @@ static void rehash(unsigned char *b) {
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     XXH3_64bits_update(&st, b, 32);
-    XXH3_64bits_update(&st, b + 64, hs - 64);
+    XXH3_64bits_update(&st, b + 40, hs - 40); /* all but the checksum field */
     put64(b + H_HSUM, XXH3_64bits_digest(&st));
 }
 
@@ -659,6 +659,7 @@ static void apply_edit(int k, unsigned char *b, unsigned char *d0, unsigned char
 }
 
 static void t_sample_corrupt(void) {
+    enum { G = 41, P = 3 };
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     static const char *const other_names[] = {"id", "label"};
     wh_schema_t other = schema_of(2, other_names);
@@ -671,22 +672,28 @@ static void t_sample_corrupt(void) {
     size_t n = m.total_size;
     unsigned char *good = xaligned(n), *b = xaligned(n);
     CHECK(wh_sample_encode(good, n, &s, a, &m, false, &e), "encode: %s", e.message);
-    CHECK(wh_sample_decode_meta(good, n, &s, &dm, &e), "decode: %s", e.message);
+    wh_sample_set_place(good, &m, G, P);
+    CHECK(wh_sample_decode_meta(good, n, &s, G, P, &dm, &e) && dm.gen == G && dm.pos == P,
+          "decode: %s", e.message);
+    /* an index entry pointing at another sample: its recorded place differs */
+    CHECK(!wh_sample_decode_meta(good, n, &s, G, P + 1, &dm, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, "position 3"),
+          "another position: code %d (%s)", e.code, e.message);
+    CHECK(!wh_sample_decode_meta(good, n, &s, G + 1, P, &dm, &e) && e.code == WH_E_CORRUPT,
+          "another generation: code %d", e.code);
     uint64_t hs = m.header_size;
     unsigned char *d0 = b + 64, *d1 = b + 64 + 96;
 
-    /* single byte flips anywhere the header checksum covers */
+    /* single bit flips anywhere in the header: all damage, none a schema
+     * change (a flipped version or schema hash must not end an epoch) */
     int flips = 0, bad = 0;
     for (uint64_t off = 0; off < hs; off++) {
-        if (off >= 40 && off < 64) continue; /* reserved, not covered */
         for (int bit = 0; bit < 8; bit++) {
             memcpy(b, good, n);
             b[off] ^= (unsigned char)(1u << bit);
-            bool ok = wh_sample_decode_meta(b, n, &s, &dm, &e);
+            bool ok = wh_sample_decode_meta(b, n, &s, G, P, &dm, &e);
             flips++;
-            bool want_schema = (off >= H_VER && off < H_VER + 2) || (off >= H_NF && off < H_NF + 2) ||
-                               (off >= H_SCHEMA && off < H_SCHEMA + 8);
-            wh_code_t want = want_schema ? WH_E_SCHEMA : WH_E_CORRUPT;
+            wh_code_t want = WH_E_CORRUPT;
             if (ok || e.code != want) {
                 if (bad++ < 5)
                     CHECK(false, "flip byte %llu bit %d: ok=%d code %d want %d (%s)",
@@ -702,7 +709,7 @@ static void t_sample_corrupt(void) {
         memcpy(b, good, n);
         apply_edit(k, b, d0, d1);
         if (get64(b + H_HSIZE) <= n) rehash(b);
-        bool ok = wh_sample_decode_meta(b, n, &s, &dm, &e);
+        bool ok = wh_sample_decode_meta(b, n, &s, G, P, &dm, &e);
         CHECK(!ok && e.code == WH_E_CORRUPT, "%s: ok=%d code %d (%s)", edit_names[k], ok,
               ok ? 0 : e.code, ok ? "" : e.message);
     }
@@ -710,21 +717,37 @@ static void t_sample_corrupt(void) {
     memcpy(b, good, n);
     b[H_VER] = WH_FORMAT_VERSION + 1;
     rehash(b);
-    CHECK(!wh_sample_decode_meta(b, n, &s, &dm, &e) && e.code == WH_E_SCHEMA, "version: code %d",
-          e.code);
-    CHECK(!wh_sample_decode_meta(good, n, &other, &dm, &e) && e.code == WH_E_SCHEMA,
+    CHECK(!wh_sample_decode_meta(b, n, &s, G, P, &dm, &e) && e.code == WH_E_SCHEMA,
+          "version: code %d", e.code);
+    /* a version-1 sample (its checksum left bytes 40..63 out) is refused by name */
+    memcpy(b, good, n);
+    b[H_VER] = 1;
+    {
+        XXH3_state_t st;
+        XXH3_64bits_reset(&st);
+        XXH3_64bits_update(&st, b, 32);
+        XXH3_64bits_update(&st, b + 64, hs - 64);
+        put64(b + H_HSUM, XXH3_64bits_digest(&st));
+    }
+    CHECK(!wh_sample_decode_meta(b, n, &s, G, P, &dm, &e) && e.code == WH_E_SCHEMA &&
+              strstr(e.message, "version 1"),
+          "version 1: code %d (%s)", e.code, e.message);
+    CHECK(!wh_sample_decode_meta(good, n, &other, G, P, &dm, &e) && e.code == WH_E_SCHEMA,
           "other schema: code %d", e.code);
     /* truncated buffers */
-    CHECK(!wh_sample_decode_meta(good, 10, &s, &dm, &e) && e.code == WH_E_CORRUPT, "10 bytes");
-    CHECK(!wh_sample_decode_meta(good, hs - 1, &s, &dm, &e) && e.code == WH_E_CORRUPT,
+    CHECK(!wh_sample_decode_meta(good, 10, &s, G, P, &dm, &e) && e.code == WH_E_CORRUPT,
+          "10 bytes");
+    CHECK(!wh_sample_decode_meta(good, hs - 1, &s, G, P, &dm, &e) && e.code == WH_E_CORRUPT,
           "header cut short");
-    CHECK(wh_sample_decode_meta(good, hs, &s, &dm, &e), "header only must parse: %s", e.message);
+    CHECK(wh_sample_decode_meta(good, hs, &s, G, P, &dm, &e), "header only must parse: %s",
+          e.message);
 
     /* a flipped data byte: the header is fine, the checksum catches it */
     for (int f = 0; f < 2; f++) {
         memcpy(b, good, n);
         b[m.f[f].offset + m.f[f].nbytes / 2] ^= 0x01;
-        CHECK(wh_sample_decode_meta(b, n, &s, &dm, &e), "data flip must not break the header");
+        CHECK(wh_sample_decode_meta(b, n, &s, G, P, &dm, &e),
+              "data flip must not break the header");
         int32_t out[600];
         bool ok = wh_sample_copy_field(b, &s, &dm, f, out, true, &e);
         CHECK(!ok && e.code == WH_E_CORRUPT && strstr(e.message, s.names[f]),

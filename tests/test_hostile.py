@@ -1,0 +1,154 @@
+"""Hostile or damaged bytes in a store are errors or counted skips, never
+wrong data or a whole epoch lost: a sample records the generation and
+position it was stored at inside its checksummed header, and a damaged
+header is corruption even where it names the schema."""
+import struct
+
+import numpy as np
+import pytest
+
+import wirehead_torch as wt
+
+import whlib
+from whlib import open_store
+
+pytestmark = pytest.mark.asan  # also run against the sanitizer build
+
+SWAP_CAP = 4
+SCHEMA_HASH = slice(8, 16)  # the sample header's schema hash
+
+
+def sealed(cfg):
+    items = [whlib.sample(1, i) for i in range(SWAP_CAP)]
+    assert wt.WireheadGenerator(iter(items), config={**cfg, "SELF_SEAL": False}).run() == SWAP_CAP
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return wt.status(cfg)["read_gen"]
+
+
+def shm_path(cfg):
+    return f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}"
+
+
+def shm_index(blob, size):
+    """Byte offset of the index of SWAP_CAP equal-size samples: a run of
+    (offset, size) pairs with distinct offsets."""
+    q = np.frombuffer(blob[:len(blob) // 8 * 8], dtype="<u8")
+    hits = np.flatnonzero(q == size)
+    for h in hits:
+        i = h - 1
+        if i < 0 or i + 2 * SWAP_CAP > len(q):
+            continue
+        pairs = q[i:i + 2 * SWAP_CAP].reshape(SWAP_CAP, 2)
+        if (pairs[:, 1] == size).all() and len(set(pairs[:, 0])) == SWAP_CAP:
+            return int(i) * 8
+    raise AssertionError("index not found in the segment")
+
+
+def shm_samples(cfg):
+    """(index offset, [sample offsets in the segment]) of the read generation."""
+    with open(shm_path(cfg), "rb") as f:
+        blob = f.read()
+    magic = struct.pack("<I", 0x31534857)
+    starts = [i for i in range(0, len(blob), 64) if blob[i:i + 4] == magic]
+    sizes = {struct.unpack_from("<Q", blob, s + 16)[0] for s in starts}
+    assert len(sizes) == 1, sizes
+    return blob, shm_index(blob, sizes.pop()), starts
+
+
+def patch(cfg, at, data):
+    with open(shm_path(cfg), "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def check_all_read_as_sample_0(cfg, gen):
+    """Every position's entry names sample 0's bytes: only position 0 reads."""
+    store = open_store(cfg)
+    g, pos, is_pad, arrs, skipped = store.read_sample(gen, 0)
+    assert (pos, is_pad, skipped) == (0, False, None)
+    for p in range(1, SWAP_CAP):
+        with pytest.raises(wt.CorruptSampleError, match=f"position {p}.*stored at generation "
+                           f"{gen} position 0"):
+            store.read_sample(gen, p, skip=False)
+        # the read policy: a counted skip, the stand-in marked as padding
+        g, pos, is_pad, arrs, skipped = store.read_sample(gen, p)
+        assert is_pad and pos == 0 and "stored at generation" in skipped
+    return store
+
+
+def check_position_1_skipped(cfg, gen):
+    """Position 1's header is damaged: corrupt, skipped for position 2."""
+    store = open_store(cfg)
+    with pytest.raises(wt.CorruptSampleError, match="header checksum"):
+        store.read_sample(gen, 1, skip=False)
+    g, pos, is_pad, arrs, skipped = store.read_sample(gen, 1)
+    assert is_pad and pos == 2 and "header checksum" in skipped
+    whlib.check_sample(np.from_dlpack(arrs[0]), np.from_dlpack(arrs[1]))
+
+
+def test_shm_index_pointing_at_one_sample_is_not_valid_data(shm_cfg):
+    cfg = shm_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    blob, idx, _ = shm_samples(cfg)
+    first = blob[idx:idx + 16]
+    for p in range(1, SWAP_CAP):  # every entry names sample 0's bytes
+        patch(cfg, idx + 16 * p, first)
+    store = check_all_read_as_sample_0(cfg, gen)
+    with pytest.raises(wt.CorruptSampleError, match="stored at generation"):
+        store.view_sample(gen, 1, skip=False)
+
+
+def test_shm_flipped_schema_bit_is_a_skip_not_a_schema_change(shm_cfg):
+    cfg = shm_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    blob, idx, _ = shm_samples(cfg)
+    off1 = struct.unpack_from("<Q", blob, idx + 16)[0]
+    # the sample at position 1: its offset is relative to its area, so find
+    # the header whose recorded place is position 1
+    starts = [i for i in range(0, len(blob), 64) if blob[i:i + 4] == struct.pack("<I", 0x31534857)
+              and struct.unpack_from("<QQ", blob, i + 40) == (gen, 1)]
+    assert len(starts) == 1 and starts[0] % 4096 == off1 % 4096
+    at = starts[0] + SCHEMA_HASH.start
+    patch(cfg, at, bytes([blob[at] ^ 0x04]))
+    check_position_1_skipped(cfg, gen)
+
+
+@pytest.fixture
+def mongo_cfg(request, mongo_server):
+    from conftest import _clean_all, _config_factory
+    make, made = _config_factory(lambda: f"{mongo_server.uri}/{whlib.unique_name('whh')}",
+                                 CONNECT_TIMEOUT=10)
+    yield make
+    _clean_all(made)
+
+
+def manifests(cfg, rc, gen):
+    from wirehead_torch.config import resolve
+    db = cfg["STORE"].rsplit("/", 1)[1]
+    coll = f"{resolve(cfg)['COLLECTION_PREFIX']}.gen.{gen}.m"
+    return db, coll, {d["_id"]: d for d in rc.find(db, coll)}
+
+
+def test_mongo_manifests_pointing_at_one_sample_are_not_valid_data(mongo_cfg, mongo_server):
+    from mongo_server import RawClient
+    cfg = mongo_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    with RawClient(mongo_server.uri) as rc:
+        db, coll, m = manifests(cfg, rc, gen)
+        assert sorted(m) == list(range(SWAP_CAP))
+        first = {k: v for k, v in m[0].items() if k != "_id"}
+        for p in range(1, SWAP_CAP):
+            rc.update(db, coll, {"_id": p}, {"$set": first})
+    check_all_read_as_sample_0(cfg, gen)
+
+
+def test_mongo_flipped_schema_bit_is_a_skip_not_a_schema_change(mongo_cfg, mongo_server):
+    from mongo_server import RawClient, binary, unbinary
+    cfg = mongo_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    with RawClient(mongo_server.uri) as rc:
+        db, coll, m = manifests(cfg, rc, gen)
+        h = bytearray(unbinary(m[1]["h"]))
+        h[SCHEMA_HASH.start] ^= 0x04
+        rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h)}})
+    check_position_1_skipped(cfg, gen)
