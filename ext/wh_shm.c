@@ -22,6 +22,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "wh_store.h"
@@ -96,6 +97,7 @@ typedef struct {
     int64_t leader_pid;
     uint64_t leader_token;
     uint64_t lease_expiry_ns;
+    uint64_t lease_ns; /* the holder's LEASE_SECONDS: bounds how far ahead its expiry may be */
     uint32_t hist_n, hist_next;
     struct {
         uint64_t generation, time_ns, generated, discarded, seal_ns;
@@ -122,6 +124,7 @@ typedef struct {
     uint64_t token;
     uint64_t puts;
     pid_t pid;
+    int fd; /* kept open: the segment's size is re-checked before its bytes are read */
     /* geometry, checked once at open and never re-read from shared memory */
     uint32_t swap_cap;
     uint64_t slot_bytes, index_off, data_off;
@@ -132,15 +135,30 @@ static const wh_store_ops_t wh__shm_ops;
 static uint64_t wh__ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-static bool wh__lock(pthread_mutex_t *m, wh_err_t *err) {
-    int r = pthread_mutex_lock(m);
+/* Pin drops run from a view's deleter, which has no store at hand. */
+#define WH__PIN_LOCK_WAIT_S 10.0
+
+/* Waits at most wait_s: a holder stopped (SIGSTOP, a debugger, a suspended
+ * job) or garbage in the mutex word must not hang every participant. */
+static bool wh__lock(pthread_mutex_t *m, double wait_s, wh_err_t *err) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(wait_s * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    int r = pthread_mutex_timedlock(m, &ts);
     if (r == EOWNERDEAD) {
         /* The holder died; every update under these locks commits with its
          * last store, so the protected state is consistent as it is. */
         pthread_mutex_consistent(m);
         return true;
     }
-    if (r != 0) return wh_err_set(err, WH_E_SYS, "shm lock: %s", strerror(r));
+    if (r == ETIMEDOUT)
+        return wh_err_set(err, WH_E_TIMEOUT,
+                          "shm store lock not released within %gs: its holder is stopped "
+                          "(SIGSTOP, a debugger, a suspended job) or the segment is damaged",
+                          wait_s);
+    if (r != 0) return wh_err_set(err, WH_E_CORRUPT, "shm lock: %s (damaged segment?)", strerror(r));
     return true;
 }
 
@@ -430,6 +448,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     s->base.ops = &wh__shm_ops;
     s->base.cfg = *cfg;
     s->pid = getpid();
+    s->fd = -1;
     if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
         s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
     s->token |= 1;
@@ -442,11 +461,12 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
             bool ok = (fchmod(fd, 0600) == 0 ||
                        wh_err_set(err, WH_E_SYS, "shm fchmod: %s", strerror(errno))) &&
                       wh__create(s, fd, err);
-            close(fd);
             if (!ok) {
+                close(fd);
                 shm_unlink(s->shm_name);
                 goto fail;
             }
+            s->fd = fd;
             if (!wh__share_maps(s, err)) goto fail;
             return &s->base;
         }
@@ -469,7 +489,7 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         wh_err_t e = {0};
         bool ok = wh__attach(s, fd, &stale, &e);
         if (ok) {
-            close(fd);
+            s->fd = fd;
             if (!wh__share_maps(s, err)) goto fail;
             return &s->base;
         }
@@ -490,10 +510,27 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
     }
     wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
 fail:
+    if (s->fd >= 0) close(s->fd);
     if (s->hdr) munmap(s->hdr, s->map_len);
     if (s->ro) munmap((void *)s->ro, s->map_len);
     free(s);
     return NULL;
+}
+
+void wh_shm_layout(wh_shm_layout_t *l) {
+    l->hdr_lock = offsetof(wh__hdr_t, lock);
+    l->leader_pid = offsetof(wh__hdr_t, leader_pid);
+    l->leader_token = offsetof(wh__hdr_t, leader_token);
+    l->lease_expiry_ns = offsetof(wh__hdr_t, lease_expiry_ns);
+    l->lease_ns = offsetof(wh__hdr_t, lease_ns);
+    l->slots = offsetof(wh__hdr_t, slots);
+    l->slot_size = sizeof(wh__slot_t);
+    l->slot_lock = offsetof(wh__slot_t, lock);
+    l->slot_gen = offsetof(wh__slot_t, gen);
+    l->slot_used = offsetof(wh__slot_t, used);
+    l->slot_count = offsetof(wh__slot_t, count);
+    l->slot_nholes = offsetof(wh__slot_t, nholes);
+    l->slot_holes = offsetof(wh__slot_t, holes);
 }
 
 bool wh_shm_clean(const char *name, wh_err_t *err) {
@@ -507,7 +544,44 @@ bool wh_shm_clean(const char *name, wh_err_t *err) {
 static void wh__shm_destroy(wh_store_t *st) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__map_unref(s->map); /* unmapped once the last view is gone too */
+    if (s->fd >= 0) close(s->fd);
     free(s);
+}
+
+/* The segment's size, re-checked before its bytes are touched: a segment
+ * truncated under this process (damage, a tool) is an error, not SIGBUS. */
+static bool wh__intact(const wh__shm_t *s, wh_err_t *err) {
+    struct stat sb;
+    if (s->fd < 0) return true;
+    if (fstat(s->fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
+    if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len)
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "shm store '%s' was truncated to %lld of its %zu bytes; remove it "
+                          "with `wirehead-torch clean`", s->shm_name + 10,
+                          (long long)sb.st_size, s->map_len);
+    return true;
+}
+
+/* An area's bookkeeping checked against the store's own limits before a
+ * put trusts it (slot lock held): forged counts or offsets are an error. */
+static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh_err_t *err) {
+    const char *bad = NULL;
+    uint64_t end;
+    if (sl->used > s->slot_bytes) bad = "used bytes beyond the area";
+    else if (sl->count > s->swap_cap) bad = "more samples than SWAP_CAP";
+    else if (sl->nholes > WH__MAX_HOLES) bad = "hole count";
+    else if (sl->nwriters > WH__MAX_WRITERS) bad = "writer count";
+    for (uint32_t i = 0; !bad && i < sl->nholes; i++)
+        if (!wh_add_ok(sl->holes[i].off, sl->holes[i].size, &end) || end > sl->used)
+            bad = "a hole outside the used bytes";
+    for (int i = 0; !bad && i < WH__MAX_WRITERS; i++)
+        if (sl->writers[i].pid &&
+            (!wh_add_ok(sl->writers[i].off, sl->writers[i].size, &end) || end > sl->used))
+            bad = "a reservation outside the used bytes";
+    if (bad)
+        return wh_err_set(err, WH_E_CORRUPT, "shm store '%s' area %d is damaged (%s); remove "
+                          "it with `wirehead-torch clean`", s->shm_name + 10, slot, bad);
+    return true;
 }
 
 /* Slot lock held for all of these. */
@@ -539,7 +613,7 @@ static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *o
         if (!h->size) sl->holes[i] = sl->holes[--sl->nholes];
         return true;
     }
-    if (sl->used + size > cap) return false;
+    if (size > cap || sl->used > cap - size) return false;
     *off = sl->used;
     sl->used += size;
     return true;
@@ -564,7 +638,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     wh_sample_meta_t meta;
-    if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
+    if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err) || !wh__intact(s, err)) return false;
     uint64_t size = meta.total_size;
     if (size > s->slot_bytes)
         return wh_err_set(err, WH_E_TOOBIG,
@@ -595,7 +669,11 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
             *status = WH_PUT_DISCARDED;
             return true;
         }
-        if (!wh__lock(&sl->lock, err)) return false;
+        if (!wh__lock(&sl->lock, st->cfg.lease_s, err)) return false;
+        if (!wh__slot_sane(s, sl, slot, err)) {
+            wh__unlock(&sl->lock);
+            return false;
+        }
         if (wh__ld(&sl->gen) != gen) { /* a seal is switching slots */
             wh__unlock(&sl->lock);
             continue;
@@ -643,7 +721,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     wh__slot_t *sl = &h->slots[slot];
     char *dst = wh__data(s, slot) + off;
     bool ok = wh_sample_encode(dst, size, &st->cfg.schema, arr, &meta, true, err);
-    if (!wh__lock(&sl->lock, err)) return false;
+    if (!wh__lock(&sl->lock, st->cfg.lease_s, err)) return false;
     uint64_t token = s->token + 2 * s->puts;
     bool mine = sl->writers[wi].pid == s->pid && sl->writers[wi].token == token;
     /* an entry pruned under us means the bytes may have been handed out again */
@@ -665,17 +743,29 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     return ok;
 }
 
+/* A lease runs at most its holder's LEASE_SECONDS (itself at most the
+ * config's bound of 1e6 s) from now: an expiry further out (a damaged
+ * segment, leader_pid 1 with a far expiry) would block takeover for ever,
+ * so it counts as expired. */
+static bool wh__lease_forged(const wh__hdr_t *h, uint64_t now) {
+    const uint64_t max_ns = (uint64_t)1e15;
+    uint64_t ns = h->lease_ns < max_ns ? h->lease_ns : max_ns;
+    return h->lease_expiry_ns > now + ns + (uint64_t)1e9;
+}
+
 static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (!wh__lock(&h->lock, err)) return false;
+    if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     uint64_t now = wh_now_real_ns();
     bool mine = h->leader_token == s->token;
-    bool free_ = !h->leader_token || !wh__pid_alive(h->leader_pid) || h->lease_expiry_ns < now;
+    bool free_ = !h->leader_token || !wh__pid_alive(h->leader_pid) || h->lease_expiry_ns < now ||
+                 wh__lease_forged(h, now);
     if (mine || free_) {
         h->leader_pid = s->pid;
         h->leader_token = s->token;
-        h->lease_expiry_ns = now + (uint64_t)(st->cfg.lease_s * 1e9);
+        h->lease_ns = (uint64_t)(st->cfg.lease_s * 1e9);
+        h->lease_expiry_ns = now + h->lease_ns;
     }
     *leader = mine || free_;
     wh__unlock(&h->lock);
@@ -685,7 +775,7 @@ static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
 static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
-    if (!wh__lock(&h->lock, err)) return false;
+    if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     if (h->leader_token == s->token) {
         h->leader_token = 0;
         h->leader_pid = 0;
@@ -715,7 +805,7 @@ static void wh__prune_pins(wh__slot_t *sl) {
  * live writer and no live reader pin. Returns it locked in *out, or -1 with
  * info naming a pid that keeps the candidates busy (a reader's pin when
  * that is what blocks). */
-static bool wh__take_next_slot(wh__hdr_t *h, uint64_t w, wh_seal_info_t *info, int *out,
+static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
                                wh_err_t *err) {
     uint64_t rg = wh__ld(&h->read_gen);
     int order[WH__SLOTS], n = 0;
@@ -732,7 +822,7 @@ static bool wh__take_next_slot(wh__hdr_t *h, uint64_t w, wh_seal_info_t *info, i
     *out = -1;
     for (int k = 0; k < n; k++) {
         wh__slot_t *sl = &h->slots[order[k]];
-        if (!wh__lock(&sl->lock, err)) return false;
+        if (!wh__lock(&sl->lock, wait_s, err)) return false;
         wh__prune_writers(sl);
         wh__prune_pins(sl);
         if (!sl->nwriters && !sl->npinners) {
@@ -761,7 +851,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     wh__hdr_t *h = s->hdr;
     *sealed = false;
     uint64_t t0 = wh_now_mono_ns();
-    if (!wh__lock(&h->lock, err)) return false;
+    if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
         wh__unlock(&h->lock);
         return wh_err_set(err, WH_E_LEASE, "seal: this manager does not hold the lease");
@@ -776,7 +866,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     }
     if (__atomic_load_n(&h->slots[cs].count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
     int ns = -1;
-    if (!wh__take_next_slot(h, w, info, &ns, err)) {
+    if (!wh__take_next_slot(h, st->cfg.lease_s, w, info, &ns, err)) {
         ok = false;
         goto out;
     }
@@ -836,7 +926,7 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
     int slot;
-    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
+    if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
     wh__entry_t e = wh__index(s, slot)[pos];
     wh_sample_meta_t meta;
@@ -920,7 +1010,7 @@ static bool wh__pin_add(wh__slot_t *sl, pid_t pid, wh_err_t *err) {
 
 static void wh__pin_drop(wh__hdr_t *h, int slot, uint64_t gen, pid_t pid) {
     wh__slot_t *sl = &h->slots[slot];
-    if (!wh__lock(&sl->lock, NULL)) return;
+    if (!wh__lock(&sl->lock, WH__PIN_LOCK_WAIT_S, NULL)) return;
     for (int i = 0; i < WH__MAX_PINNERS && wh__ld(&sl->gen) == gen; i++) {
         if (sl->pins[i].pid != pid) continue;
         uint32_t n = sl->pins[i].count ? sl->pins[i].count - 1 : 0;
@@ -952,12 +1042,12 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     int slot;
-    if (!wh__sealed_slot(h, gen, &slot, err)) return false;
+    if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
     wh__view_t *v = calloc(1, sizeof *v);
     if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
     pthread_mutex_lock(&wh__pin_mu);
-    bool locked = wh__lock(&sl->lock, err), ok = locked;
+    bool locked = wh__lock(&sl->lock, st->cfg.lease_s, err), ok = locked;
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
     uint64_t other = ok ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
     if (ok && other)
@@ -1014,7 +1104,10 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     memset(o, 0, sizeof *o);
-    if (!wh__lock(&h->lock, err)) return false;
+    /* never blocks for long: with the lock stuck (a stopped holder) the
+     * figures are read without it, as a monitor needs them most then */
+    bool locked = wh__lock(&h->lock, 0.2, NULL);
+    WH_UNUSED(err);
     o->read_gen = wh__ld(&h->read_gen);
     o->write_gen = wh__ld(&h->write_gen);
     int ws = wh__slot_of(h, o->write_gen);
@@ -1043,7 +1136,8 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     o->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
     o->seals = __atomic_load_n(&h->seals, __ATOMIC_RELAXED);
     uint64_t now = wh_now_real_ns();
-    if (h->leader_token && wh__pid_alive(h->leader_pid) && h->lease_expiry_ns >= now) {
+    if (h->leader_token && wh__pid_alive(h->leader_pid) && h->lease_expiry_ns >= now &&
+        !wh__lease_forged(h, now)) {
         o->leader_pid = (uint64_t)h->leader_pid;
         o->lease_left_s = (double)(h->lease_expiry_ns - now) / 1e9;
     }
@@ -1057,7 +1151,7 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         o->history[i].discarded = h->hist[k].discarded;
         o->history[i].seal_ns = h->hist[k].seal_ns;
     }
-    wh__unlock(&h->lock);
+    if (locked) wh__unlock(&h->lock);
     return true;
 }
 

@@ -196,6 +196,14 @@ bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err);
 /* Backends. */
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_shm_clean(const char *name, wh_err_t *err);
+/* Byte offsets inside an shm segment, for tests and fuzzers that forge
+ * damage (the layout is private to wh_shm.c). */
+typedef struct {
+    size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
+    size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes,
+        slot_holes;
+} wh_shm_layout_t;
+void wh_shm_layout(wh_shm_layout_t *l);
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
 /* Collection names of the store's database; *names: wh_mongo_names_free. */

@@ -1384,6 +1384,154 @@ out:
     clean_store(&c);
 }
 
+/* ---- hostile bytes in the segment ------------------------------------ */
+
+static unsigned char *map_segment(const wh_store_config_t *c, size_t *len, char *path, size_t cap) {
+    snprintf(path, cap, "/dev/shm/wirehead.%s", c->uri + strlen("shm://"));
+    int fd = open(path, O_RDWR);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) return NULL;
+    *len = (size_t)sb.st_size;
+    void *m = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+static unsigned char *area_of(unsigned char *seg, const wh_shm_layout_t *L, uint64_t gen) {
+    for (int i = 0; i < 4; i++) {
+        unsigned char *a = seg + L->slots + (size_t)i * L->slot_size;
+        if (get64(a + L->slot_gen) == gen) return a;
+    }
+    return NULL;
+}
+
+/* Forged counts and offsets in the write area: puts fail naming the
+ * damage (no SIGSEGV, no wrapped offset); repaired, the store goes on. */
+static void t_hostile_area(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s);
+    wh_err_t e;
+    wh_put_status_t ps;
+    wh_shm_layout_t L;
+    wh_shm_layout(&L);
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    REQUIRE(fill_ids(st, 0, 1), "first put");
+    size_t len;
+    char path[160];
+    unsigned char *seg = map_segment(&c, &len, path, sizeof path);
+    REQUIRE(seg, "map the segment");
+    unsigned char *a = area_of(seg, &L, status_of(st).write_gen);
+    REQUIRE(a, "write area");
+    uint32_t nholes = 100000;
+    memcpy(a + L.slot_nholes, &nholes, 4);
+    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT && strstr(e.message, "hole count"),
+          "forged nholes: %s", e.message);
+    nholes = 1;
+    memcpy(a + L.slot_nholes, &nholes, 4);
+    put64(a + L.slot_holes, 1ull << 63);
+    put64(a + L.slot_holes + 8, 1ull << 63);
+    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, "hole outside"),
+          "forged hole: %s", e.message);
+    nholes = 0;
+    memcpy(a + L.slot_nholes, &nholes, 4);
+    uint64_t used = get64(a + L.slot_used);
+    put64(a + L.slot_used, UINT64_MAX - 10);
+    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT && strstr(e.message, "used bytes"),
+          "forged used: %s", e.message);
+    put64(a + L.slot_used, used);
+    /* repaired: nothing stored was lost, puts go on */
+    CHECK(fill_ids(st, 1, 3) && status_of(st).write_fill == 4, "puts after repair");
+    bool sealed;
+    CHECK(wh_store_lead(st, &sealed, &e) && seal_once(st, &sealed, NULL) && sealed, "seal");
+    uint64_t g = status_of(st).read_gen;
+    wh_sample_meta_t m;
+    for (uint32_t p = 0; p < 4; p++)
+        CHECK(wh_store_read(st, g, p, NULL, NULL, &m, &e), "read %u: %s", p, e.message);
+    /* truncated under this handle: an error, not SIGBUS */
+    REQUIRE(truncate(path, (off_t)(len / 2)) == 0, "truncate: %s", strerror(errno));
+    munmap(seg, len);
+    CHECK(!wh_store_read(st, g, 0, NULL, NULL, &m, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, "truncated"),
+          "read of a truncated segment: %s", e.message);
+    CHECK(!put_id(st, 9, &ps, NULL, &e) && strstr(e.message, "truncated"),
+          "put into a truncated segment: %s", e.message);
+out:
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
+/* A lock holder stopped (SIGSTOP) delays others at most LEASE_SECONDS;
+ * status does not wait for it; a forged far lease does not block takeover. */
+static void t_hostile_locks(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    c.lease_s = 0.3;
+    wh_err_t e;
+    wh_shm_layout_t L;
+    wh_shm_layout(&L);
+    pid_t child = -1;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    size_t len;
+    char path[160];
+    unsigned char *seg = map_segment(&c, &len, path, sizeof path);
+    REQUIRE(seg, "map the segment");
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0, "pipe");
+    child = fork();
+    if (child == 0) {
+        pthread_mutex_lock((pthread_mutex_t *)(seg + L.hdr_lock));
+        char one = 1;
+        if (write(pfd[1], &one, 1) != 1) _exit(1);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    char got = 0;
+    REQUIRE(child > 0 && read(pfd[0], &got, 1) == 1, "child holds the lock");
+    uint64_t t0 = wh_now_mono_ns();
+    wh_status_t o;
+    CHECK(wh_store_status(st, &o, &e), "status with the lock held: %s", e.message);
+    CHECK(secs_since(t0) < 1.5, "status waited %.2f s", secs_since(t0));
+    bool lead = true;
+    t0 = wh_now_mono_ns();
+    CHECK(!wh_store_lead(st, &lead, &e) && e.code == WH_E_TIMEOUT && strstr(e.message, "stopped"),
+          "lead with a stopped holder: %s", e.message);
+    double took = secs_since(t0);
+    CHECK(took >= 0.25 && took < 3.0, "lead waited %.2f s for a 0.3 s lease", took);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    child = -1;
+    CHECK(wh_store_lead(st, &lead, &e) && lead, "the dead holder's lock is recovered: %s",
+          e.message);
+    CHECK(wh_store_resign(st, &e), "resign");
+    /* a forged lease: pid 1 (alive), expiry in a century */
+    int64_t one_pid = 1;
+    memcpy(seg + L.leader_pid, &one_pid, 8);
+    put64(seg + L.leader_token, 12345);
+    put64(seg + L.lease_expiry_ns, wh_now_real_ns() + 100ull * 365 * 24 * 3600 * 1000000000ull);
+    put64(seg + L.lease_ns, 0);
+    CHECK(wh_store_lead(st, &lead, &e) && lead, "a forged far lease is taken over");
+    CHECK(status_of(st).leader_pid == (uint64_t)getpid(), "leader after takeover");
+    /* garbage in the mutex word: every call returns within the bound */
+    memset(seg + L.hdr_lock, 0xff, sizeof(pthread_mutex_t));
+    t0 = wh_now_mono_ns();
+    bool ok = wh_store_lead(st, &lead, &e);
+    CHECK(ok || e.code == WH_E_TIMEOUT || e.code == WH_E_CORRUPT, "garbage lock: code %d (%s)",
+          e.code, e.message);
+    CHECK(wh_store_status(st, &o, &e), "status over a garbage lock: %s", e.message);
+    CHECK(secs_since(t0) < 3.0, "garbage lock: calls took %.2f s", secs_since(t0));
+    munmap(seg, len);
+out:
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 /* A handle used after fork refuses instead of corrupting state. */
 static void t_fork_handle(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
@@ -2040,6 +2188,8 @@ int main(int argc, char **argv) {
         {"lease between handles, expiry, resign", t_lease_handles, false},
         {"lease of a dead child is taken at once", t_lease_dead_child, false},
         {"handle used after fork refuses", t_fork_handle, false},
+        {"forged area counts and a truncated segment are errors", t_hostile_area, false},
+        {"stopped lock holder, garbage lock, forged lease: bounded", t_hostile_locks, false},
         {"segment of another user or not mode 0600 refused", t_segment_owner_mode, false},
         {"generator SIGKILLed inside a put", t_killed_put, false},
         {"live paused writer blocks slot recycling", t_live_writer_blocks_recycle, false},
