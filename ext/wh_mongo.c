@@ -282,7 +282,11 @@ static void wh__scrub(const wh__mongo_t *m, char *msg) {
 static bool wh__is_unavail(const bson_error_t *e) {
     if (e->domain == MONGOC_ERROR_SERVER_SELECTION || e->domain == MONGOC_ERROR_STREAM)
         return true;
-    if (e->domain == MONGOC_ERROR_CLIENT) return true; /* auth, TLS, connection */
+    /* of the client's own errors only "no server yet" is an outage; a failed
+     * login or an oversized command is the caller's to fix */
+    if (e->domain == MONGOC_ERROR_CLIENT)
+        return e->code == MONGOC_ERROR_CLIENT_NOT_READY ||
+               e->code == MONGOC_ERROR_CLIENT_NO_ACCEPTABLE_PEER;
     switch (e->code) {
     case 6:     /* HostUnreachable */
     case 7:     /* HostNotFound */
@@ -329,9 +333,21 @@ static bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e,
     if (wh__is_unavail(e))
         return wh_err_set(err, WH_E_UNAVAIL, "%s: MongoDB at %s unavailable: %s", what,
                           m ? m->where : "?", msg);
+    bool server = e->domain == MONGOC_ERROR_SERVER || e->domain == MONGOC_ERROR_QUERY ||
+                  e->domain == MONGOC_ERROR_COMMAND;
+    if ((e->domain == MONGOC_ERROR_CLIENT && e->code == MONGOC_ERROR_CLIENT_AUTHENTICATE) ||
+        (server && (e->code == 18 /* AuthenticationFailed */ || e->code == 13 /* Unauthorized */)))
+        return wh_err_set(err, WH_E_INTERNAL,
+                          "%s: MongoDB at %s refused this client's credentials or rights "
+                          "(check the user, password and authSource in STORE): %s",
+                          what, m ? m->where : "?", msg);
     return wh_err_set(err, WH_E_INTERNAL, "%s: %s (MongoDB at %s, error %u.%u)", what, msg,
                       m ? m->where : "?", e->domain, e->code);
 }
+
+/* Samples at least this large have their chunks counted before a reader
+ * allocates for them. */
+#define WH__CONFIRM_BYTES (64ull << 20)
 
 /* ---- small helpers ---- */
 
@@ -967,10 +983,43 @@ out:
 
 /* ---- manager: lease and seal ---- */
 
+/* A lease document no manager could have written: expires not a number,
+ * or further ahead than its holder's lease_ms (at most the config's bound
+ * of 1e6 s) allows. Left alone it would stop every manager from leading. */
+static bool wh__lease_forged(const bson_t *doc, int64_t now_ms) {
+    int64_t exp = 0, len = 0;
+    if (!wh__get_int(doc, "expires", &exp)) return true;
+    if (!wh__get_int(doc, "lease_ms", &len) || len < 0 || len > 1000000000) len = 1000000000;
+    return exp > now_ms + len + 1000;
+}
+
+/* Removes the lease document if it is still the forged one we read (the
+ * filter matches its owner and expires exactly, so a real manager's fresh
+ * lease is never removed). */
+static bool wh__drop_forged_lease(wh__mongo_t *m, mongoc_collection_t *c, const bson_t *doc,
+                                  wh_err_t *err) {
+    bson_t sel = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&sel, "_id", "lease");
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, doc, "expires")) {
+        bson_append_iter(&sel, "expires", -1, &it);
+    } else {
+        bson_t ex;
+        BSON_APPEND_DOCUMENT_BEGIN(&sel, "expires", &ex);
+        BSON_APPEND_BOOL(&ex, "$exists", false);
+        bson_append_document_end(&sel, &ex);
+    }
+    if (bson_iter_init_find(&it, doc, "owner")) bson_append_iter(&sel, "owner", -1, &it);
+    bson_error_t e;
+    bool ok = mongoc_collection_delete_one(c, &sel, NULL, NULL, &e);
+    bson_destroy(&sel);
+    return ok || wh__merr(m, err, &e, "remove a forged manager lease");
+}
+
 static bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     int64_t now = (int64_t)(wh_now_real_ns() / 1000000);
-    int64_t exp = now + (int64_t)(st->cfg.lease_s * 1000.0);
+    int64_t len = (int64_t)(st->cfg.lease_s * 1000.0), exp = now + len;
     mongoc_collection_t *c = wh__state_coll(m);
     /* ours, or expired, or absent (the upsert inserts it); a live lease of
      * another owner makes the upsert collide on _id */
@@ -978,23 +1027,36 @@ static bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
                            BCON_INT64((int64_t)m->token), "}", "{", "expires", "{", "$lt",
                            BCON_INT64(now), "}", "}", "]");
     bson_t *upd = BCON_NEW("$set", "{", "owner", BCON_INT64((int64_t)m->token), "expires",
-                           BCON_INT64(exp), "pid", BCON_INT64((int64_t)m->pid), "host",
-                           BCON_UTF8(m->host), "}");
+                           BCON_INT64(exp), "lease_ms", BCON_INT64(len), "pid",
+                           BCON_INT64((int64_t)m->pid), "host", BCON_UTF8(m->host), "}");
     bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
-    bson_t reply;
-    bson_error_t e;
     bool ok = true;
-    if (mongoc_collection_update_one(c, sel, upd, opts, &reply, &e)) {
-        int64_t matched = 0;
-        wh__get_int(&reply, "matchedCount", &matched);
-        bson_iter_t it;
-        *leader = matched > 0 || bson_iter_init_find(&it, &reply, "upsertedId");
-    } else if (wh__is_dup(&e)) {
-        *leader = false;
-    } else {
-        ok = wh__merr(m, err, &e, "acquire manager lease");
+    *leader = false;
+    for (int attempt = 0; ok && attempt < 2; attempt++) {
+        bson_t reply;
+        bson_error_t e;
+        bool done = mongoc_collection_update_one(c, sel, upd, opts, &reply, &e);
+        if (done) {
+            int64_t matched = 0;
+            wh__get_int(&reply, "matchedCount", &matched);
+            bson_iter_t it;
+            *leader = matched > 0 || bson_iter_init_find(&it, &reply, "upsertedId");
+        } else if (!wh__is_dup(&e)) {
+            ok = wh__merr(m, err, &e, "acquire manager lease");
+        }
+        bson_destroy(&reply);
+        if (done || !ok) break;
+        /* held by another: a real lease, or one no manager could have written */
+        bson_t q = BSON_INITIALIZER, doc = BSON_INITIALIZER;
+        BSON_APPEND_UTF8(&q, "_id", "lease");
+        bool found = false;
+        ok = wh__find_one(m, c, &q, &doc, &found, "read manager lease", err);
+        bool forged = ok && found && wh__lease_forged(&doc, now);
+        if (forged) ok = wh__drop_forged_lease(m, c, &doc, err);
+        bson_destroy(&q);
+        bson_destroy(&doc);
+        if (!forged) break;
     }
-    bson_destroy(&reply);
     bson_destroy(sel);
     bson_destroy(upd);
     bson_destroy(opts);
@@ -1243,6 +1305,26 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
         return wh__corrupt(gen, pos, err, "manifest says %lld chunks, sizes need %llu",
                            (long long)k, (unsigned long long)nchunks);
 
+    /* a large claim is confirmed before memory is allocated for it: the
+     * chunks must exist, so a forged manifest costs a count, not its size */
+    if (fn && dlen >= WH__CONFIRM_BYTES) {
+        bson_t q = BSON_INITIALIZER;
+        wh__chunk_filter(&q, sid, nchunks);
+        mongoc_collection_t *c = wh__gen_coll(m, gen, false);
+        bson_error_t e;
+        int64_t have = mongoc_collection_count_documents(c, &q, NULL, NULL, NULL, &e);
+        mongoc_collection_destroy(c);
+        bson_destroy(&q);
+        if (have < 0)
+            return wh__merr(m, err, &e, "read generation %llu position %u",
+                            (unsigned long long)gen, pos);
+        if ((uint64_t)have != nchunks) {
+            char what[160];
+            snprintf(what, sizeof what, "manifest claims %llu bytes in %llu chunks, %lld exist",
+                     (unsigned long long)dlen, (unsigned long long)nchunks, (long long)have);
+            return wh__missing(m, gen, pos, what, err);
+        }
+    }
     void *dst[WH_MAX_FIELDS] = {0};
     if (fn && !fn(ctx, &meta, dst, err)) return false;
     bool any = false;

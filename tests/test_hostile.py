@@ -152,3 +152,66 @@ def test_mongo_flipped_schema_bit_is_a_skip_not_a_schema_change(mongo_cfg, mongo
         h[SCHEMA_HASH.start] ^= 0x04
         rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h)}})
     check_position_1_skipped(cfg, gen)
+
+
+def _xxh3(data):
+    import ctypes
+    lib = ctypes.CDLL("libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return lib.XXH3_64bits(data, len(data))
+
+
+def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
+    import resource
+    from mongo_server import RawClient, binary, unbinary
+    cfg = mongo_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    claim = 2 << 30
+    with RawClient(mongo_server.uri) as rc:
+        db, coll, m = manifests(cfg, rc, gen)
+        h = bytearray(unbinary(m[1]["h"]))
+        d = 64 + 96  # field 1 (data, float32): shape, nbytes, total claim 2 GiB
+        off = struct.unpack_from("<Q", h, d + 72)[0]
+        struct.pack_into("<Q", h, d + 8, claim // 4)
+        struct.pack_into("<Q", h, d + 80, claim)
+        struct.pack_into("<Q", h, 16, off + claim)
+        h[32:40] = _xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
+        dlen = off + claim - len(h)
+        rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h), "z": dlen,
+                                                   "k": -(-dlen // m[1]["b"])}})
+    store = open_store(cfg)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(wt.CorruptSampleError, match="claims 2147483.* bytes in .* chunks, 1 exist"):
+        store.read_sample(gen, 1, skip=False)
+    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grew_mib < 256, f"peak RSS grew by {grew_mib:.0f} MiB for a forged manifest"
+    assert store.read_sample(gen, 1)[2]  # the read policy skips it
+
+
+@pytest.mark.parametrize("expires", ["soon", None, 1 << 62])
+def test_mongo_forged_lease_does_not_stop_managers(mongo_cfg, mongo_server, expires):
+    from mongo_server import RawClient
+    cfg = mongo_cfg(swap_cap=SWAP_CAP)
+    sealed(cfg)  # the store exists, its lease given back
+    from wirehead_torch.config import resolve
+    db = cfg["STORE"].rsplit("/", 1)[1]
+    state = f"{resolve(cfg)['COLLECTION_PREFIX']}.state"
+    doc = {"owner": 7, "pid": 1, "host": "elsewhere"}
+    if expires is not None:
+        doc["expires"] = expires
+    with RawClient(mongo_server.uri) as rc:
+        rc.command(db, {"update": state, "updates": [
+            {"q": {"_id": "lease"}, "u": {"$set": doc}, "upsert": True}]})
+    store = open_store(cfg)
+    assert store.lead(), f"a lease with expires={expires!r} stopped the manager"
+
+
+def test_mongo_refused_credentials_are_not_an_outage(mongo_server):
+    uri = mongo_server.uri.replace("mongodb://", "mongodb://alice:pw@")
+    cfg = {"STORE": f"{uri}/{whlib.unique_name('wha')}?authSource=admin", "SWAP_CAP": 4,
+           "SAMPLE": ["x"], "CONNECT_TIMEOUT": 2}
+    with pytest.raises(wt.WireheadError, match="credentials") as e:
+        wt.status(cfg)
+    assert not isinstance(e.value, wt.StoreUnavailableError)
+    assert "pw" not in str(e.value).replace("password", "")
