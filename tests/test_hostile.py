@@ -154,14 +154,6 @@ def test_mongo_flipped_schema_bit_is_a_skip_not_a_schema_change(mongo_cfg, mongo
     check_position_1_skipped(cfg, gen)
 
 
-def _xxh3(data):
-    import ctypes
-    lib = ctypes.CDLL("libxxhash.so.0")
-    lib.XXH3_64bits.restype = ctypes.c_uint64
-    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return lib.XXH3_64bits(data, len(data))
-
-
 def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
     import resource
     from mongo_server import RawClient, binary, unbinary
@@ -176,7 +168,7 @@ def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
         struct.pack_into("<Q", h, d + 8, claim // 4)
         struct.pack_into("<Q", h, d + 80, claim)
         struct.pack_into("<Q", h, 16, off + claim)
-        h[32:40] = _xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
+        h[32:40] = whlib.xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
         dlen = off + claim - len(h)
         rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h), "z": dlen,
                                                    "k": -(-dlen // m[1]["b"])}})

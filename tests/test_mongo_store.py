@@ -3,7 +3,6 @@ faults survived, many processes, bad data, config compatibility.
 
 Every test gets its own database on a server shared by this module; the
 restart test gets a server of its own (a restart wipes everything)."""
-import ctypes
 import json
 import os
 import subprocess
@@ -432,13 +431,6 @@ def test_server_restart_while_everything_runs(tmp_path):
 # -- bad data ----------------------------------------------------------------
 
 
-def _xxh3(data):
-    lib = ctypes.CDLL("libxxhash.so.0")
-    lib.XXH3_64bits.restype = ctypes.c_uint64
-    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return lib.XXH3_64bits(data, len(data))
-
-
 def test_bad_data_reads_as_corrupt_with_a_reason(mongo_cfg, server):
     swap_cap = 6
     cfg = mongo_cfg(swap_cap=swap_cap)
@@ -456,7 +448,7 @@ def test_bad_data_reads_as_corrupt_with_a_reason(mongo_cfg, server):
         # 2: a wrong dtype code (header checksum recomputed: only the code is wrong)
         h = bytearray(unbinary(m[2]["h"]))
         h[64 + 96] = 42  # field 1's dtype
-        h[32:40] = _xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
+        h[32:40] = whlib.xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
         rc.update(db, man, {"_id": 2}, {"$set": {"h": binary(h)}})
         # 3: a missing chunk
         rc.command(db, {"delete": chunks, "deletes": [

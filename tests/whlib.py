@@ -37,6 +37,16 @@ def sample(tag, counter, n=256):
     return ident, data
 
 
+def xxh3(data):
+    """XXH3-64 of bytes, as the sample format checksums them (to forge
+    headers whose checksum still holds)."""
+    import ctypes
+    lib = ctypes.CDLL("libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return lib.XXH3_64bits(data, len(data))
+
+
 def check_sample(ident, data):
     """Raises AssertionError unless data matches its id."""
     ident = np.asarray(ident)
