@@ -54,6 +54,9 @@
 
 #define WH__HIST 16
 #define WH__MAX_CHUNK (16u * 1024 * 1024 - 16 * 1024) /* BSON document limit, less room for keys */
+/* Chunks per sample: a reader's filter names each, and must stay far below
+ * the 16 MiB BSON limit (about 30 bytes per chunk). */
+#define WH__MAX_CHUNKS (1u << 18)
 #define WH__DEFAULT_CHUNK (4u * 1024 * 1024)
 #define WH__BATCH_BYTES (32u * 1000 * 1000) /* per reply; libmongoc refuses 48 MB */
 #define WH__INSERT_BYTES (32u * 1000 * 1000) /* chunk bytes per insert_many call */
@@ -905,6 +908,12 @@ static bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned
         return false;
     const uint64_t hlen = meta.header_size, len = meta.total_size - meta.header_size;
     const uint64_t cb = m->chunk_bytes, nchunks = (len + cb - 1) / cb;
+    if (nchunks > WH__MAX_CHUNKS)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "sample of %llu bytes needs %llu chunks of CHUNKSIZE %llu bytes, more "
+                          "than the %u a sample may have; raise CHUNKSIZE",
+                          (unsigned long long)len, (unsigned long long)nchunks,
+                          (unsigned long long)cb, WH__MAX_CHUNKS);
     const unsigned char *data = m->buf + hlen;
 
     wh__state_t s;
@@ -1241,6 +1250,74 @@ static void wh__scatter(const wh_sample_meta_t *meta, void *const *dst, uint64_t
     }
 }
 
+typedef struct {
+    int64_t sid;                 /* the sample's chunk id */
+    uint64_t cb, nchunks, dlen;  /* chunk size, chunk count, data bytes */
+} wh__manifest_t;
+
+/* A manifest document checked against the schema, the place it was read
+ * from and the store's limits, without I/O (fuzzed on its own); meta gets
+ * the sample's layout. */
+static bool wh__parse_manifest(const bson_t *man, const wh_schema_t *schema, uint64_t gen,
+                               uint32_t pos, wh__manifest_t *out, wh_sample_meta_t *meta,
+                               wh_err_t *err) {
+    int64_t sid = 0, k = 0, z = 0, b = 0;
+    const uint8_t *hdr = NULL;
+    uint32_t hlen = 0;
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, man, "h") && BSON_ITER_HOLDS_BINARY(&it))
+        bson_iter_binary(&it, NULL, &hlen, &hdr);
+    if (!wh__get_int(man, "s", &sid) || !wh__get_int(man, "k", &k) ||
+        !wh__get_int(man, "z", &z) || !wh__get_int(man, "b", &b) || !hdr)
+        return wh__corrupt(gen, pos, err, "manifest lacks s, k, z, b or h");
+    if (!wh_sample_decode_meta(hdr, hlen, schema, gen, pos, meta, err))
+        return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
+    uint64_t dlen = meta->total_size - meta->header_size;
+    if (hlen != meta->header_size)
+        return wh__corrupt(gen, pos, err, "manifest header is %u bytes, its layout says %llu",
+                           hlen, (unsigned long long)meta->header_size);
+    if (z < 0 || (uint64_t)z != dlen)
+        return wh__corrupt(gen, pos, err, "manifest says %lld data bytes, header says %llu",
+                           (long long)z, (unsigned long long)dlen);
+    if (b < 1 || b > (int64_t)WH__MAX_CHUNK)
+        return wh__corrupt(gen, pos, err, "manifest chunk size %lld out of range", (long long)b);
+    uint64_t cb = (uint64_t)b, nchunks = (dlen + cb - 1) / cb;
+    if (k < 0 || (uint64_t)k != nchunks)
+        return wh__corrupt(gen, pos, err, "manifest says %lld chunks, sizes need %llu",
+                           (long long)k, (unsigned long long)nchunks);
+    if (nchunks > WH__MAX_CHUNKS)
+        return wh__corrupt(gen, pos, err, "manifest claims %llu chunks, at most %u are written",
+                           (unsigned long long)nchunks, WH__MAX_CHUNKS);
+    *out = (wh__manifest_t){sid, cb, nchunks, dlen};
+    return true;
+}
+
+/* A chunk document of the sample mf describes, checked without I/O (fuzzed
+ * on its own): its id, that it was not seen before (seen: nchunks flags),
+ * and its length. */
+static bool wh__parse_chunk(const bson_t *doc, const wh__manifest_t *mf, const unsigned char *seen,
+                            uint64_t gen, uint32_t pos, int64_t *dc, const uint8_t **bytes,
+                            uint32_t *blen, wh_err_t *err) {
+    int64_t ds = 0;
+    *dc = -1;
+    *bytes = NULL;
+    *blen = 0;
+    if (!wh__get_int(doc, "_id.s", &ds) || !wh__get_int(doc, "_id.c", dc) || ds != mf->sid)
+        return wh__corrupt(gen, pos, err, "chunk document with a malformed _id");
+    if (*dc < 0 || (uint64_t)*dc >= mf->nchunks || seen[*dc])
+        return wh__corrupt(gen, pos, err, "unexpected chunk %lld (sample has %llu)",
+                           (long long)*dc, (unsigned long long)mf->nchunks);
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, doc, "d") && BSON_ITER_HOLDS_BINARY(&it))
+        bson_iter_binary(&it, NULL, blen, bytes);
+    uint64_t off = (uint64_t)*dc * mf->cb;
+    uint64_t want = mf->dlen - off < mf->cb ? mf->dlen - off : mf->cb;
+    if (!*bytes || *blen != want)
+        return wh__corrupt(gen, pos, err, "chunk %lld holds %u bytes, manifest expects %llu",
+                           (long long)*dc, *bytes ? *blen : 0, (unsigned long long)want);
+    return true;
+}
+
 static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                            wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
@@ -1274,36 +1351,13 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
         bson_destroy(&man);
         return wh__missing(m, gen, pos, "manifest missing", err);
     }
-    int64_t sid = 0, k = 0, z = 0, b = 0;
-    const uint8_t *hdr = NULL;
-    uint32_t hlen = 0;
-    bson_iter_t it;
-    if (bson_iter_init_find(&it, &man, "h") && BSON_ITER_HOLDS_BINARY(&it))
-        bson_iter_binary(&it, NULL, &hlen, &hdr);
+    wh__manifest_t mf = {0};
     wh_sample_meta_t meta;
-    if (!wh__get_int(&man, "s", &sid) || !wh__get_int(&man, "k", &k) ||
-        !wh__get_int(&man, "z", &z) || !wh__get_int(&man, "b", &b) || !hdr) {
-        bson_destroy(&man);
-        return wh__corrupt(gen, pos, err, "manifest lacks s, k, z, b or h");
-    }
-    if (!wh_sample_decode_meta(hdr, hlen, schema, gen, pos, &meta, err)) {
-        bson_destroy(&man);
-        return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
-    }
-    uint64_t dlen = meta.total_size - meta.header_size;
-    bson_destroy(&man); /* hdr no longer used */
-    if (hlen != meta.header_size)
-        return wh__corrupt(gen, pos, err, "manifest header is %u bytes, its layout says %llu",
-                           hlen, (unsigned long long)meta.header_size);
-    if (z < 0 || (uint64_t)z != dlen)
-        return wh__corrupt(gen, pos, err, "manifest says %lld data bytes, header says %llu",
-                           (long long)z, (unsigned long long)dlen);
-    if (b < 1 || b > (int64_t)WH__MAX_CHUNK)
-        return wh__corrupt(gen, pos, err, "manifest chunk size %lld out of range", (long long)b);
-    uint64_t cb = (uint64_t)b, nchunks = (dlen + cb - 1) / cb;
-    if (k < 0 || (uint64_t)k != nchunks)
-        return wh__corrupt(gen, pos, err, "manifest says %lld chunks, sizes need %llu",
-                           (long long)k, (unsigned long long)nchunks);
+    ok = wh__parse_manifest(&man, schema, gen, pos, &mf, &meta, err);
+    bson_destroy(&man);
+    if (!ok) return false;
+    const int64_t sid = mf.sid;
+    const uint64_t cb = mf.cb, nchunks = mf.nchunks, dlen = mf.dlen;
 
     /* a large claim is confirmed before memory is allocated for it: the
      * chunks must exist, so a forged manifest costs a count, not its size */
@@ -1345,28 +1399,14 @@ static bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_f
         uint64_t got = 0;
         bool bad = false;
         while (!bad && mongoc_cursor_next(cur, &doc)) {
-            int64_t ds = 0, dc = -1;
+            int64_t dc = -1;
             const uint8_t *bytes = NULL;
             uint32_t blen = 0;
-            if (!wh__get_int(doc, "_id.s", &ds) || !wh__get_int(doc, "_id.c", &dc) || ds != sid) {
-                bad = !wh__corrupt(gen, pos, err, "chunk document with a malformed _id");
+            if (!wh__parse_chunk(doc, &mf, m->seen, gen, pos, &dc, &bytes, &blen, err)) {
+                bad = true;
                 break;
             }
-            if (dc < 0 || (uint64_t)dc >= nchunks || m->seen[dc]) {
-                bad = !wh__corrupt(gen, pos, err, "unexpected chunk %lld (sample has %llu)",
-                                   (long long)dc, (unsigned long long)nchunks);
-                break;
-            }
-            if (bson_iter_init_find(&it, doc, "d") && BSON_ITER_HOLDS_BINARY(&it))
-                bson_iter_binary(&it, NULL, &blen, &bytes);
             uint64_t off = (uint64_t)dc * cb;
-            uint64_t want = dlen - off < cb ? dlen - off : cb;
-            if (!bytes || blen != want) {
-                bad = !wh__corrupt(gen, pos, err,
-                                   "chunk %lld holds %u bytes, manifest expects %llu",
-                                   (long long)dc, bytes ? blen : 0, (unsigned long long)want);
-                break;
-            }
             m->seen[dc] = 1;
             got++;
             wh__scatter(&meta, dst, meta.header_size + off, bytes, blen);

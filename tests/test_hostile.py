@@ -154,24 +154,30 @@ def test_mongo_flipped_schema_bit_is_a_skip_not_a_schema_change(mongo_cfg, mongo
     check_position_1_skipped(cfg, gen)
 
 
+def forge_claim(cfg, rc, gen, claim, chunk=None):
+    """Manifest 1 claims `claim` bytes of data (float32 field 1), with a
+    header whose checksum holds and sizes that agree with each other."""
+    from mongo_server import binary, unbinary
+    db, coll, m = manifests(cfg, rc, gen)
+    h = bytearray(unbinary(m[1]["h"]))
+    d = 64 + 96  # field 1's descriptor: shape, nbytes; header: total
+    off = struct.unpack_from("<Q", h, d + 72)[0]
+    struct.pack_into("<Q", h, d + 8, claim // 4)
+    struct.pack_into("<Q", h, d + 80, claim)
+    struct.pack_into("<Q", h, 16, off + claim)
+    h[32:40] = whlib.xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
+    dlen, b = off + claim - len(h), chunk or m[1]["b"]
+    rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h), "z": dlen, "b": b,
+                                               "k": -(-dlen // b)}})
+
+
 def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
     import resource
-    from mongo_server import RawClient, binary, unbinary
+    from mongo_server import RawClient
     cfg = mongo_cfg(swap_cap=SWAP_CAP)
     gen = sealed(cfg)
-    claim = 2 << 30
     with RawClient(mongo_server.uri) as rc:
-        db, coll, m = manifests(cfg, rc, gen)
-        h = bytearray(unbinary(m[1]["h"]))
-        d = 64 + 96  # field 1 (data, float32): shape, nbytes, total claim 2 GiB
-        off = struct.unpack_from("<Q", h, d + 72)[0]
-        struct.pack_into("<Q", h, d + 8, claim // 4)
-        struct.pack_into("<Q", h, d + 80, claim)
-        struct.pack_into("<Q", h, 16, off + claim)
-        h[32:40] = whlib.xxh3(bytes(h[:32] + h[40:])).to_bytes(8, "little")
-        dlen = off + claim - len(h)
-        rc.update(db, coll, {"_id": 1}, {"$set": {"h": binary(h), "z": dlen,
-                                                   "k": -(-dlen // m[1]["b"])}})
+        forge_claim(cfg, rc, gen, 2 << 30)
     store = open_store(cfg)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(wt.CorruptSampleError, match="claims 2147483.* bytes in .* chunks, 1 exist"):
@@ -179,6 +185,16 @@ def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
     grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grew_mib < 256, f"peak RSS grew by {grew_mib:.0f} MiB for a forged manifest"
     assert store.read_sample(gen, 1)[2]  # the read policy skips it
+
+
+def test_mongo_manifest_of_a_million_chunks_is_refused(mongo_cfg, mongo_server):
+    from mongo_server import RawClient
+    cfg = mongo_cfg(swap_cap=SWAP_CAP)
+    gen = sealed(cfg)
+    with RawClient(mongo_server.uri) as rc:
+        forge_claim(cfg, rc, gen, 1 << 20, chunk=1)  # a filter naming 1M chunk ids
+    with pytest.raises(wt.CorruptSampleError, match="chunks, at most 262144"):
+        open_store(cfg).read_sample(gen, 1, skip=False)
 
 
 @pytest.mark.parametrize("expires", ["soon", None, 1 << 62])
