@@ -10,7 +10,7 @@ CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h)
 
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
-            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib
+            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib clang libclang-rt-14-dev
 
 # libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
 # not to, and a killed test process leaves them behind.
@@ -72,6 +72,7 @@ mongo-jars: .deps/debian.stamp
 include tests/c/plan.mk
 include tests/c/mongo.mk
 include benchmarks/bench.mk
+include tests/fuzz/fuzz.mk
 
 # C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
 STORE_CSRC := tests/c/test_store.c ext/util.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c ext/wh_mongo.c
@@ -166,7 +167,7 @@ wheel: $(WHEEL_PY)
 test-wheel: wheel
 	sh tests/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
 
-test: test-c test-py test-asan test-installed test-wheel test-torch2
+test: test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
 
 demo: install
 	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
