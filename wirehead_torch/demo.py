@@ -421,11 +421,12 @@ def _cmd_train(argv):
     a = p.parse_args(argv)
     import torch.distributed as dist
     dist.init_process_group(backend="gloo")
-    try:
-        _train(json.loads(a.config_json), a, a.seconds, children=None,
-               out=sys.stdout)
-    finally:
-        dist.destroy_process_group()
+    _train(json.loads(a.config_json), a, a.seconds, children=None, out=sys.stdout)
+    # every rank reaches teardown before any destroys its process group
+    # (torch 2.15 once aborted a rank whose peer tore down first); after an
+    # error a barrier could wait for a rank that is gone, so none then
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
