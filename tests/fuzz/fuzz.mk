@@ -12,14 +12,15 @@ FUZZ_EXT := ext/util.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.
 
 build/fuzz/fuzz_sample: tests/fuzz/fuzz_sample.c $(FUZZ_EXT) $(wildcard ext/*.h)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) ext/wh_mongo.c $(FUZZ_LIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(MONGO_CSRC) $(FUZZ_LIBS)
 build/fuzz/fuzz_segment: tests/fuzz/fuzz_segment.c $(FUZZ_EXT) $(wildcard ext/*.h)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) ext/wh_mongo.c $(FUZZ_LIBS)
-# includes ext/wh_mongo.c itself, for its static parsers
-build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c ext/wh_mongo.c $(FUZZ_EXT) $(wildcard ext/*.h)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(MONGO_CSRC) $(FUZZ_LIBS)
+# includes the files holding the static parsers, links the rest
+FUZZ_MONGO_OWN := ext/wh_mongo_state.c ext/wh_mongo_lease.c ext/wh_mongo_read.c
+build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c $(MONGO_CSRC) $(FUZZ_EXT) $(wildcard ext/*.h)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(FUZZ_LIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(filter-out $(FUZZ_MONGO_OWN),$(MONGO_CSRC)) $(FUZZ_LIBS)
 
 fuzz: .deps/debian.stamp $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 	@for t in $(FUZZ_TARGETS); do \
@@ -28,8 +29,10 @@ fuzz: .deps/debian.stamp $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 	  (cd build/fuzz && ASAN_OPTIONS=detect_leaks=1 ./$$t -max_total_time=$(FUZZ_SECONDS) \
 	     -max_len=4096 -timeout=10 -print_final_stats=1 \
 	     corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t 2>&1 | tail -12) && \
-	  test -z "$$(ls build/fuzz/crash-* build/fuzz/leak-* build/fuzz/timeout-* 2>/dev/null)" || \
-	  { echo "fuzz: $$t found a failure: $$(ls build/fuzz/crash-* build/fuzz/leak-* build/fuzz/timeout-* 2>/dev/null)"; exit 1; }; \
+	  bad="$$(ls build/fuzz/crash-* build/fuzz/leak-* build/fuzz/timeout-* build/fuzz/oom-* 2>/dev/null)"; \
+	  test -z "$$bad" || { echo "fuzz: $$t found a failure: $$bad"; \
+	    (cd build/fuzz && ./$$t $$(basename $$(echo "$$bad" | head -1)) 2>&1 | grep -v '^INFO' | head -40); \
+	    exit 1; }; \
 	done
 
 test-fuzz:

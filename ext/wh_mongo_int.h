@@ -1,0 +1,99 @@
+/* MongoDB backend: what its files share (wh_mongo.c connection, errors,
+ * open and status; wh_mongo_state.c the state document; wh_mongo_put.c
+ * put; wh_mongo_lease.c lease and seal; wh_mongo_read.c read). Internal:
+ * included only by those files and the fuzz harness. */
+#ifndef WH_MONGO_INT_H
+#define WH_MONGO_INT_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <mongoc/mongoc.h>
+
+#include "wh_fault.h"
+#include "wh_store.h"
+
+#define WH__HIST 16
+#define WH__MAX_CHUNK (16u * 1024 * 1024 - 16 * 1024) /* BSON document limit, less room for keys */
+/* Chunks per sample: a reader's filter names each, and must stay far below
+ * the 16 MiB BSON limit (about 30 bytes per chunk). */
+#define WH__MAX_CHUNKS (1u << 18)
+#define WH__DEFAULT_CHUNK (4u * 1024 * 1024)
+#define WH__BATCH_BYTES (32u * 1000 * 1000) /* per reply; libmongoc refuses 48 MB */
+#define WH__INSERT_BYTES (32u * 1000 * 1000) /* chunk bytes per insert_many call */
+#define WH__REPAIR_TRIES 32
+#define WH__NAME_MAX 256
+
+typedef struct {
+    uint64_t read_gen, write_gen, retiring;
+    uint64_t seals, generated, discarded;
+    int nhist;
+    struct {
+        uint64_t generation, time_ns, generated, discarded, seal_ns;
+    } hist[WH__HIST];
+} wh__state_t;
+
+typedef struct {
+    wh_store_t base;
+    mongoc_client_t *client;
+    char db[128];
+    char prefix[128];
+    char where[512];  /* URI without credentials or options, for messages */
+    char secret[256]; /* userinfo of the URI, scrubbed from libmongoc messages */
+    uint64_t token;   /* lease owner id of this handle */
+    pid_t pid;
+    uint64_t chunk_bytes;
+    double wait_s;       /* server selection timeout, for messages */
+    uint64_t known_read; /* newest read generation this handle has seen */
+    unsigned char *buf;  /* encode buffer, reused across puts */
+    uint64_t buf_cap;
+    unsigned char *seen; /* chunk bitmap for reads, reused */
+    uint64_t seen_cap;
+    char host[64];
+} wh__mongo_t;
+
+/* wh_mongo.c: errors, names, documents */
+bool wh__is_unavail(const bson_error_t *e);
+bool wh__is_dup(const bson_error_t *e);
+bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+uint64_t wh__rand64(void);
+mongoc_collection_t *wh__coll(wh__mongo_t *m, const char *name);
+mongoc_collection_t *wh__gen_coll(wh__mongo_t *m, uint64_t gen, bool manifests);
+mongoc_collection_t *wh__state_coll(wh__mongo_t *m);
+bool wh__get_int(const bson_t *doc, const char *key, int64_t *out);
+uint64_t wh__get_u64_or0(const bson_t *doc, const char *key);
+bool wh__find_one(wh__mongo_t *m, mongoc_collection_t *c, const bson_t *filter, bson_t *out,
+                  bool *found, const char *what, wh_err_t *err);
+
+/* wh_mongo_state.c */
+bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh_err_t *err);
+bool wh__inc_discarded(wh__mongo_t *m, wh_err_t *err);
+bool wh__gen_full(wh__mongo_t *m, uint64_t gen, bool *full, uint64_t *fill, wh_err_t *err);
+
+/* wh_mongo_put.c */
+bool wh__grow(unsigned char **buf, uint64_t *cap, uint64_t need, wh_err_t *err);
+void wh__chunk_filter(bson_t *q, int64_t sid, uint64_t nchunks);
+bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
+                   wh_put_status_t *status, uint64_t *genp, wh_err_t *err);
+
+/* wh_mongo_lease.c */
+bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err);
+bool wh__mongo_resign(wh_store_t *st, wh_err_t *err);
+bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_t *left_ms, bool *live,
+                   wh_err_t *err);
+bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+
+/* wh_mongo_read.c */
+bool wh__mongo_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);
+bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                    wh_sample_meta_t *meta_out, wh_err_t *err);
+
+#endif
