@@ -12,6 +12,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -22,6 +24,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +39,14 @@
 #define WH__OPEN_WAIT_MS 5000
 
 #define WH__MAX_HOLES 64
+
+/* A lock in the segment: the holder's pid, 0 when free. Not a pthread
+ * mutex: glibc aborts the process on some garbage in a robust mutex
+ * (found by fuzz_segment), and a segment's bytes may be hostile. */
+typedef struct {
+    int32_t owner;    /* atomic */
+    uint32_t waiters; /* atomic: sleepers to wake on release */
+} wh__lock_t;
 
 typedef struct {
     int32_t pid; /* 0: free entry */
@@ -55,7 +66,7 @@ typedef struct {
 } wh__pin_t;
 
 typedef struct {
-    pthread_mutex_t lock;
+    wh__lock_t lock;
     uint64_t gen;   /* atomic: generation this slot holds, 0 if none */
     uint64_t used;  /* bytes reserved */
     uint32_t count; /* atomic: committed positions */
@@ -90,7 +101,7 @@ typedef struct {
     int64_t creator_pid;
     uint64_t created_ns;
 
-    pthread_mutex_t lock; /* lease, seal, history */
+    wh__lock_t lock; /* lease, seal, history */
     uint64_t read_gen;    /* atomic */
     uint64_t write_gen;   /* atomic */
     uint64_t generated, discarded, seals; /* atomic */
@@ -138,45 +149,54 @@ static void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RE
 /* Pin drops run from a view's deleter, which has no store at hand. */
 #define WH__PIN_LOCK_WAIT_S 10.0
 
-/* Waits at most wait_s: a holder stopped (SIGSTOP, a debugger, a suspended
- * job) or garbage in the mutex word must not hang every participant. */
-static bool wh__lock(pthread_mutex_t *m, double wait_s, wh_err_t *err) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(wait_s * 1e9);
-    ts.tv_sec += (time_t)(ns / 1000000000u);
-    ts.tv_nsec = (long)(ns % 1000000000u);
-    int r = pthread_mutex_timedlock(m, &ts);
-    if (r == EOWNERDEAD) {
-        /* The holder died; every update under these locks commits with its
-         * last store, so the protected state is consistent as it is. */
-        pthread_mutex_consistent(m);
-        return true;
-    }
-    if (r == ETIMEDOUT)
-        return wh_err_set(err, WH_E_TIMEOUT,
-                          "shm store lock not released within %gs: its holder is stopped "
-                          "(SIGSTOP, a debugger, a suspended job) or the segment is damaged",
-                          wait_s);
-    if (r != 0) return wh_err_set(err, WH_E_CORRUPT, "shm lock: %s (damaged segment?)", strerror(r));
-    return true;
-}
-
-static void wh__unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
-
 static bool wh__pid_alive(int64_t pid) {
     if (pid <= 0) return false;
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
-static bool wh__init_mutex(pthread_mutex_t *m) {
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a)) return false;
-    bool ok = !pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) &&
-              !pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) &&
-              !pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-    return ok;
+static long wh__futex(int32_t *addr, int op, int32_t val, const struct timespec *ts) {
+    return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+/* Takes a segment lock, waiting at most wait_s: a holder stopped (SIGSTOP,
+ * a debugger, a suspended job) or a garbage owner that is alive must not
+ * hang every participant. A holder that died is replaced at once: every
+ * update under these locks commits with its last store, so the protected
+ * state is consistent as it is. */
+static bool wh__lock(wh__lock_t *l, double wait_s, wh_err_t *err) {
+    const int32_t me = (int32_t)getpid();
+    const uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s * 1e9);
+    for (unsigned spins = 0;; spins++) {
+        int32_t cur = 0;
+        if (__atomic_compare_exchange_n(&l->owner, &cur, me, false, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            return true;
+        if (spins < 64) { /* held for microseconds: spin a little first */
+            sched_yield();
+            continue;
+        }
+        if (!wh__pid_alive(cur)) { /* a dead holder, or garbage: take it over */
+            if (__atomic_compare_exchange_n(&l->owner, &cur, me, false, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED))
+                return true;
+            continue;
+        }
+        if (wh_now_mono_ns() >= deadline)
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "shm store lock held by pid %d for more than %gs: that process "
+                              "is stopped (SIGSTOP, a debugger, a suspended job) or the segment "
+                              "is damaged", (int)cur, wait_s);
+        /* sleep until a release wakes us, re-checking the holder every 2 ms */
+        struct timespec ts = {0, 2000000};
+        __atomic_add_fetch(&l->waiters, 1, __ATOMIC_ACQ_REL);
+        wh__futex(&l->owner, FUTEX_WAIT, cur, &ts);
+        __atomic_sub_fetch(&l->waiters, 1, __ATOMIC_ACQ_REL);
+    }
+}
+
+static void wh__unlock(wh__lock_t *l) {
+    __atomic_store_n(&l->owner, 0, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&l->waiters, __ATOMIC_ACQUIRE)) wh__futex(&l->owner, FUTEX_WAKE, 1, NULL);
 }
 
 static uint64_t wh__page_up(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
@@ -300,8 +320,7 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
     h->data_off = data_off;
     h->creator_pid = getpid();
     h->created_ns = wh_now_real_ns();
-    bool ok = wh__init_mutex(&h->lock);
-    for (int i = 0; i < WH__SLOTS && ok; i++) ok = wh__init_mutex(&h->slots[i].lock);
+    bool ok = true; /* the locks start free: the segment is zero-filled */
     if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
     /* Generation ids start from the wall clock in nanoseconds, so they keep
      * increasing even when the store is removed and created again (no store
