@@ -32,6 +32,7 @@ reads; the server is another process). Each figure is the median over
 to --out as a markdown table (and the JSON of every run beside it).
 """
 import argparse
+import glob
 import json
 import os
 import shlex
@@ -94,7 +95,9 @@ ORIG_SCRIPT = textwrap.dedent("""
 
 def build_c():
     srcs = ["benchmarks/bench_mongo.c", "ext/util.c", "ext/wh_fault.c", "ext/wh_sample.c",
-            "ext/wh_store.c", "ext/wh_shm.c", "ext/wh_mongo.c"]
+            "ext/wh_store.c", "ext/wh_shm.c"]
+    srcs += sorted(os.path.relpath(p, REPO)
+                   for p in glob.glob(os.path.join(REPO, "ext", "wh_mongo*.c")))
     newest = max(os.path.getmtime(os.path.join(REPO, s)) for s in srcs)
     if os.path.exists(BIN) and os.path.getmtime(BIN) >= newest:
         return
