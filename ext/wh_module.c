@@ -1368,6 +1368,22 @@ static PyObject *wh__counters(PyObject *m, PyObject *unused) {
                          "pool_idle_bytes", (unsigned long long)idle);
 }
 
+/* shm_layout() -> byte offsets inside an shm segment (tests that forge damage). */
+static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_shm_layout_t l;
+    wh_shm_layout(&l);
+    return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
+                         "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token",
+                         (Py_ssize_t)l.leader_token, "lease_expiry_ns", (Py_ssize_t)l.lease_expiry_ns,
+                         "lease_ns", (Py_ssize_t)l.lease_ns, "slots", (Py_ssize_t)l.slots,
+                         "slot_size", (Py_ssize_t)l.slot_size, "slot_lock", (Py_ssize_t)l.slot_lock,
+                         "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used", (Py_ssize_t)l.slot_used,
+                         "slot_count", (Py_ssize_t)l.slot_count, "slot_nholes",
+                         (Py_ssize_t)l.slot_nholes, "slot_holes", (Py_ssize_t)l.slot_holes);
+}
+
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
     (void)m;
     (void)unused;
@@ -1522,6 +1538,7 @@ static PyMethodDef wh__module_methods[] = {
     {"plan_resume_step", (PyCFunction)(void (*)(void))wh__plan_resume,
      METH_VARARGS | METH_KEYWORDS, "first step of this worker after `consumed` batches"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
+    {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,16 +55,17 @@ class WireheadGenerator:
             try:
                 # get() re-attaches a store removed or re-created meanwhile
                 status, gen = self._store.get(arrays).put(arrays, wait_ms=100)
-            except _C.StoreUnavailableError as e:
+            except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
+                # a server outage, or an shm lock held by a stopped process
                 if not warned_down:
-                    log.warning("wirehead generator: %s; retrying until the server is back", e)
+                    log.warning("wirehead generator: %s; retrying", e)
                     warned_down = True
                 if stop.wait(delay):
                     return None
                 delay = min(delay * 2, 2.0)
                 continue
             if warned_down:
-                log.warning("wirehead generator: the store is reachable again")
+                log.warning("wirehead generator: the store answers again")
                 warned_down = False
             if status != _C.PUT_WAIT:
                 return status, gen
@@ -85,8 +86,9 @@ class WireheadGenerator:
             return
         try:
             self._try_seal(status)
-        except (_C.StoreUnavailableError, _C.NotFoundError, _C.LeaseLostError):
-            pass  # the server is away or the store was wiped: the next put deals with it
+        except (_C.StoreUnavailableError, _C.StoreTimeoutError, _C.NotFoundError,
+                _C.LeaseLostError):
+            pass  # the store is away, stuck or wiped: the next put deals with it
 
     def _try_seal(self, status):
         store = self._store.get()

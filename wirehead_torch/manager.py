@@ -135,16 +135,16 @@ class WireheadManager:
                         leader, prev_time, prev_generated, prev_seals = False, None, None, None
                         stop.wait(poll)
                         continue
-                    except _C.StoreUnavailableError as e:
+                    except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
+                        # a server outage, or an shm lock held by a stopped process
                         if not down:
-                            log.warning("wirehead manager: cannot reach the MongoDB server "
-                                        "(%s); retrying", e)
+                            log.warning("wirehead manager: %s; retrying", e)
                             down = True
                         leader = False
                         stop.wait(min(1.0, lease / 4))
                         continue
                     if down:
-                        log.warning("wirehead manager: the store is reachable again")
+                        log.warning("wirehead manager: the store answers again")
                         down = False
                     if info is not None and "blocked_pid" in info:
                         if blocked != info["blocked_pid"]:
