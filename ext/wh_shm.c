@@ -150,7 +150,7 @@ static void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RE
 #define WH__PIN_LOCK_WAIT_S 10.0
 
 static bool wh__pid_alive(int64_t pid) {
-    if (pid <= 0) return false;
+    if (pid <= 0 || pid > INT32_MAX) return false; /* no such pid: not 1 after a cast */
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 

@@ -1519,6 +1519,14 @@ static void t_hostile_locks(void) {
     put64(seg + L.lease_expiry_ns, wh_now_real_ns() + 100ull * 365 * 24 * 3600 * 1000000000ull);
     put64(seg + L.lease_ns, 0);
     CHECK(wh_store_lead(st, &lead, &e) && lead, "a forged far lease is taken over");
+    CHECK(wh_store_resign(st, &e), "resign");
+    /* a live-looking lease of pid 2^32 + 1, which a cast to pid_t would make pid 1 */
+    int64_t wide_pid = (1ll << 32) + 1;
+    memcpy(seg + L.leader_pid, &wide_pid, 8);
+    put64(seg + L.leader_token, 12345);
+    put64(seg + L.lease_ns, 30ull * 1000000000ull);
+    put64(seg + L.lease_expiry_ns, wh_now_real_ns() + 20ull * 1000000000ull);
+    CHECK(wh_store_lead(st, &lead, &e) && lead, "a lease of pid 2^32 + 1 is no one's");
     CHECK(status_of(st).leader_pid == (uint64_t)getpid(), "leader after takeover");
     /* garbage in the lock words (the bytes fuzz_segment once aborted glibc's
      * robust mutex with, and all ones): a lock nobody alive holds is taken */
