@@ -39,16 +39,14 @@ typedef struct {
     int64_t strides[WH_MAX_NDIM + 1]; /* in elements, C order */
 } wh__array_t;
 
-static PyTypeObject *wh__array_type;
-
-PyObject *wh_array_new(wh_buf_t *buf, size_t offset, int dtype, int ndim,
+PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dtype, int ndim,
                        const int64_t *shape) {
     if (ndim < 0 || ndim > WH_MAX_NDIM + 1) {
         PyErr_Format(PyExc_ValueError, "wirehead_torch.Array: %d dimensions, at most %d", ndim,
                      WH_MAX_NDIM + 1);
         return NULL;
     }
-    wh__array_t *a = PyObject_New(wh__array_t, wh__array_type);
+    wh__array_t *a = PyObject_New(wh__array_t, type);
     if (!a) return NULL;
     wh_buf_ref(buf);
     a->buf = buf;
@@ -302,13 +300,8 @@ static PyType_Spec wh__array_spec = {
     "wirehead_torch._C.Array", sizeof(wh__array_t), 0, Py_TPFLAGS_DEFAULT, wh__array_slots,
 };
 
-int wh_dlpack_init(PyObject *module) {
-    wh__array_type = (PyTypeObject *)PyType_FromSpec(&wh__array_spec);
-    if (!wh__array_type) return -1;
-    Py_INCREF(wh__array_type);
-    if (PyModule_AddObject(module, "Array", (PyObject *)wh__array_type) < 0) {
-        Py_DECREF(wh__array_type);
-        return -1;
-    }
-    return 0;
+PyTypeObject *wh_dlpack_init(PyObject *module) {
+    PyObject *t = PyType_FromModuleAndSpec(module, &wh__array_spec, NULL);
+    if (t && PyModule_AddType(module, (PyTypeObject *)t) < 0) Py_CLEAR(t);
+    return (PyTypeObject *)t;
 }

@@ -7,13 +7,16 @@
 
 #include "wh.h"
 
-/* New _C.Array viewing buf at offset with dtype/shape (C order, at most
- * WH_MAX_NDIM + 1 dims: a batch of fields); takes a new reference to buf. Returns a new Python reference or NULL with an
- * exception set. GIL held. */
-PyObject *wh_array_new(wh_buf_t *buf, size_t offset, int dtype, int ndim,
+/* New Array of type (the module's, from wh_dlpack_init) viewing buf at
+ * offset with dtype/shape (C order, at most WH_MAX_NDIM + 1 dims: a batch
+ * of fields); takes a new reference to buf. Returns a new Python reference
+ * or NULL with an exception set. GIL held. */
+PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dtype, int ndim,
                        const int64_t *shape);
 
-/* Registers the Array type on the module. */
-int wh_dlpack_init(PyObject *module);
+/* Makes the Array type bound to module (it keeps the module alive while an
+ * Array lives) and adds it as module.Array. Returns a new reference to the
+ * type, which the caller keeps in its module state, or NULL. */
+PyTypeObject *wh_dlpack_init(PyObject *module);
 
 #endif

@@ -14,30 +14,49 @@
 #include "wh_ring.h"
 #include "wh_store.h"
 
+/* Module state (multi-phase init, PEP 489): this module instance's
+ * exceptions and types. Methods reach it through their type, which is bound
+ * to the module (PyType_FromModuleAndSpec), so an object made by one
+ * instance raises that instance's exceptions, and the module lives as long
+ * as any of its objects. */
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound, *lease, *pinned;
-} wh__exc_t;
-static wh__exc_t wh__exc;
-static PyObject *wh__cuda_exc; /* CudaError, made in the CUDA block */
+        *unavail, *notfound, *lease, *pinned, *cuda;
+    PyTypeObject *array, *store, *loader, *map, *stage;
+} wh__state_t;
 
-PyObject *wh_module_raise(const wh_err_t *err);
+#define WH__STATE_FIELDS(X)                                                                   \
+    X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
+    X(notfound) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+#define WH__ONE(f) +1
+_Static_assert(sizeof(wh__state_t) == (0 WH__STATE_FIELDS(WH__ONE)) * sizeof(void *),
+               "WH__STATE_FIELDS names every field of the module state");
+#undef WH__ONE
 
-PyObject *wh_module_raise(const wh_err_t *err) {
-    PyObject *cls = wh__exc.base;
+static wh__state_t *wh__mstate(PyObject *module) {
+    return (wh__state_t *)PyModule_GetState(module);
+}
+
+/* The state of the module whose type made self (the types are final). */
+static wh__state_t *wh__tstate(void *self) {
+    return (wh__state_t *)PyType_GetModuleState(Py_TYPE((PyObject *)self));
+}
+
+static PyObject *wh__raise(wh__state_t *S, const wh_err_t *err) {
+    PyObject *cls = S->base;
     switch (err->code) {
-    case WH_E_INVALID: cls = wh__exc.value; break;
-    case WH_E_SCHEMA: cls = wh__exc.schema; break;
-    case WH_E_GONE: cls = wh__exc.gone; break;
-    case WH_E_CORRUPT: cls = wh__exc.corrupt; break;
-    case WH_E_NOSPACE: cls = wh__exc.nospace; break;
-    case WH_E_TOOBIG: cls = wh__exc.toobig; break;
-    case WH_E_TIMEOUT: cls = wh__exc.timeout; break;
-    case WH_E_UNAVAIL: cls = wh__exc.unavail; break;
-    case WH_E_NOTFOUND: cls = wh__exc.notfound; break;
-    case WH_E_LEASE: cls = wh__exc.lease; break;
-    case WH_E_PINNED: cls = wh__exc.pinned; break;
-    case WH_E_CUDA: cls = wh__cuda_exc ? wh__cuda_exc : cls; break;
+    case WH_E_INVALID: cls = S->value; break;
+    case WH_E_SCHEMA: cls = S->schema; break;
+    case WH_E_GONE: cls = S->gone; break;
+    case WH_E_CORRUPT: cls = S->corrupt; break;
+    case WH_E_NOSPACE: cls = S->nospace; break;
+    case WH_E_TOOBIG: cls = S->toobig; break;
+    case WH_E_TIMEOUT: cls = S->timeout; break;
+    case WH_E_UNAVAIL: cls = S->unavail; break;
+    case WH_E_NOTFOUND: cls = S->notfound; break;
+    case WH_E_LEASE: cls = S->lease; break;
+    case WH_E_PINNED: cls = S->pinned; break;
+    case WH_E_CUDA: cls = S->cuda; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
@@ -60,7 +79,7 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
     return PyBytes_AS_STRING(b);
 }
 
-static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
+static bool wh__parse_cfg(wh__state_t *S, PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
     static char *kwlist[] = {"uri", "swap_cap", "fields", "byte_budget", "chunk_bytes",
                              "dbname", "prefix", "lease_s", "connect_timeout_s",
                              "verify_reads", "create", NULL};
@@ -82,11 +101,11 @@ static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
     c->prefix = wh__opt_str(prefix, out->keep);
     if (PyErr_Occurred()) goto fail;
     if (swap_cap == 0 || swap_cap > (1ul << 30)) {
-        PyErr_SetString(wh__exc.value, "SWAP_CAP must be between 1 and 2**30");
+        PyErr_SetString(S->value, "SWAP_CAP must be between 1 and 2**30");
         goto fail;
     }
     if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {
-        PyErr_SetString(wh__exc.value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
+        PyErr_SetString(S->value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
                                        "numbers of seconds below 10^6");
         goto fail;
     }
@@ -113,7 +132,7 @@ static bool wh__parse_cfg(PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
     Py_DECREF(seq);
     wh_err_t err = {0};
     if (!wh_schema_init(&c->schema, (int)n, names, &err)) {
-        wh_module_raise(&err);
+        wh__raise(S, &err);
         goto fail;
     }
     return true;
@@ -139,7 +158,7 @@ static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
         return -1;
     }
-    if (!wh__parse_cfg(args, kw, &cb)) return -1;
+    if (!wh__parse_cfg(wh__tstate(self), args, kw, &cb)) return -1;
     wh_err_t err = {0};
     wh_store_t *st;
     Py_BEGIN_ALLOW_THREADS
@@ -147,7 +166,7 @@ static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
     if (!st) {
-        wh_module_raise(&err);
+        wh__raise(wh__tstate(self), &err);
         return -1;
     }
     pthread_mutex_init(&self->mu, NULL);
@@ -169,7 +188,7 @@ static void wh__store_dealloc(wh__pystore_t *self) {
 }
 
 static bool wh__open(wh__pystore_t *self) {
-    if (!self->st) PyErr_SetString(wh__exc.value, "store is closed");
+    if (!self->st) PyErr_SetString(wh__tstate(self)->value, "store is closed");
     return self->st != NULL;
 }
 
@@ -205,6 +224,7 @@ static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
 
 /* put(arrays, wait_ms=100): arrays is a sequence of (buffer, dtype_code). */
 static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"arrays", "wait_ms", NULL};
     PyObject *arrays;
     unsigned int wait_ms = 100;
@@ -215,7 +235,7 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > WH_MAX_FIELDS) {
         Py_DECREF(seq);
-        PyErr_Format(wh__exc.value, "sample has %zd fields, at most %d", n, WH_MAX_FIELDS);
+        PyErr_Format(S->value, "sample has %zd fields, at most %d", n, WH_MAX_FIELDS);
         return NULL;
     }
     Py_buffer views[WH_MAX_FIELDS];
@@ -229,13 +249,13 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
             goto out;
         size_t isz = wh_dtype_size(code);
         if (!isz) {
-            PyErr_Format(wh__exc.value, "field %d: unknown dtype code %d", got, code);
+            PyErr_Format(S->value, "field %d: unknown dtype code %d", got, code);
             goto out;
         }
         if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto out;
         Py_buffer *v = &views[got];
         if ((size_t)v->itemsize != isz || v->ndim > WH_MAX_NDIM) {
-            PyErr_Format(wh__exc.value, "field %d: itemsize %zd or ndim %d does not fit dtype %s",
+            PyErr_Format(S->value, "field %d: itemsize %zd or ndim %d does not fit dtype %s",
                          got, v->itemsize, v->ndim, wh_dtype_name(code));
             PyBuffer_Release(v);
             goto out;
@@ -262,7 +282,7 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
         bool ok;
         WH__CALL(self, st, ok, &err, wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
         res = ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen)
-                 : wh_module_raise(&err);
+                 : wh__raise(S, &err);
     }
 out:
     for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
@@ -271,33 +291,36 @@ out:
 }
 
 static PyObject *wh__store_lead(wh__pystore_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     bool ok, leader = false;
     WH__CALL(self, st, ok, &err, wh_store_lead(self->st, &leader, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     return PyBool_FromLong(leader);
 }
 
 static PyObject *wh__store_resign(wh__pystore_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_resign(self->st, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     Py_RETURN_NONE;
 }
 
 static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     wh_seal_info_t info = {0};
     bool ok, sealed = false;
     WH__CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     if (!sealed && info.blocked_pid && info.blocked_reader)
         return Py_BuildValue("{sKsOsK}", "blocked_pid", (unsigned long long)info.blocked_pid,
                              "blocked_reader", Py_True, "blocked_gen",
@@ -311,13 +334,14 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
 }
 
 static PyObject *wh__store_current(wh__pystore_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     uint64_t gen = 0;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_current(self->st, &gen, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     return PyLong_FromUnsignedLongLong(gen);
 }
 
@@ -339,7 +363,7 @@ static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
 }
 
 /* want (None: every field) as a bit mask of field indices. */
-static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
+static bool wh__want_mask(wh__state_t *S, int nf, PyObject *want, uint32_t *mask) {
     *mask = 0;
     if (want == Py_None) {
         *mask = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
@@ -351,7 +375,7 @@ static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
         long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
         if (k < 0 || k >= nf) {
             Py_DECREF(seq);
-            if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
+            if (!PyErr_Occurred()) PyErr_Format(S->value, "field index %ld out of range", k);
             return false;
         }
         *mask |= 1u << k;
@@ -363,13 +387,13 @@ static bool wh__want_mask(int nf, PyObject *want, uint32_t *mask) {
 /* List of Array, one per field: field i in bufs[i] (at its offset in the
  * encoded sample when in_sample, i.e. a view; else at 0), None where
  * bufs[i] is NULL (not wanted). Each Array holds a reference to its buffer. */
-static PyObject *wh__array_list(int nf, wh_buf_t *const *bufs, bool in_sample,
+static PyObject *wh__array_list(wh__state_t *S, int nf, wh_buf_t *const *bufs, bool in_sample,
                                 const wh_sample_meta_t *meta) {
     PyObject *out = PyList_New(nf);
     for (int i = 0; out && i < nf; i++) {
         PyObject *a = Py_None;
         if (bufs[i]) {
-            a = wh_array_new(bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
+            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
                              meta->f[i].ndim, meta->f[i].shape);
             if (!a) Py_CLEAR(out);
         } else {
@@ -383,6 +407,7 @@ static PyObject *wh__array_list(int nf, wh_buf_t *const *bufs, bool in_sample,
 /* read(gen, pos, want=None) -> list of Array (None for fields not wanted);
  * exactly that sample or an error, no retry. */
 static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"gen", "pos", "want", NULL};
     unsigned long long gen;
     unsigned int pos;
@@ -390,13 +415,13 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|O", kwlist, &gen, &pos, &want)) return NULL;
     if (!wh__open(self)) return NULL;
     wh__readctx_t ctx = {0};
-    if (!wh__want_mask(self->nfields, want, &ctx.want)) return NULL;
+    if (!wh__want_mask(S, self->nfields, want, &ctx.want)) return NULL;
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
     PyObject *out =
-        ok ? wh__array_list(self->nfields, ctx.bufs, false, &meta) : wh_module_raise(&err);
+        ok ? wh__array_list(S, self->nfields, ctx.bufs, false, &meta) : wh__raise(S, &err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -405,6 +430,7 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
  * and view_sample. */
 static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_read_at_t *at,
                          uint32_t *mask, double *timeout) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
     unsigned long long gen;
     unsigned int pos;
@@ -413,7 +439,7 @@ static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_r
     *timeout = 60.0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, timeout,
                                      &skip) ||
-        !wh__open(self) || !wh__want_mask(self->nfields, want, mask))
+        !wh__open(self) || !wh__want_mask(S, self->nfields, want, mask))
         return false;
     memset(at, 0, sizeof *at);
     at->gen = gen;
@@ -438,6 +464,7 @@ static PyObject *wh__at_result(const wh_read_at_t *at, PyObject *arrs) {
  * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
  * or, with skip=False, raises CorruptSampleError. */
 static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     wh__readctx_t ctx = {0};
     wh_read_at_t at;
     double timeout;
@@ -447,8 +474,8 @@ static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyOb
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = ok ? wh__at_result(&at, wh__array_list(self->nfields, ctx.bufs, false, &meta))
-                       : wh_module_raise(&err);
+    PyObject *out = ok ? wh__at_result(&at, wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
+                       : wh__raise(S, &err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -456,6 +483,7 @@ static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyOb
 /* wait_generation(newer_than=0, timeout=60.0) -> newest read generation
  * other than newer_than, waiting with the read policy's backoff. */
 static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"newer_than", "timeout", NULL};
     unsigned long long newer = 0;
     double timeout = 60.0;
@@ -465,7 +493,7 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
     uint64_t gen = 0;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_wait_gen(self->st, newer, timeout, NULL, &gen, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     return PyLong_FromUnsignedLongLong(gen);
 }
 
@@ -473,6 +501,7 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
  * read_sample, but the arrays view the store (read-only, pinned until the
  * last of them dies) instead of holding copies. shm:// only. */
 static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     uint32_t mask;
     wh_read_at_t at;
     double timeout;
@@ -483,11 +512,11 @@ static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyOb
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     wh_buf_t *bufs[WH_MAX_FIELDS] = {0};
     for (int i = 0; i < self->nfields; i++)
         if (mask & (1u << i)) bufs[i] = v; /* every Array holds the view, hence the pin */
-    PyObject *out = wh__at_result(&at, wh__array_list(self->nfields, bufs, true, &meta));
+    PyObject *out = wh__at_result(&at, wh__array_list(S, self->nfields, bufs, true, &meta));
     wh_buf_unref(v); /* the arrays hold their own references */
     return out;
 }
@@ -512,10 +541,10 @@ static bool wh__into_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
 
 /* Writable C-contiguous views of bufs (None: field skipped) into views[];
  * *got counts the entries filled, each to be released by the caller. */
-static bool wh__get_views(PyObject *seq, Py_buffer *views, int *got) {
+static bool wh__get_views(wh__state_t *S, PyObject *seq, Py_buffer *views, int *got) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > WH_MAX_FIELDS) {
-        PyErr_SetString(wh__exc.value, "too many buffers");
+        PyErr_SetString(S->value, "too many buffers");
         return false;
     }
     for (; *got < n; (*got)++) {
@@ -555,6 +584,7 @@ static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta
  * exactly that sample. Returns the fields' layouts (wh__layouts). */
 static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, PyObject *bufs,
                                wh_read_at_t *at, double timeout) {
+    wh__state_t *S = wh__tstate(self);
     if (!wh__open(self)) return NULL;
     PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
     if (!seq) return NULL;
@@ -562,7 +592,7 @@ static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, 
     memset(views, 0, sizeof views);
     PyObject *res = NULL;
     int got = 0;
-    if (wh__get_views(seq, views, &got)) {
+    if (wh__get_views(S, seq, views, &got)) {
         wh__intoctx_t ctx = {views, got};
         wh_err_t err = {0};
         wh_sample_meta_t meta;
@@ -574,7 +604,7 @@ static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, 
         else
             WH__CALL(self, st, ok, &err,
                      wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
-        res = ok ? wh__layouts(views, got, &meta) : wh_module_raise(&err);
+        res = ok ? wh__layouts(views, got, &meta) : wh__raise(S, &err);
     }
     for (int i = 0; i < got; i++)
         if (views[i].buf) PyBuffer_Release(&views[i]);
@@ -655,13 +685,14 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__open(self)) return NULL;
     wh_err_t err = {0};
     wh_status_t s;
     bool ok;
     WH__CALL(self, st, ok, &err, wh_store_status(self->st, &s, &err));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     return wh__status_dict(&s);
 }
 
@@ -724,7 +755,7 @@ static PyType_Spec wh__store_spec = {
 /* ---- CUDA (wh_cuda.c): the runtime probe and the GPU stage ---- */
 
 static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
-    (void)mod;
+    wh__state_t *S = wh__mstate(mod);
     int device = 0;
     if (!PyArg_ParseTuple(args, "|i", &device)) return NULL;
     wh_err_t err = {0};
@@ -732,7 +763,7 @@ static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     ok = wh_cuda_init(device, &err);
     Py_END_ALLOW_THREADS
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     return Py_BuildValue("{sssi}", "lib", wh_cuda_lib_name(), "runtime_version",
                          wh_cuda_runtime_version());
 }
@@ -763,6 +794,7 @@ typedef struct {
 } wh__pystage_t;
 
 static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"device", NULL};
     int device;
     if (self->inited) {
@@ -775,7 +807,7 @@ static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
     self->g = wh_gpu_new(device, &err);
     Py_END_ALLOW_THREADS
     if (!self->g) {
-        wh_module_raise(&err);
+        wh__raise(S, &err);
         return -1;
     }
     pthread_mutex_init(&self->mu, NULL);
@@ -805,12 +837,13 @@ static void wh__stage_dealloc(wh__pystage_t *self) {
 }
 
 static bool wh__stage_ok(wh__pystage_t *self) {
+    wh__state_t *S = wh__tstate(self);
     if (!self->g) {
-        PyErr_SetString(wh__exc.value, "CudaStage is closed");
+        PyErr_SetString(S->value, "CudaStage is closed");
         return false;
     }
     if ((long)getpid() != self->pid) {
-        PyErr_SetString(wh__cuda_exc, "CUDA: a CudaStage cannot be used after fork (DataLoader "
+        PyErr_SetString(S->cuda, "CUDA: a CudaStage cannot be used after fork (DataLoader "
                                       "workers must not create CUDA state)");
         return false;
     }
@@ -838,6 +871,7 @@ static bool wh__stage_copy_c(wh_gpu_t *g, wh__stage_item_t *it, Py_ssize_t k, si
  * alive for the call) through one page-locked buffer and one async copy;
  * returns device Arrays. */
 static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
+    wh__state_t *S = wh__tstate(self);
     if (!wh__stage_ok(self)) return NULL;
     PyObject *seq = PySequence_Fast(items, "copy() takes a sequence of (ptr, nbytes, dtype, shape)");
     if (!seq) return NULL;
@@ -870,7 +904,7 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
         Py_DECREF(sh);
         if (PyErr_Occurred()) goto out;
         if (bad || want != n) {
-            PyErr_Format(wh__exc.value, "copy() item %zd: %llu bytes do not match dtype %d and "
+            PyErr_Format(S->value, "copy() item %zd: %llu bytes do not match dtype %d and "
                                         "its shape (at most %d dims)",
                          i, n, it[i].dtype, WH_MAX_NDIM + 1);
             goto out;
@@ -890,12 +924,12 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     if (!ok) {
-        wh_module_raise(&err);
+        wh__raise(S, &err);
         goto out;
     }
     res = PyList_New(k);
     for (Py_ssize_t i = 0; res && i < k; i++) {
-        PyObject *a = wh_array_new(dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape);
+        PyObject *a = wh_array_new(S->array, dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape);
         if (!a) Py_CLEAR(res);
         else PyList_SET_ITEM(res, i, a);
     }
@@ -947,16 +981,16 @@ static PyMethodDef wh__cuda_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int wh__cuda_exec(PyObject *m) {
-    PyObject *b = PyTuple_Pack(2, wh__exc.base, PyExc_RuntimeError);
-    int r = b ? PyModule_AddObject(m, "CudaError", wh__cuda_exc = PyErr_NewExceptionWithDoc(
-                "wirehead_torch.CudaError", "The CUDA runtime is missing or failed.", b, NULL))
+static int wh__add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases,
+                       const char *doc);
+static int wh__add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec);
+
+static int wh__cuda_exec(PyObject *m, wh__state_t *S) {
+    PyObject *b = PyTuple_Pack(2, S->base, PyExc_RuntimeError);
+    int r = b ? wh__add_exc(m, &S->cuda, "CudaError", b, "The CUDA runtime is missing or failed.")
               : -1;
     Py_XDECREF(b);
-    if (r < 0 || !wh__cuda_exc) return -1;
-    Py_INCREF(wh__cuda_exc);
-    PyObject *t = PyType_FromSpec(&wh__stage_spec);
-    if (!t || PyModule_AddObject(m, "CudaStage", t) < 0) return -1;
+    if (r < 0 || wh__add_type(m, &S->stage, &wh__stage_spec) < 0) return -1;
     return PyModule_AddFunctions(m, wh__cuda_methods);
 }
 
@@ -985,6 +1019,7 @@ static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int
 }
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
+    wh__state_t *S = wh__tstate(self);
     static char *kwlist[] = {"store", "batch", "threads", "prefetch", "drop_last", "world",
                              "rank", "shuffle", "seed", "pad", "pad_batches", "want",
                              "refresh", "timeout_s", "device", NULL};
@@ -1004,14 +1039,14 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
                                      &timeout_s, &device))
         return -1;
     if (!(timeout_s > 0 && timeout_s < 1e6)) {
-        PyErr_SetString(wh__exc.value, "READ_TIMEOUT must be a positive number of seconds below "
+        PyErr_SetString(S->value, "READ_TIMEOUT must be a positive number of seconds below "
                                        "10^6");
         return -1;
     }
     PyObject *empty = PyTuple_New(0);
     if (!empty) return -1;
     wh__cfgbuf_t cb;
-    bool parsed = wh__parse_cfg(empty, store, &cb);
+    bool parsed = wh__parse_cfg(S, empty, store, &cb);
     Py_DECREF(empty);
     if (!parsed) return -1;
     wh_loader_config_t lc;
@@ -1038,7 +1073,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
         long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
         if (k < 0 || k >= cb.cfg.schema.nfields) {
-            if (!PyErr_Occurred()) PyErr_Format(wh__exc.value, "field index %ld out of range", k);
+            if (!PyErr_Occurred()) PyErr_Format(S->value, "field index %ld out of range", k);
             Py_DECREF(seq);
             Py_DECREF(cb.keep);
             return -1;
@@ -1062,7 +1097,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
     if (!ld) {
-        wh_module_raise(&err);
+        wh__raise(S, &err);
         return -1;
     }
     pthread_mutex_init(&self->mu, NULL);
@@ -1105,12 +1140,13 @@ static void wh__loader_dealloc(wh__pyloader_t *self) {
 }
 
 static bool wh__loader_ok(wh__pyloader_t *self) {
+    wh__state_t *S = wh__tstate(self);
     if (!self->ld) {
-        PyErr_SetString(wh__exc.value, "loader is closed");
+        PyErr_SetString(S->value, "loader is closed");
         return false;
     }
     if ((long)getpid() != self->pid) {
-        PyErr_SetString(wh__exc.value, "a WireheadLoader cannot be used after fork; make it "
+        PyErr_SetString(S->value, "a WireheadLoader cannot be used after fork; make it "
                                        "in the process that iterates");
         return false;
     }
@@ -1118,17 +1154,19 @@ static bool wh__loader_ok(wh__pyloader_t *self) {
 }
 
 static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
+    wh__state_t *S = wh__tstate(self);
     unsigned long long epoch, start, gen;
     if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
     WH__CALL(self, ld, ok, &err, (self->feed ? wh_gpu_feed_reset(self->feed) : (void)0,
                                   wh_loader_start(self->ld, epoch, start, gen, &err)));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     Py_RETURN_NONE;
 }
 
 static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__loader_ok(self)) return NULL;
     wh_batch_t b;
@@ -1138,7 +1176,7 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
         WH__CALL(self, ld, ok, &err,
                  self->feed ? wh_gpu_feed_next(self->feed, 100, &b, &done, &any_pad, &err)
                             : wh_loader_next(self->ld, 100, &b, &done, &err));
-        if (!ok) return wh_module_raise(&err);
+        if (!ok) return wh__raise(S, &err);
         if (done) Py_RETURN_NONE;
         if (b.buf) break;
         if (PyErr_CheckSignals() < 0) return NULL; /* Ctrl-C while waiting */
@@ -1150,7 +1188,7 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
             int64_t shape[WH_MAX_NDIM + 1];
             shape[0] = b.n;
             for (int d = 0; d < b.meta[f].ndim; d++) shape[d + 1] = b.meta[f].shape[d];
-            a = wh_array_new(b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1, shape);
+            a = wh_array_new(S->array, b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1, shape);
             if (!a) Py_CLEAR(fields);
         } else {
             Py_INCREF(a);
@@ -1158,9 +1196,9 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
         if (fields) PyList_SET_ITEM(fields, f, a);
     }
     int64_t n = b.n;
-    PyObject *pad = fields ? wh_array_new(b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
-    PyObject *gen = pad ? wh_array_new(b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
-    PyObject *pos = gen ? wh_array_new(b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
+    PyObject *pad = fields ? wh_array_new(S->array, b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
+    PyObject *gen = pad ? wh_array_new(S->array, b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
+    PyObject *pos = gen ? wh_array_new(S->array, b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
     if (pos && self->feed) /* device batches: whether padding is in, known on the host */
         res = Py_BuildValue("(NNNNKO)", fields, pad, gen, pos, (unsigned long long)b.index,
                             any_pad ? Py_True : Py_False);
@@ -1184,6 +1222,7 @@ static bool wh__loader_stats_locked(wh_loader_t *ld, wh_loader_stats_t *st, uint
 }
 
 static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
+    wh__state_t *S = wh__tstate(self);
     (void)unused;
     if (!wh__loader_ok(self)) return NULL;
     wh_loader_stats_t st;
@@ -1192,7 +1231,7 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     wh_err_t err = {0};
     bool ok;
     WH__CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, &st, sz));
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     PyObject *d = Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0],
                          "items_per_epoch", (unsigned long long)sz[1], "batches",
                          (unsigned long long)st.batches, "items", (unsigned long long)st.items,
@@ -1237,7 +1276,7 @@ static PyType_Spec wh__loader_spec = {
 
 /* The plan's keywords, then up to 3 optional integers named by extra
  * (NULL-terminated; the plan functions each take their own). */
-static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, const char *const *extra,
+static bool wh__parse_plan(wh__state_t *S, PyObject *args, PyObject *kw, wh_plan_t *p, const char *const *extra,
                            unsigned long long *a, unsigned long long *b, unsigned long long *c) {
     char *kwlist[13] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
                         "shuffle", "seed", "pad", NULL, NULL, NULL, NULL};
@@ -1255,7 +1294,7 @@ static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, const cha
     p->shuffle = shuffle;
     wh_err_t err = {0};
     if (!wh_plan_check(p, &err)) {
-        wh_module_raise(&err);
+        wh__raise(S, &err);
         return false;
     }
     return true;
@@ -1263,9 +1302,9 @@ static bool wh__parse_plan(PyObject *args, PyObject *kw, wh_plan_t *p, const cha
 
 /* plan_info(plan...) -> dict of steps, rank_items, rank_batches. */
 static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
-    (void)m;
+    wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
-    if (!wh__parse_plan(args, kw, &p, NULL, NULL, NULL, NULL)) return NULL;
+    if (!wh__parse_plan(S, args, kw, &p, NULL, NULL, NULL, NULL)) return NULL;
     return Py_BuildValue("{sKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
                          "rank_items", (unsigned long long)wh_plan_rank_items(&p),
                          "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0));
@@ -1273,11 +1312,11 @@ static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
 
 /* plan_items(plan..., epoch=0, start=0, stop=all) -> (positions bytes int64, is_pad bytes uint8). */
 static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
-    (void)m;
+    wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
     static const char *const names[] = {"epoch", "start", "stop", NULL};
     unsigned long long epoch = 0, start = 0, stop = UINT64_MAX;
-    if (!wh__parse_plan(args, kw, &p, names, &epoch, &start, &stop)) return NULL;
+    if (!wh__parse_plan(S, args, kw, &p, names, &epoch, &start, &stop)) return NULL;
     uint64_t steps = wh_plan_steps(&p);
     if (stop > steps) stop = steps;
     if (start > stop) start = stop;
@@ -1305,36 +1344,36 @@ static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
 
 /* plan_resume_step(plan..., consumed=batches) -> this worker's first step. */
 static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
-    (void)m;
+    wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
     static const char *const names[] = {"consumed", NULL};
     unsigned long long consumed = 0;
-    if (!wh__parse_plan(args, kw, &p, names, &consumed, NULL, NULL)) return NULL;
+    if (!wh__parse_plan(S, args, kw, &p, names, &consumed, NULL, NULL)) return NULL;
     return PyLong_FromUnsignedLongLong(wh_plan_resume_step(&p, consumed));
 }
 
 /* ---- module functions ---- */
 
 static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
-    (void)m;
+    wh__state_t *S = wh__mstate(m);
     wh__cfgbuf_t cb;
-    if (!wh__parse_cfg(args, kw, &cb)) return NULL;
+    if (!wh__parse_cfg(S, args, kw, &cb)) return NULL;
     wh_err_t err = {0};
     bool ok;
     Py_BEGIN_ALLOW_THREADS
     ok = wh_store_clean(&cb.cfg, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     Py_RETURN_NONE;
 }
 
 /* mongo_collections(uri, ...): the names of the collections in a MongoDB
  * store's database, whoever made them. */
 static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw) {
-    (void)m;
+    wh__state_t *S = wh__mstate(m);
     wh__cfgbuf_t cb;
-    if (!wh__parse_cfg(args, kw, &cb)) return NULL;
+    if (!wh__parse_cfg(S, args, kw, &cb)) return NULL;
     wh_err_t err = {0};
     char **names = NULL;
     bool ok;
@@ -1342,7 +1381,7 @@ static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw
     ok = wh_mongo_collections(&cb.cfg, &names, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
-    if (!ok) return wh_module_raise(&err);
+    if (!ok) return wh__raise(S, &err);
     PyObject *list = PyList_New(0);
     for (char **p = names; list && *p; p++) {
         PyObject *s = PyUnicode_DecodeUTF8(*p, (Py_ssize_t)strlen(*p), "replace");
@@ -1542,6 +1581,8 @@ static PyMethodDef wh__module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* A new exception class kept in *slot (the state's reference) and added
+ * to the module as name. */
 static int wh__add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases,
                        const char *doc) {
     char full[128];
@@ -1549,17 +1590,27 @@ static int wh__add_exc(PyObject *m, PyObject **slot, const char *name, PyObject 
     *slot = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
     if (!*slot) return -1;
     Py_INCREF(*slot);
-    return PyModule_AddObject(m, name, *slot);
+    if (PyModule_AddObject(m, name, *slot) < 0) {
+        Py_DECREF(*slot);
+        return -1;
+    }
+    return 0;
 }
 
-static int wh__add_excs(PyObject *m) {
-    if (wh__add_exc(m, &wh__exc.base, "WireheadError", NULL, "Base of wirehead_torch errors."))
+/* A heap type bound to module m, kept in *slot and added to m. */
+static int wh__add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec) {
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, spec, NULL);
+    return *slot ? PyModule_AddType(m, *slot) : -1;
+}
+
+static int wh__add_excs(PyObject *m, wh__state_t *S) {
+    if (wh__add_exc(m, &S->base, "WireheadError", NULL, "Base of wirehead_torch errors."))
         return -1;
 #define WH__SUB(slot, name, extra, doc)                                               \
     do {                                                                              \
-        PyObject *b = (extra) ? PyTuple_Pack(2, wh__exc.base, (extra))                \
-                              : PyTuple_Pack(1, wh__exc.base);                        \
-        int r = b ? wh__add_exc(m, &wh__exc.slot, name, b, doc) : -1;                \
+        PyObject *b = (extra) ? PyTuple_Pack(2, S->base, (extra))                \
+                              : PyTuple_Pack(1, S->base);                        \
+        int r = b ? wh__add_exc(m, &S->slot, name, b, doc) : -1;                \
         Py_XDECREF(b);                                                                \
         if (r) return -1;                                                             \
     } while (0)
@@ -1583,13 +1634,12 @@ static int wh__add_excs(PyObject *m) {
 }
 
 static int wh__exec(PyObject *m) {
-    PyObject *t = PyType_FromSpec(&wh__store_spec);
-    if (!t || PyModule_AddObject(m, "Store", t) < 0) return -1;
-    t = PyType_FromSpec(&wh__loader_spec);
-    if (!t || PyModule_AddObject(m, "Loader", t) < 0) return -1;
-    t = PyType_FromSpec(&wh__map_spec);
-    if (!t || PyModule_AddObject(m, "SharedMap", t) < 0) return -1;
-    if (wh_dlpack_init(m) < 0 || wh__add_excs(m) < 0 || wh__cuda_exec(m) < 0) return -1;
+    wh__state_t *S = wh__mstate(m);
+    if (wh__add_type(m, &S->store, &wh__store_spec) < 0 ||
+        wh__add_type(m, &S->loader, &wh__loader_spec) < 0 ||
+        wh__add_type(m, &S->map, &wh__map_spec) < 0 || !(S->array = wh_dlpack_init(m)) ||
+        wh__add_excs(m, S) < 0 || wh__cuda_exec(m, S) < 0)
+        return -1;
     PyObject *d = PyDict_New();
     if (!d) return -1;
     for (int i = 1; i < WH_DT_MAX_; i++) {
@@ -1608,13 +1658,43 @@ static int wh__exec(PyObject *m) {
     return 0;
 }
 
+static int wh__traverse(PyObject *m, visitproc visit, void *arg) {
+    wh__state_t *S = wh__mstate(m);
+#define WH__VISIT(f) Py_VISIT(S->f);
+    WH__STATE_FIELDS(WH__VISIT)
+#undef WH__VISIT
+    return 0;
+}
+
+static int wh__clear(PyObject *m) {
+    wh__state_t *S = wh__mstate(m);
+#define WH__CLEAR(f) Py_CLEAR(S->f);
+    WH__STATE_FIELDS(WH__CLEAR)
+#undef WH__CLEAR
+    return 0;
+}
+
+static void wh__free(void *m) {
+    wh__clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot wh__slots[] = {
+    {Py_mod_exec, (void *)wh__exec},
+    {0, NULL},
+};
+
 static struct PyModuleDef wh__module = {
-    PyModuleDef_HEAD_INIT, "wirehead_torch._C", "wirehead_torch C core", -1,
-    wh__module_methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "wirehead_torch._C",
+    .m_doc = "wirehead_torch C core",
+    .m_size = sizeof(wh__state_t),
+    .m_methods = wh__module_methods,
+    .m_slots = wh__slots,
+    .m_traverse = wh__traverse,
+    .m_clear = wh__clear,
+    .m_free = wh__free,
 };
 
 PyMODINIT_FUNC PyInit__C(void) {
-    PyObject *m = PyModule_Create(&wh__module);
-    if (m && wh__exec(m) < 0) Py_CLEAR(m);
-    return m;
+    return PyModuleDef_Init(&wh__module);
 }
