@@ -11,7 +11,6 @@
 #include "wh_dlpack.h"
 #include "wh_loader.h"
 #include "wh_plan.h"
-#include "wh_ring.h"
 #include "wh_store.h"
 
 /* Module state (multi-phase init, PEP 489): this module instance's
