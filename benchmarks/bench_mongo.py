@@ -94,7 +94,7 @@ ORIG_SCRIPT = textwrap.dedent("""
 
 
 def build_c():
-    srcs = ["benchmarks/bench_mongo.c", "ext/util.c", "ext/wh_fault.c", "ext/wh_sample.c",
+    srcs = ["benchmarks/bench_mongo.c", "ext/wh.c", "ext/wh_fault.c", "ext/wh_sample.c",
             "ext/wh_store.c", "ext/wh_shm.c"]
     srcs += sorted(os.path.relpath(p, REPO)
                    for p in glob.glob(os.path.join(REPO, "ext", "wh_mongo*.c")))

@@ -4,7 +4,7 @@
 PLAN_CC     ?= cc
 PLAN_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
 PLAN_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c ext/util.c
+PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c ext/wh.c
 PLAN_DEPS   := $(PLAN_SRCS) ext/wh_plan.h ext/wh.h
 
 .PHONY: ctest-plan

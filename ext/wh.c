@@ -1,4 +1,5 @@
-/* Errors, dtypes, clocks, process-wide counters and the sample buffer pool. */
+/* What wh.h declares: errors, dtypes, clocks, process-wide counters and the
+ * sample buffer pool. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
