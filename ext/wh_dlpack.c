@@ -28,17 +28,6 @@ typedef struct wh__mtv {
 #define WH__DL_BOOL 6 /* kDLBool, DLPack >= 0.8 */
 #define WH__DL_FLAG_IS_COPIED (1ULL << 1) /* DLPACK_FLAG_BITMASK_IS_COPIED, DLPack 1.0 */
 
-typedef struct {
-    PyObject_HEAD
-    wh_buf_t *buf;
-    size_t offset;
-    int dtype;
-    int ndim;
-    /* a stored field has up to WH_MAX_NDIM dims; a batch adds one */
-    int64_t shape[WH_MAX_NDIM + 1];
-    int64_t strides[WH_MAX_NDIM + 1]; /* in elements, C order */
-} wh__array_t;
-
 PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dtype, int ndim,
                        const int64_t *shape) {
     if (ndim < 0 || ndim > WH_MAX_NDIM + 1) {
@@ -46,7 +35,7 @@ PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dty
                      WH_MAX_NDIM + 1);
         return NULL;
     }
-    wh__array_t *a = PyObject_New(wh__array_t, type);
+    wh_array_obj_t *a = PyObject_New(wh_array_obj_t, type);
     if (!a) return NULL;
     wh_buf_ref(buf);
     a->buf = buf;
@@ -60,13 +49,6 @@ PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dty
         st *= shape[d];
     }
     return (PyObject *)a;
-}
-
-static void wh__array_dealloc(wh__array_t *a) {
-    PyTypeObject *tp = Py_TYPE(a);
-    wh_buf_unref(a->buf);
-    PyObject_Free(a);
-    Py_DECREF(tp);
 }
 
 static DLDataType wh__dl_dtype(int dtype, bool versioned) {
@@ -155,7 +137,8 @@ static bool wh__cuda_stream(wh_buf_t *buf, PyObject *stream, intptr_t *out) {
     return true;
 }
 
-static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) {
+PyObject *wh_array_dlpack(PyObject *self, PyObject *args, PyObject *kw) {
+    wh_array_obj_t *a = (wh_array_obj_t *)self;
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kwlist, &stream, &max_version,
@@ -243,65 +226,4 @@ static PyObject *wh__array_dlpack(wh__array_t *a, PyObject *args, PyObject *kw) 
     }
     if (!cap) wh__export_free(e);
     return cap;
-}
-
-static PyObject *wh__array_device(wh__array_t *a, PyObject *unused) {
-    (void)unused;
-    return Py_BuildValue("(ii)", a->buf->device_type, a->buf->device_id);
-}
-
-static PyObject *wh__array_get_dtype(wh__array_t *a, void *c) {
-    (void)c;
-    return PyUnicode_FromString(wh_dtype_name(a->dtype));
-}
-
-static PyObject *wh__array_get_shape(wh__array_t *a, void *c) {
-    (void)c;
-    PyObject *t = PyTuple_New(a->ndim);
-    for (int d = 0; t && d < a->ndim; d++)
-        PyTuple_SET_ITEM(t, d, PyLong_FromLongLong(a->shape[d]));
-    return t;
-}
-
-static PyObject *wh__array_get_ptr(wh__array_t *a, void *c) {
-    (void)c;
-    return PyLong_FromVoidPtr((char *)a->buf->data + a->offset);
-}
-
-static PyObject *wh__array_get_buf(wh__array_t *a, void *c) {
-    (void)c;
-    return PyLong_FromVoidPtr(a->buf);
-}
-
-static PyMethodDef wh__array_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))wh__array_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "DLPack capsule sharing this buffer (versioned if max_version >= (1, 0))."},
-    {"__dlpack_device__", (PyCFunction)wh__array_device, METH_NOARGS, "(device_type, device_id)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef wh__array_getset[] = {
-    {"dtype", (getter)wh__array_get_dtype, NULL, "stored dtype name", NULL},
-    {"shape", (getter)wh__array_get_shape, NULL, "shape", NULL},
-    {"data_ptr", (getter)wh__array_get_ptr, NULL, "address of element 0", NULL},
-    {"buffer_id", (getter)wh__array_get_buf, NULL, "identity of the C buffer", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot wh__array_slots[] = {
-    {Py_tp_dealloc, wh__array_dealloc},
-    {Py_tp_methods, wh__array_methods},
-    {Py_tp_getset, wh__array_getset},
-    {Py_tp_doc, "A C buffer exported through DLPack (torch.from_dlpack / numpy.from_dlpack)."},
-    {0, NULL},
-};
-
-static PyType_Spec wh__array_spec = {
-    "wirehead_torch._C.Array", sizeof(wh__array_t), 0, Py_TPFLAGS_DEFAULT, wh__array_slots,
-};
-
-PyTypeObject *wh_dlpack_init(PyObject *module) {
-    PyObject *t = PyType_FromModuleAndSpec(module, &wh__array_spec, NULL);
-    if (t && PyModule_AddType(module, (PyTypeObject *)t) < 0) Py_CLEAR(t);
-    return (PyTypeObject *)t;
 }

@@ -62,6 +62,70 @@ static PyObject *wh__raise(wh__state_t *S, const wh_err_t *err) {
     return NULL;
 }
 
+/* ---- Array (wh_dlpack.c): a C buffer exported through DLPack ---- */
+
+static void wh__array_dealloc(wh_array_obj_t *a) {
+    PyTypeObject *tp = Py_TYPE(a);
+    wh_buf_unref(a->buf);
+    PyObject_Free(a);
+    Py_DECREF(tp);
+}
+
+static PyObject *wh__array_device(wh_array_obj_t *a, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("(ii)", a->buf->device_type, a->buf->device_id);
+}
+
+static PyObject *wh__array_get_dtype(wh_array_obj_t *a, void *c) {
+    (void)c;
+    return PyUnicode_FromString(wh_dtype_name(a->dtype));
+}
+
+static PyObject *wh__array_get_shape(wh_array_obj_t *a, void *c) {
+    (void)c;
+    PyObject *t = PyTuple_New(a->ndim);
+    for (int d = 0; t && d < a->ndim; d++)
+        PyTuple_SET_ITEM(t, d, PyLong_FromLongLong(a->shape[d]));
+    return t;
+}
+
+static PyObject *wh__array_get_ptr(wh_array_obj_t *a, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr((char *)a->buf->data + a->offset);
+}
+
+static PyObject *wh__array_get_buf(wh_array_obj_t *a, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr(a->buf);
+}
+
+static PyMethodDef wh__array_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))wh_array_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "DLPack capsule sharing this buffer (versioned if max_version >= (1, 0))."},
+    {"__dlpack_device__", (PyCFunction)wh__array_device, METH_NOARGS, "(device_type, device_id)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef wh__array_getset[] = {
+    {"dtype", (getter)wh__array_get_dtype, NULL, "stored dtype name", NULL},
+    {"shape", (getter)wh__array_get_shape, NULL, "shape", NULL},
+    {"data_ptr", (getter)wh__array_get_ptr, NULL, "address of element 0", NULL},
+    {"buffer_id", (getter)wh__array_get_buf, NULL, "identity of the C buffer", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot wh__array_slots[] = {
+    {Py_tp_dealloc, wh__array_dealloc},
+    {Py_tp_methods, wh__array_methods},
+    {Py_tp_getset, wh__array_getset},
+    {Py_tp_doc, "A C buffer exported through DLPack (torch.from_dlpack / numpy.from_dlpack)."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__array_spec = {
+    "wirehead_torch._C.Array", sizeof(wh_array_obj_t), 0, Py_TPFLAGS_DEFAULT, wh__array_slots,
+};
+
 /* ---- store configuration from keyword arguments ---- */
 
 typedef struct {
@@ -1636,7 +1700,7 @@ static int wh__exec(PyObject *m) {
     wh__state_t *S = wh__mstate(m);
     if (wh__add_type(m, &S->store, &wh__store_spec) < 0 ||
         wh__add_type(m, &S->loader, &wh__loader_spec) < 0 ||
-        wh__add_type(m, &S->map, &wh__map_spec) < 0 || !(S->array = wh_dlpack_init(m)) ||
+        wh__add_type(m, &S->map, &wh__map_spec) < 0 || wh__add_type(m, &S->array, &wh__array_spec) < 0 ||
         wh__add_excs(m, S) < 0 || wh__cuda_exec(m, S) < 0)
         return -1;
     PyObject *d = PyDict_New();
