@@ -62,8 +62,9 @@ def all_free(ds):
     return all(o == 0 for w in range(WORKERS) for o in owners(ds, w))
 
 
-@pytest.mark.parametrize("method,persistent", [("fork", False), ("spawn", True)],
-                         ids=["fork-fresh", "spawn-persistent"])
+@pytest.mark.parametrize("method,persistent",
+                         [("fork", False), ("spawn", True), ("forkserver", False)],
+                         ids=["fork-fresh", "spawn-persistent", "forkserver-fresh"])
 @pytest.mark.parametrize("kind", sorted(READERS))
 def test_batches_right_each_index_once_as_collate_makes_them(filled, kind, method, persistent):
     ds = READERS[kind](config=filled, batches=True)
@@ -210,6 +211,9 @@ def test_one_index_is_the_item_and_bad_indices_are_errors(filled):
             ds[[0, 20]]
         with pytest.raises(IndexError, match="empty list"):
             ds[[]]
+        # so a DataLoader that asks for single items still collates them
+        b = next(iter(DataLoader(ds, batch_size=4)))
+        same_as_collate(b, plain, [0, 1, 2, 3])
 
 
 def test_samples_of_another_shape_are_an_error_naming_the_field(shm_cfg):
