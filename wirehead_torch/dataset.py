@@ -154,6 +154,8 @@ class _CurrentGenerationReader(_Base):
                              f"does not hold")
         self.fields = [self.cfg["SAMPLE"].index(n) for n in names]
         if batches:
+            if torch is None:
+                raise ImportError("batches=True hands out torch tensors: install torch")
             refuse_with_batches(transform=transform is not None,
                                 normalize=normalize is not None, views=views,
                                 output=output != "torch")
