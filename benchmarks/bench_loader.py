@@ -2,6 +2,7 @@
 interleaved with it repetition by repetition.
 
     .venv/bin/python benchmarks/bench_loader.py [--mib 4 64] [--reps 5] [--json FILE]
+        [--only TEXT ...]
 
 A sample is one float32 field of MIB MiB ('input', shape (MIB, 512, 512))
 and a 16-byte uint8 'label'. One generation is filled once and no manager
@@ -25,7 +26,11 @@ Readers:
   DL ring             DataLoader(WireheadIterableDataset(batches=True), batch_size=None,
                       num_workers=2): the shared-memory batch ring
   DL map-style        DataLoader(MongoTupleheadDataset, batch_size=B, num_workers=2)
+  DL map-style ring   DataLoader(MongoTupleheadDataset(batches=True), batch_size=None,
+                      sampler=BatchSampler(SequentialSampler, B), num_workers=2)
 DataLoaders keep persistent workers; every reader runs 3 epochs before timing.
+--only runs the readers whose name holds one of the texts (the raw baseline
+always runs, interleaved with each).
 """
 import argparse
 import json
@@ -148,10 +153,10 @@ class InProcess:
 
 
 class DL:
-    def __init__(self, name, ds, batch):
+    def __init__(self, name, ds, batch, sampler=None):
         self.name = name
-        self.dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2,
-                                              persistent_workers=True)
+        self.dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler,
+                                              num_workers=2, persistent_workers=True)
         self.epoch()
 
     @property
@@ -179,7 +184,7 @@ def timed(reader, item_bytes):
             "cpu_ms": (c1 - c0) * 1e3 / n}
 
 
-def run_size(mib, reps, swap_cap, batch):
+def run_size(mib, reps, swap_cap, batch, only=None):
     item_bytes = mib * (1 << 20) + 16
     cfg = {"STORE": f"shm://bench-loader-{os.getpid()}", "SWAP_CAP": swap_cap,
            "SAMPLE": ["input", "label"], "BYTE_BUDGET": (item_bytes + 4096) * swap_cap + (4 << 20)}
@@ -191,19 +196,28 @@ def run_size(mib, reps, swap_cap, batch):
         def iterable(**kw):
             return wt.WireheadIterableDataset(config=cfg, shuffle=False, batch_size=batch,
                                               num_workers=2, **kw)
-        makers = [
-            lambda: Loader(cfg, batch),
-            lambda: StoreRead(cfg, mib),
-            lambda: MapStyle(cfg),
-            lambda: InProcess(cfg),
-            lambda: DL("DataLoader(WireheadIterableDataset, num_workers=2)", iterable(), batch),
-            lambda: DL("DataLoader(WireheadIterableDataset(batches=True), num_workers=2): ring",
-                       iterable(batches=True), None),
-            lambda: DL("DataLoader(MongoTupleheadDataset, num_workers=2)",
-                       wt.MongoTupleheadDataset(config=cfg), batch),
-        ]
+        batches = torch.utils.data.BatchSampler(
+            torch.utils.data.SequentialSampler(range(swap_cap)), batch, False)
+        dl = {
+            "DataLoader(WireheadIterableDataset, num_workers=2)":
+                lambda name: DL(name, iterable(), batch),
+            "DataLoader(WireheadIterableDataset(batches=True), num_workers=2): ring":
+                lambda name: DL(name, iterable(batches=True), None),
+            "DataLoader(MongoTupleheadDataset, num_workers=2)":
+                lambda name: DL(name, wt.MongoTupleheadDataset(config=cfg), batch),
+            "DataLoader(MongoTupleheadDataset(batches=True), BatchSampler, num_workers=2): ring":
+                lambda name: DL(name, wt.MongoTupleheadDataset(config=cfg, batches=True), None,
+                                sampler=batches),
+        }
+        makers = [(Loader.name, lambda: Loader(cfg, batch)),
+                  (StoreRead.name, lambda: StoreRead(cfg, mib)),
+                  (MapStyle.name, lambda: MapStyle(cfg)),
+                  (InProcess.name, lambda: InProcess(cfg))]
+        makers += [(name, lambda name=name, make=make: make(name)) for name, make in dl.items()]
         rows = []
-        for make in makers:
+        for name, make in makers:
+            if only and not any(t.lower() in name.lower() for t in only):
+                continue
             reader = make()
             for _ in range(2):  # rings and pools reach their steady state
                 reader.epoch()
@@ -232,12 +246,14 @@ def main(argv=None):
     p.add_argument("--mib", type=int, nargs="+", default=[4, 64])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--only", nargs="+", metavar="TEXT",
+                   help="only the readers whose name holds one of these texts")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     results = []
     for mib in a.mib:
         swap_cap, batch = (8, 2) if mib >= 32 else (32, 4)
-        res = run_size(mib, a.reps, swap_cap, batch)
+        res = run_size(mib, a.reps, swap_cap, batch, a.only)
         results.append(res)
         print(f"\nsample: float32 {mib} MiB + 16-byte label, SWAP_CAP {swap_cap}, batch {batch}, "
               f"median of {a.reps} interleaved repetitions; per sample: minor faults, CPU ms "

@@ -36,7 +36,7 @@ def ring_dl(ds, method="fork", persistent=False):
 
 def owners(ds, worker):
     """Owner pid of each slot of a worker's ring region (0: free)."""
-    path = _ring.region_path(os.getpid(), ds._ring_token, worker)
+    path = _ring.region_path(os.getpid(), ds._batch_ring.token, worker)
     with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
     words = np.frombuffer(m, np.int64).copy()
@@ -45,7 +45,7 @@ def owners(ds, worker):
 
 
 def slot_files(ds):
-    return sorted(glob.glob(f"{_ring.DIR}/{_ring.PREFIX}{os.getpid()}.{ds._ring_token}.w*.s*"))
+    return sorted(glob.glob(f"{_ring.DIR}/{_ring.PREFIX}{os.getpid()}.{ds._batch_ring.token}.w*.s*"))
 
 
 def check_batch(b, n=BATCH):

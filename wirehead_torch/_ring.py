@@ -1,10 +1,11 @@
-"""Shared-memory batch ring behind WireheadIterableDataset(batches=True).
+"""Shared-memory batch ring behind batches=True of WireheadIterableDataset
+and of the map-style readers (filled by _batch.py).
 
 A DataLoader worker reads each sample once, straight into a row of a slot:
 a file in /dev/shm that the DataLoader's main process maps too. Only a small
 handle (RingBatch) crosses the worker's queue; unpickled in the main process
-it becomes a dict of tensors viewing the slot, and the slot goes back to its
-worker when the last of those tensors dies. Slots are reused, so after the
+it becomes the batch (a dict or a list of tensors viewing the slot), and the
+slot goes back to its worker when the last of those tensors dies. Slots are reused, so after the
 first round no sample lands in fresh pages, in the worker or the main process.
 
 Files, per (main process, dataset, worker k), mode 0600:
@@ -199,17 +200,17 @@ class WorkerRing:
     def give_back(self, j):
         self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
 
-    def handle(self, j, fields, extras):
+    def handle(self, j, fields, extras, form="dict"):
         i = j * _WORDS
         w = self.s.words
         return RingBatch(self.main_pid, self.token, self.worker, self.s.nslots, j,
-                         w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras)
+                         w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras, form)
 
-    def local(self, j, fields, extras):
+    def local(self, j, fields, extras, form="dict"):
         """In-process iteration: the batch as tensors, no handle."""
         i = j * _WORDS
         return _tensors(self.s.data(j), fields, extras, self.s.words, i,
-                        self.s.words.load(i + _SEQ), self.pid)
+                        self.s.words.load(i + _SEQ), self.pid, form)
 
     def close(self):
         if self.s.fd is not None:
@@ -219,8 +220,9 @@ class WorkerRing:
 
 class RingBatch:
     """A filled slot, in transit from a worker to the DataLoader's main
-    process; unpickled there it is the batch (a dict of tensors). Use the
-    dataset with DataLoader(batch_size=None): it yields whole batches."""
+    process; unpickled there it is the batch (a dict or list of tensors).
+    Use the dataset with DataLoader(batch_size=None): it yields whole
+    batches (a map-style reader with sampler=BatchSampler(...) too)."""
 
     __slots__ = ("args",)
 
@@ -233,14 +235,14 @@ class RingBatch:
     def __repr__(self):
         return (f"<wirehead_torch RingBatch slot {self.args[4]} of worker {self.args[2]}: "
                 f"opened as tensors in the DataLoader's main process; a DataLoader over "
-                f"WireheadIterableDataset(batches=True) needs batch_size=None>")
+                f"a dataset with batches=True needs batch_size=None>")
 
 
 # main process: (main pid, token, worker) -> _Slots
 _MAIN = {}
 
 
-def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras):
+def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form="dict"):
     if os.getpid() != main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
                            f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
@@ -255,10 +257,10 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras)
     if w.load(i + _SEQ) != seq or w.load(i + _VER) != ver or not w.cas(i + _OWNER, wpid, main_pid):
         raise RuntimeError(f"wirehead ring: slot {j} of worker {worker} was reclaimed before "
                            f"its batch arrived (worker {wpid} gone); batch dropped")
-    return _tensors(s.data(j), fields, extras, w, i, seq, main_pid)
+    return _tensors(s.data(j), fields, extras, w, i, seq, main_pid, form)
 
 
-def _tensors(m, fields, extras, words, i, seq, owner):
+def _tensors(m, fields, extras, words, i, seq, owner, form="dict"):
     """The batch's tensors over slot map m; the slot is released when the
     last of them dies (the memoryview they all hold is collected)."""
     import torch
@@ -271,10 +273,32 @@ def _tensors(m, fields, extras, words, i, seq, owner):
         count = nb // torch.empty((), dtype=tdt).element_size()
         t = (torch.frombuffer(mv, dtype=tdt, count=count, offset=off) if count
              else torch.empty(0, dtype=tdt)).view(shape)
-        if target and target != dtype:
-            t = t.to(getattr(torch, target))
-        out[name] = t
+        out[name] = _cast(t, dtype, target)
     del mv  # the tensors hold it now
+    return _finish(out, extras, form)
+
+
+def plain(mem, fields, extras, form="dict"):
+    """A batch in ordinary memory (a worker found no free slot): torch's
+    reduction sends it through the queue as any tensor, a copy."""
+    import torch
+    out = {}
+    for name, dtype, shape, off, nb, target in fields:
+        t = torch.from_numpy(mem[off:off + nb]).view(getattr(torch, dtype)).view(shape)
+        out[name] = _cast(t, dtype, target)
+    return _finish(out, extras, form)
+
+
+def _cast(t, dtype, target):
+    """The cast the user asked for (cast=), a copy; else t itself."""
+    import torch
+    return t.to(getattr(torch, target)) if target and target != dtype else t
+
+
+def _finish(out, extras, form):
+    """The batch as its dataset's default collate would have made it:
+    {name: tensor} (plus the extras), or the tensors as a list ("list")."""
+    import torch
     for name, (values, dtype) in extras.items():
         out[name] = torch.tensor(values, dtype=getattr(torch, dtype))
-    return out
+    return list(out.values()) if form == "list" else out

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import _C
 from ._arrays import to_output
+from ._batch import BatchRing, refuse_with_batches
 from ._store import ProcessStore
 from .config import get_config, redact, store_kwargs
 
@@ -116,11 +117,26 @@ class _CurrentGenerationReader(_Base):
     read (a tensor or array here: the bytes need no decoding), ``normalize``
     to the input as float, as the original did; ``keeptrying=False`` reads
     once without waiting for a generation (True: wait up to ``timeout``);
-    ``id`` is accepted, positions 0..SWAP_CAP-1 being the index."""
+    ``id`` is accepted, positions 0..SWAP_CAP-1 being the index.
+
+    ``batches=True``: ``ds[list_of_indices]`` is the whole batch, with the
+    structure torch's default collate gives this dataset's items, each
+    sample read once into a row of a reused shared-memory ring slot
+    (``ring_slots`` per DataLoader worker). Use it as
+    ``DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, B,
+    drop_last), num_workers=K)``: only a small handle crosses the worker's
+    queue and the batch's tensors in the main process view the slot, which
+    goes back to its worker once they are all gone (README, "Copies per
+    read path"). A single index still reads the one item. ``transform=``,
+    ``normalize=``, ``views=True`` and ``output="numpy"`` cannot work on
+    shared slots and are refused with it."""
+
+    _KEYS = None  # the batch's names of the two fields (None: their SAMPLE names)
+    _FORM = "dict"  # "dict" or "list", as default_collate makes of the items
 
     def __init__(self, config_path=None, config=None, *, timeout=None, output="torch",
                  cast=None, sample=None, transform=None, normalize=None, keeptrying=True,
-                 id="id", collection=None, views=False):
+                 id="id", collection=None, views=False, batches=False, ring_slots=4):
         if collection is not None:
             raise ValueError("collection= (a pymongo collection) is not supported: give "
                              "config_path= (or config=) naming the store")
@@ -137,6 +153,17 @@ class _CurrentGenerationReader(_Base):
             raise ValueError(f"sample= names {missing}, which SAMPLE {self.cfg['SAMPLE']} "
                              f"does not hold")
         self.fields = [self.cfg["SAMPLE"].index(n) for n in names]
+        if batches:
+            if torch is None:
+                raise ImportError("batches=True hands out torch tensors: install torch")
+            refuse_with_batches(transform=transform is not None,
+                                normalize=normalize is not None, views=views,
+                                output=output != "torch")
+            if names[0] == names[1]:
+                raise ValueError(f"batches=True reads two distinct fields; sample= names "
+                                 f"{names[0]!r} twice")
+        self.batches = bool(batches)
+        self.ring_slots = ring_slots
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
         if not keeptrying:
             self.timeout = 0.001  # one look, no wait
@@ -148,17 +175,33 @@ class _CurrentGenerationReader(_Base):
         self.keeptrying = keeptrying
         self.id = id
         self._store = ProcessStore(self.cfg)
+        self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", ring_slots,
+                                     len(self.cfg["SAMPLE"]), self.fields, names,
+                                     keys=self._KEYS, form=self._FORM, cast=cast,
+                                     timeout=self.timeout)
+        self._warned_single = False  # batches=True read one index in a DataLoader worker
 
     def __len__(self):
         return self.cfg["SWAP_CAP"]
 
-    def _pair(self, index):
+    def _position(self, index):
         n = len(self)
         i = int(index)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for SWAP_CAP={n}")
+        return i
+
+    def _pair(self, index):
+        i = self._position(index)
+        if self.batches and not self._warned_single and torch is not None \
+                and torch.utils.data.get_worker_info() is not None:
+            self._warned_single = True
+            log.warning("wirehead: %s(batches=True) is read one index at a time in a "
+                        "DataLoader worker, so the DataLoader collates (two copies); give "
+                        "it sampler=BatchSampler(...) and batch_size=None for the ring",
+                        type(self).__name__)
         store = self._store.get(timeout=self.timeout)
         gen = wait_for_generation(store, self.cfg, self.timeout)
         # an indexed read names its corrupt sample rather than substitute another
@@ -185,23 +228,50 @@ class _CurrentGenerationReader(_Base):
         return isinstance(index, (list, tuple, range, np.ndarray)) or (
             torch is not None and isinstance(index, torch.Tensor) and index.dim() == 1)
 
+    def _ring_batch(self, index):
+        """batches=True: the samples at index (a list), each read once
+        through the one C read policy (a corrupt sample is an error naming
+        it; a reclaimed generation moves to the newest) into a row of a ring
+        slot; a handle in a DataLoader worker, the batch in-process."""
+        positions = [self._position(i) for i in index]
+        if not positions:
+            raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
+                             f"indices is no batch")
+        store = self._store.get(timeout=self.timeout)
+        gen = wait_for_generation(store, self.cfg, self.timeout)
+        info = torch.utils.data.get_worker_info()
+        worker = None if info is None else info.id
+        batch, _ = self._batch_ring.fill(store, gen, positions, worker, skip=False)
+        return self._batch_ring.deliver(batch, in_worker=worker is not None)
+
 
 class MongoheadDataset(_CurrentGenerationReader):
     """``ds[i]`` -> ``{'input': ..., 'label': ...}`` (the first two SAMPLE
-    fields, exact stored dtype and shape); ``ds[[i, j]]`` -> ``{i: ..., j: ...}``.
-    Works on any store (shm:// or mongodb://)."""
+    fields, exact stored dtype and shape); ``ds[[i, j]]`` -> ``{i: ..., j: ...}``,
+    or with ``batches=True`` the batch ``{'input': X, 'label': Y}`` (a leading
+    batch dimension). Works on any store (shm:// or mongodb://)."""
+
+    _KEYS = ("input", "label")
 
     def __getitem__(self, index):
         if self._is_batch(index):
+            if self.batches:
+                return self._ring_batch(index)
             return {int(i): self[int(i)] for i in index}
         x, y = self._pair(index)
         return {"input": x, "label": y}
 
 
 class MongoTupleheadDataset(_CurrentGenerationReader):
-    """``ds[i]`` -> ``(input, label)``; ``ds[[i, j]]`` -> a list of tuples."""
+    """``ds[i]`` -> ``(input, label)``; ``ds[[i, j]]`` -> a list of tuples, or
+    with ``batches=True`` the batch ``[X, Y]`` (a list, as torch's
+    default_collate makes of tuples)."""
+
+    _FORM = "list"
 
     def __getitem__(self, index):
         if self._is_batch(index):
+            if self.batches:
+                return self._ring_batch(index)
             return [self[int(i)] for i in index]
         return self._pair(index)

@@ -1,16 +1,12 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
-import logging
 import multiprocessing
-import os
-import weakref
 
-import numpy as np
 import torch
 
-from . import _C, _ring
-from ._arrays import _torch_dtype, needs_cast_message
+from . import _C
 from ._arrays import to_output
+from ._batch import BatchRing, refuse_with_batches
 from ._order import Order, check_ignore_fits
 from ._store import ProcessStore
 from .config import get_config
@@ -25,15 +21,6 @@ _REGION = _COUNTS + _MAX_WORKERS
 # carries one shared array to all of them: each rank keeps its state in its
 # own region (rank mod _RANK_REGIONS; ranks that share memory share a host).
 _RANK_REGIONS = 64
-# batches=True: how long a DataLoader worker waits for one of its ring slots
-# (held by the main process's tensors) before it sends a batch the plain way
-_RING_WAIT_S = 0.5
-
-log = logging.getLogger("wirehead_torch")
-
-
-class _NewLayout(Exception):
-    """A batch's first sample has another layout than the one cached."""
 
 
 class WireheadIterableDataset(torch.utils.data.IterableDataset):
@@ -75,9 +62,6 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self.cfg = get_config(config_path, config)
         if views:
             check_views_store(self.cfg)
-        if views and batches:
-            raise ValueError("views=True and batches=True exclude each other: batches are "
-                             "copied once into ring slots, views are not copied at all")
         self.views = bool(views)
         self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
                            refresh, rank, world_size)
@@ -88,24 +72,18 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"num_workers must be 0..{_MAX_WORKERS}, got {num_workers!r}")
         if batches and not batch_size:
             raise ValueError("batches=True yields whole batches: give batch_size too")
-        if batches and transform is not None:
-            raise ValueError("batches=True hands out batches that view shared slots; apply "
-                             "the transform to each batch in the training loop instead")
-        if not isinstance(ring_slots, int) or ring_slots < 1:
-            raise ValueError(f"ring_slots must be a positive integer, got {ring_slots!r}")
+        if batches:
+            refuse_with_batches(views=views, transform=transform is not None)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.batches = bool(batches)
         self.ring_slots = ring_slots
-        # ring files are named by the DataLoader's main process and this token
-        self._ring_token = os.urandom(6).hex()
-        self._ring_state = (None, None)  # (pid, WorkerRing) in this process
-        self._ring_layout = (None, None)  # (pid, field layout) in this process
-        self._pickled_by = self._unpickled_in = None
-        weakref.finalize(self, _ring.cleanup, os.getpid(), self._ring_token)
         self.transform = transform
         self.cast = cast
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", ring_slots,
+                                     len(self.cfg["SAMPLE"]), self.order.want,
+                                     self.order.fields, cast=cast, timeout=self.timeout)
         self._store = ProcessStore(self.cfg)
         # Shared with worker processes (fork, spawn, forkserver) so that
         # persistent and fresh workers agree on the epoch.
@@ -259,64 +237,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 item = self.transform(item)
             yield item
 
-    # --- batches=True: the shared ring -----------------------------------
-    def _main_pid(self, in_worker):
-        """The process that runs the DataLoader: where this copy was pickled
-        (spawn, forkserver), else the parent of a forked worker."""
-        if not in_worker:
-            return os.getpid()
-        if self._unpickled_in == os.getpid():
-            return self._pickled_by
-        return os.getppid()
-
-    def _worker_ring(self, worker, in_worker):
-        pid, ring = self._ring_state
-        if pid == os.getpid():
-            return ring
-        try:
-            # in-process iteration has a region of its own ("m"): a DataLoader
-            # worker 0 started later must not find it locked
-            ring = _ring.WorkerRing(self._main_pid(in_worker), self._ring_token,
-                                    worker if in_worker else "m", self.ring_slots)
-        except _ring.RingBusy:
-            log.warning("wirehead: ring region of worker %d is used by another iteration of "
-                        "this dataset; this one sends batches the ordinary way", worker)
-            ring = None
-        self._ring_state = (os.getpid(), ring)
-        return ring
-
-    def _layout(self, store, gen, pos):
-        """[(field index, name, dtype, shape, nbytes, cast target)] of the
-        sample at (gen, pos), checked against what torch can hold."""
-        o = self.order
-        _, _, _, arrs = read_sample(store, gen, pos, o.want, self.timeout)
-        out = []
-        for i, name in zip(o.want, o.fields):
-            a = arrs[i]
-            target = (self.cast or {}).get(name)
-            if _torch_dtype(target or a.dtype, asked=target is not None) is None:
-                if target is None:
-                    raise TypeError(needs_cast_message(name, a.dtype, numpy_ok=False))
-                raise TypeError(f"cast={{'{name}': {target!r}}}: torch {torch.__version__} "
-                                f"has no dtype {target!r}")
-            if _torch_dtype(a.dtype, asked=True) is None:
-                raise TypeError(f"field '{name}' is stored as {a.dtype}, which torch "
-                                f"{torch.__version__} cannot view; batches=True needs a dtype "
-                                f"torch has (use batches=False with cast=)")
-            item = torch.empty((), dtype=_torch_dtype(a.dtype, asked=True)).element_size()
-            nbytes = int(np.prod(a.shape, dtype=np.int64)) * item
-            out.append((i, name, a.dtype, tuple(a.shape), nbytes, target))
-        return out
-
+    # --- batches=True: the shared ring (_batch.py) ------------------------
     def _batches(self, plan, epoch, start, steps, gen, worker, in_worker):
         o = self.order
         store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
-        ring = self._worker_ring(worker, in_worker)
-        B = self.batch_size
-        # the field layout is learnt once per process (one extra read) and
-        # learnt again only when a batch's first sample differs from it
-        pid, layout = self._ring_layout
-        layout = layout if pid == os.getpid() else None
+        ring, B = self._batch_ring, self.batch_size
         for b0 in range(0, len(positions), B):
             n = min(B, len(positions) - b0)
             if o.refresh == "step":
@@ -324,124 +249,31 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     gen = max(gen, store.current())
                 except _C.StoreUnavailableError:
                     pass
-            try:
-                if layout is None:
-                    raise _NewLayout
-                slot, mem, fields, extras = self._one_batch(store, ring, layout, positions, pads,
-                                                            b0, n, gen, in_worker, True)
-            except _NewLayout:
-                layout = self._layout(store, gen, positions[b0])
-                slot, mem, fields, extras = self._one_batch(store, ring, layout, positions, pads,
-                                                            b0, n, gen, in_worker, False)
-            self._ring_layout = (os.getpid(), layout)
-            gen = extras["generation"][0][-1]
+            batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
+                                    worker if in_worker else None)
+            pad_l = [bool(pads[b0 + r]) or pad for r, (_, _, pad) in enumerate(rows)]
+            if o.pad == "ignore":
+                try:
+                    self._fill_ignore(batch, pad_l)
+                except BaseException:
+                    ring.give_back(batch)
+                    raise
+            gen = rows[-1][0]
             self._progress = (epoch, start + b0 + n, gen)
-            if slot is None:
-                yield self._plain(mem, fields, extras)
-            elif in_worker:
-                yield ring.handle(slot, fields, extras)
-            else:
-                yield ring.local(slot, fields, extras)
+            yield ring.deliver(batch, {"is_pad": (pad_l, "bool"),
+                                       "generation": ([r[0] for r in rows], "int64"),
+                                       "position": ([r[1] for r in rows], "int64")}, in_worker)
 
-    def _one_batch(self, store, ring, layout, positions, pads, b0, n, gen, in_worker,
-                   may_relayout):
-        """(slot or None, memory, fields, extras) of one batch read into a
-        ring slot, or into ordinary memory when no slot comes free."""
-        fields, off = [], 0
-        for i, name, dtype, shape, nb, target in layout:
-            fields.append((name, dtype, (n,) + shape, off, nb * n, target))
-            off += -(-nb * n // 64) * 64
-        got = ring.acquire(off, 0 if not in_worker else _RING_WAIT_S) if ring else None
-        if got is None:
-            slot, mem = None, np.empty(off, np.uint8)
-            if ring is not None and not ring.warned:
-                ring.warned = True
-                log.warning("wirehead: every ring slot of worker %s is still held by batches "
-                            "in use; sending batches the ordinary way (a copy) while that "
-                            "lasts (raise ring_slots)", ring.worker)
-        else:
-            slot, mem = got
-        try:
-            extras = self._fill(store, mem, layout, fields, positions, pads, b0, n, gen,
-                                may_relayout)
-        except BaseException:
-            if slot is not None:
-                ring.give_back(slot)
-            raise
-        return slot, mem, fields, extras
-
-    def _fill(self, store, mem, layout, fields, positions, pads, b0, n, gen, may_relayout):
-        """Reads samples b0..b0+n-1 into their rows of mem (one copy each)."""
-        o = self.order
-        nf = len(self.cfg["SAMPLE"])
-        pad_l, gen_l, pos_l = [], [], []
-        view = memoryview(mem).cast("B")
-        for r in range(n):
-            bufs = [None] * nf
-            for (i, name, dtype, shape, nb, _), (_, _, _, off, _, _) in zip(layout, fields):
-                bufs[i] = view[off + r * nb:off + (r + 1) * nb]
-            pos = positions[b0 + r]
-            try:
-                gen, pos, skipped_pad, lay, skipped = store.read_sample_into(
-                    gen, pos, bufs, self.timeout)
-            except _C.InvalidSampleError:
-                lay = None  # a field of another size: named below
-            if lay is None or any(lay[f[0]] != (f[2], f[3]) for f in layout):
-                if r == 0 and may_relayout:
-                    raise _NewLayout
-                self._shape_error(store, gen, pos, layout)
-            if skipped:
-                log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
-                            "in as padding", skipped)
-            is_pad = bool(pads[b0 + r]) or skipped_pad
-            if is_pad and o.pad == "ignore":
-                self._fill_ignore(view, layout, fields, r)
-            pad_l.append(is_pad)
-            gen_l.append(gen)
-            pos_l.append(pos)
-        return {"is_pad": (pad_l, "bool"), "generation": (gen_l, "int64"),
-                "position": (pos_l, "int64")}
-
-    def _shape_error(self, store, gen, pos, layout):
-        other = {f[0]: (f[2], f[3]) for f in self._layout(store, gen, pos)}
-        for i, name, dtype, shape, _, _ in layout:
-            if other[i] != (dtype, shape):
-                raise ValueError(
-                    f"WireheadIterableDataset(batches=True) stacks samples of one shape: "
-                    f"field '{name}' is {dtype} {list(shape)} in this batch but {other[i][0]} "
-                    f"{list(other[i][1])} at generation {gen} position {pos}; use "
-                    f"batches=False with a collate_fn for samples of varying shape")
-        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
-
-    def _fill_ignore(self, view, layout, fields, r):
-        for (i, name, dtype, shape, nb, _), (_, _, _, off, _, _) in zip(layout, fields):
+    def _fill_ignore(self, batch, pad_l):
+        """ignore_index into the label fields of the padding rows."""
+        for k, (_, name, _, _, _, _) in enumerate(batch.layout):
             if name in self.order.label_fields:
-                tdt = getattr(torch, dtype)
-                t = torch.frombuffer(view, dtype=tdt, offset=off + r * nb,
-                                     count=nb // torch.empty((), dtype=tdt).element_size())
-                check_ignore_fits(t.dtype, self.order.ignore_index, name)
-                t.fill_(self.order.ignore_index)
-
-    @staticmethod
-    def _plain(mem, fields, extras):
-        """A batch in ordinary memory (no free ring slot)."""
-        out = {}
-        for name, dtype, shape, off, nb, target in fields:
-            t = torch.from_numpy(mem[off:off + nb]).view(getattr(torch, dtype)).view(shape)
-            out[name] = t.to(getattr(torch, target)) if target and target != dtype else t
-        for name, (values, dtype) in extras.items():
-            out[name] = torch.tensor(values, dtype=getattr(torch, dtype))
-        return out
+                for r in (r for r, pad in enumerate(pad_l) if pad):
+                    t = batch.row(k, r)
+                    check_ignore_fits(t.dtype, self.order.ignore_index, name)
+                    t.fill_(self.order.ignore_index)
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_store"] = ProcessStore(self.cfg)
-        d["_ring_state"] = d["_ring_layout"] = (None, None)
-        d["_pickled_by"] = os.getpid()
         return d
-
-    def __setstate__(self, d):
-        self.__dict__.update(d)
-        self._unpickled_in = os.getpid()
-        # a rank process that received the dataset runs DataLoaders of its own
-        weakref.finalize(self, _ring.cleanup, os.getpid(), self._ring_token)
