@@ -216,6 +216,17 @@ def test_one_index_is_the_item_and_bad_indices_are_errors(filled):
         same_as_collate(b, plain, [0, 1, 2, 3])
 
 
+def test_single_indices_in_a_worker_are_logged_once(filled, monkeypatch, caplog):
+    # what a DataLoader(batch_size=B) worker does with a batches=True reader
+    ds = wt.MongoTupleheadDataset(config=filled, batches=True)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    with caplog.at_level("WARNING", logger="wirehead_torch"):
+        for i in range(3):
+            ds[i]
+    said = [r.getMessage() for r in caplog.records if "one index at a time" in r.getMessage()]
+    assert len(said) == 1 and "BatchSampler" in said[0]
+
+
 def test_samples_of_another_shape_are_an_error_naming_the_field(shm_cfg):
     cfg = shm_cfg(swap_cap=4)
     items = [whlib.sample(1, i, n=256 if i < 2 else 128) for i in range(4)]
