@@ -62,6 +62,23 @@ static PyObject *wh__raise(wh__state_t *S, const wh_err_t *err) {
     return NULL;
 }
 
+/* A tuple of ndim ints, or NULL with an exception set. */
+static PyObject *wh__shape_tuple(int ndim, const int64_t *shape) {
+    PyObject *t = PyTuple_New(ndim);
+    for (int d = 0; t && d < ndim; d++) {
+        PyObject *v = PyLong_FromLongLong(shape[d]);
+        if (!v) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, d, v);
+    }
+    return t;
+}
+
+/* Item i of *list (a new list) is item; a failed item (NULL) drops the list. */
+static void wh__list_put(PyObject **list, Py_ssize_t i, PyObject *item) {
+    if (!item) Py_CLEAR(*list);
+    else PyList_SET_ITEM(*list, i, item);
+}
+
 /* ---- Array (wh_dlpack.c): a C buffer exported through DLPack ---- */
 
 static void wh__array_dealloc(wh_array_obj_t *a) {
@@ -83,10 +100,7 @@ static PyObject *wh__array_get_dtype(wh_array_obj_t *a, void *c) {
 
 static PyObject *wh__array_get_shape(wh_array_obj_t *a, void *c) {
     (void)c;
-    PyObject *t = PyTuple_New(a->ndim);
-    for (int d = 0; t && d < a->ndim; d++)
-        PyTuple_SET_ITEM(t, d, PyLong_FromLongLong(a->shape[d]));
-    return t;
+    return wh__shape_tuple(a->ndim, a->shape);
 }
 
 static PyObject *wh__array_get_ptr(wh_array_obj_t *a, void *c) {
@@ -122,8 +136,15 @@ static PyType_Slot wh__array_slots[] = {
     {0, NULL},
 };
 
+/* Arrays come only from the store and the loaders: Array() would have no buffer. */
+#ifdef Py_TPFLAGS_DISALLOW_INSTANTIATION
+#define WH__ARRAY_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION)
+#else
+#define WH__ARRAY_FLAGS Py_TPFLAGS_DEFAULT
+#endif
+
 static PyType_Spec wh__array_spec = {
-    "wirehead_torch._C.Array", sizeof(wh_array_obj_t), 0, Py_TPFLAGS_DEFAULT, wh__array_slots,
+    "wirehead_torch._C.Array", sizeof(wh_array_obj_t), 0, WH__ARRAY_FLAGS, wh__array_slots,
 };
 
 /* ---- store configuration from keyword arguments ---- */
@@ -456,13 +477,12 @@ static PyObject *wh__array_list(wh__state_t *S, int nf, wh_buf_t *const *bufs, b
     for (int i = 0; out && i < nf; i++) {
         PyObject *a = Py_None;
         if (bufs[i]) {
-            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
-                             meta->f[i].ndim, meta->f[i].shape);
-            if (!a) Py_CLEAR(out);
+            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0,
+                             meta->f[i].dtype, meta->f[i].ndim, meta->f[i].shape);
         } else {
             Py_INCREF(a);
         }
-        if (out) PyList_SET_ITEM(out, i, a);
+        wh__list_put(&out, i, a);
     }
     return out;
 }
@@ -626,9 +646,7 @@ static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta
         PyObject *o = Py_None;
         if (views[i].buf && i < meta->nfields) {
             const wh_field_meta_t *f = &meta->f[i];
-            PyObject *shape = PyTuple_New(f->ndim);
-            for (int d = 0; shape && d < f->ndim; d++)
-                PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(f->shape[d]));
+            PyObject *shape = wh__shape_tuple(f->ndim, f->shape);
             o = shape ? Py_BuildValue("(sN)", wh_dtype_name(f->dtype), shape) : NULL;
             if (!o) {
                 Py_CLEAR(out);
@@ -716,21 +734,21 @@ static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args,
 static PyObject *wh__status_dict(const wh_status_t *s) {
     PyObject *hist = PyList_New(s->nhistory);
     for (int i = 0; hist && i < s->nhistory; i++)
-        PyList_SET_ITEM(hist, i,
-                        Py_BuildValue("{sKsdsKsKsd}", "generation",
-                                      (unsigned long long)s->history[i].generation, "time",
-                                      (double)s->history[i].time_ns / 1e9, "generated",
-                                      (unsigned long long)s->history[i].generated, "discarded",
-                                      (unsigned long long)s->history[i].discarded, "seal_s",
-                                      (double)s->history[i].seal_ns / 1e9));
+        wh__list_put(&hist, i,
+                     Py_BuildValue("{sKsdsKsKsd}", "generation",
+                                   (unsigned long long)s->history[i].generation, "time",
+                                   (double)s->history[i].time_ns / 1e9, "generated",
+                                   (unsigned long long)s->history[i].generated, "discarded",
+                                   (unsigned long long)s->history[i].discarded, "seal_s",
+                                   (double)s->history[i].seal_ns / 1e9));
     if (!hist) return NULL;
     PyObject *areas = PyList_New(s->nareas);
     for (int i = 0; areas && i < s->nareas; i++)
-        PyList_SET_ITEM(areas, i,
-                        Py_BuildValue("{sKsIsIsL}", "generation",
-                                      (unsigned long long)s->areas[i].generation, "pins",
-                                      s->areas[i].pins, "pinners", s->areas[i].pinners,
-                                      "pin_pid", (long long)s->areas[i].pin_pid));
+        wh__list_put(&areas, i,
+                     Py_BuildValue("{sKsIsIsL}", "generation",
+                                   (unsigned long long)s->areas[i].generation, "pins",
+                                   s->areas[i].pins, "pinners", s->areas[i].pinners,
+                                   "pin_pid", (long long)s->areas[i].pin_pid));
     if (!areas) {
         Py_DECREF(hist);
         return NULL;
@@ -992,9 +1010,8 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
     }
     res = PyList_New(k);
     for (Py_ssize_t i = 0; res && i < k; i++) {
-        PyObject *a = wh_array_new(S->array, dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape);
-        if (!a) Py_CLEAR(res);
-        else PyList_SET_ITEM(res, i, a);
+        wh__list_put(&res, i,
+                     wh_array_new(S->array, dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape));
     }
     wh_buf_unref(dev);
 out:
@@ -1251,12 +1268,12 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
             int64_t shape[WH_MAX_NDIM + 1];
             shape[0] = b.n;
             for (int d = 0; d < b.meta[f].ndim; d++) shape[d + 1] = b.meta[f].shape[d];
-            a = wh_array_new(S->array, b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1, shape);
-            if (!a) Py_CLEAR(fields);
+            a = wh_array_new(S->array, b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1,
+                             shape);
         } else {
             Py_INCREF(a);
         }
-        if (fields) PyList_SET_ITEM(fields, f, a);
+        wh__list_put(&fields, f, a);
     }
     int64_t n = b.n;
     PyObject *pad = fields ? wh_array_new(S->array, b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
@@ -1700,17 +1717,24 @@ static int wh__exec(PyObject *m) {
     wh__state_t *S = wh__mstate(m);
     if (wh__add_type(m, &S->store, &wh__store_spec) < 0 ||
         wh__add_type(m, &S->loader, &wh__loader_spec) < 0 ||
-        wh__add_type(m, &S->map, &wh__map_spec) < 0 || wh__add_type(m, &S->array, &wh__array_spec) < 0 ||
-        wh__add_excs(m, S) < 0 || wh__cuda_exec(m, S) < 0)
+        wh__add_type(m, &S->map, &wh__map_spec) < 0 ||
+        wh__add_type(m, &S->array, &wh__array_spec) < 0 || wh__add_excs(m, S) < 0 ||
+        wh__cuda_exec(m, S) < 0)
         return -1;
+#ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION
+    S->array->tp_new = NULL; /* Python 3.9 */
+#endif
     PyObject *d = PyDict_New();
-    if (!d) return -1;
-    for (int i = 1; i < WH_DT_MAX_; i++) {
+    for (int i = 1; d && i < WH_DT_MAX_; i++) {
         PyObject *v = PyLong_FromLong(i);
-        if (!v || PyDict_SetItemString(d, wh_dtype_name(i), v) < 0) return -1;
-        Py_DECREF(v);
+        if (!v || PyDict_SetItemString(d, wh_dtype_name(i), v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
     }
-    if (PyModule_AddObject(m, "DTYPES", d) < 0) return -1;
+    if (!d) return -1;
+    if (PyModule_AddObject(m, "DTYPES", d) < 0) {
+        Py_DECREF(d);
+        return -1;
+    }
     if (PyModule_AddIntConstant(m, "PUT_ACCEPTED", WH_PUT_ACCEPTED) ||
         PyModule_AddIntConstant(m, "PUT_DISCARDED", WH_PUT_DISCARDED) ||
         PyModule_AddIntConstant(m, "PUT_WAIT", WH_PUT_WAIT) ||

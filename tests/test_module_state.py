@@ -116,3 +116,9 @@ def test_loads_in_subinterpreters():
                        text=True, timeout=120, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "subinterpreters ok" in r.stdout
+
+
+def test_an_array_cannot_be_made_without_a_buffer():
+    # Arrays come from reads only; one made by hand would have no memory behind it
+    with pytest.raises(TypeError, match="cannot create"):
+        _C.Array()
