@@ -6,6 +6,7 @@ import gc
 import os
 import pickle
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -301,3 +302,85 @@ def test_a_reclaimed_generation_moves_to_the_newest(shm_cfg, monkeypatch):
     ids, data = wt.MongoTupleheadDataset(config=cfg, batches=True)[[2, 0, 1]]
     check_batch([ids, data], [2, 0, 1])
     assert ids[:, 0].tolist() == [len(gens)] * 3  # the newest generation's samples
+
+
+def test_a_dataset_collected_closes_its_ring_descriptor(filled):
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    ds = wt.MongoTupleheadDataset(config=filled, batches=True)
+    ds[[0, 1]]  # warm: the first ring and store handle of this process
+    del ds
+    gc.collect()
+    before = fds()
+    for _ in range(20):
+        ds = wt.MongoTupleheadDataset(config=filled, batches=True)
+        check_batch(ds[[0, 1, 2]], [0, 1, 2])
+        del ds
+        gc.collect()
+    assert fds() <= before + 1  # not one per dataset
+
+
+class _SlowWords:
+    """A ring's control words with a thread switch forced between a slot
+    found free and the slot claimed (where two threads could both take it)."""
+
+    def __init__(self, words, barrier):
+        self.words, self.barrier = words, barrier
+
+    def __getattr__(self, name):
+        return getattr(self.words, name)
+
+    def add(self, i, d):
+        try:
+            self.barrier.wait(timeout=0.5)  # both threads past their scan, if they can be
+        except threading.BrokenBarrierError:
+            pass
+        return self.words.add(i, d)
+
+
+def test_threads_indexing_one_reader_never_share_a_slot(filled):
+    ds = wt.MongoTupleheadDataset(config=filled, batches=True, ring_slots=4)
+    ds[[0]]  # makes this process's ring region
+    gc.collect()
+    ring = ds._batch_ring.worker_ring(None)
+    barrier = threading.Barrier(2)
+    ring.s.words = _SlowWords(ring.s.words, barrier)
+    got, errors = {}, []
+
+    def read(k, indices):
+        try:
+            got[k] = (indices, ds[indices])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(k, [4 * k + r for r in range(4)]))
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(got) == 2
+    ptrs = set()
+    for indices, b in got.values():
+        check_batch(b, indices)
+        ptrs.add(b[0].data_ptr())
+    assert len(ptrs) == 2, "two live batches over one slot"
+
+
+def test_a_full_dev_shm_is_an_error_and_loses_no_slot(filled, monkeypatch):
+    import errno
+
+    from wirehead_torch import _ring
+
+    ds = wt.MongoheadDataset(config=filled, batches=True, ring_slots=2)
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_ring.os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=r"cannot reserve \d+ bytes in /dev/shm .*ring_slots"):
+        ds[[0, 1]]
+    assert owners(ds, "m") == [0, 0] and slot_files(ds) == []
+    monkeypatch.undo()
+    check_batch(ds[[2, 3]], [2, 3])  # the same slots work once there is room

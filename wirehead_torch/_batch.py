@@ -144,6 +144,9 @@ class BatchRing:
             log.warning("wirehead: ring region of worker %s is used by another iteration of "
                         "this dataset; this one sends batches the ordinary way", worker)
             ring = None
+        if ring is not None:
+            # its descriptor holds the region's lock: closed with the dataset
+            weakref.finalize(self, ring.close)
         self._ring = (os.getpid(), ring)
         return ring
 
@@ -170,16 +173,21 @@ class BatchRing:
             out.append((i, name, a.dtype, tuple(a.shape), nbytes, target))
         return out
 
-    def _shape_error(self, store, gen, pos, layout, skip):
-        other = {f[0]: (f[2], f[3]) for f in self.layout(store, gen, pos, skip)}
+    def _shape_error(self, store, gen, pos, layout, skip, cause=None):
+        """Raises the error naming the field of the sample at (gen, pos)
+        that differs from the batch's layout; cause: the read's own error."""
+        # the generation the read policy finds it in (the newest if gen was reclaimed)
+        gen, pos, _, arrs, _ = store.read_sample(gen, pos, self.want, self.timeout, skip)
         for i, name, dtype, shape, _, _ in layout:
-            if other[i] != (dtype, shape):
+            other = (arrs[i].dtype, tuple(arrs[i].shape))
+            if other != (dtype, shape):
                 raise ValueError(
                     f"{self.what} stacks samples of one shape: field '{name}' is {dtype} "
-                    f"{list(shape)} in this batch but {other[i][0]} {list(other[i][1])} at "
+                    f"{list(shape)} in this batch but {other[0]} {list(other[1])} at "
                     f"generation {gen} position {pos}; use batches=False with a collate_fn "
-                    f"for samples of varying shape")
-        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
+                    f"for samples of varying shape") from cause
+        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch"
+                           + (f": {cause}" if cause else "")) from cause
 
     # --- reading a batch ---------------------------------------------------
     def fill(self, store, gen, positions, worker, skip=True):
@@ -238,15 +246,16 @@ class BatchRing:
             bufs = [None] * self.nfields
             for (i, _, _, _, nb, _), f in zip(layout, fields):
                 bufs[i] = view[f[3] + r * nb:f[3] + (r + 1) * nb]
+            cause = None
             try:
                 gen, pos, is_pad, lay, skipped = store.read_sample_into(
                     gen, pos, bufs, self.timeout, skip)
-            except _C.InvalidSampleError:
-                lay = None  # a field of another size: named below
+            except _C.InvalidSampleError as e:
+                lay, cause = None, e  # a field of another size: named below
             if lay is None or any(lay[e[0]] != (e[2], e[3]) for e in layout):
                 if r == 0 and may_relayout:
                     raise _NewLayout
-                self._shape_error(store, gen, pos, layout, skip)
+                self._shape_error(store, gen, pos, layout, skip, cause)
             if skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
                             "in as padding", skipped)

@@ -23,6 +23,7 @@ import fcntl
 import glob
 import logging
 import os
+import threading
 import time
 import weakref
 
@@ -91,7 +92,15 @@ def _map(path, size, create):
     fd = os.open(path, flags, 0o600)
     try:
         if create:
-            os.ftruncate(fd, size)
+            # reserved, not only sized: a full /dev/shm is this error, not a
+            # SIGBUS at the first write into the slot
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                os.unlink(path)
+                raise OSError(e.errno, f"wirehead ring slot {path}: cannot reserve {size} "
+                                       f"bytes in {DIR} ({e.strerror}); free space there, or "
+                                       f"lower ring_slots or the batch size") from None
         # populated up front, once per slot and process: no faults per batch
         return _C.SharedMap(fd, size, populate=True, hugepage=create)
     except ValueError as e:
@@ -154,6 +163,9 @@ class WorkerRing:
         self.worker = worker
         self.pid = os.getpid()
         self.warned = False  # "all slots held" logged once
+        # threads of this process (a thread pool indexing a map-style reader)
+        # take free slots one at a time
+        self._lock = threading.Lock()
         self.s = _Slots(region_path(main_pid, token, worker), nslots, create=True)
         w = self.s.words
         for j in range(nslots):
@@ -169,36 +181,51 @@ class WorkerRing:
         deadline = time.monotonic() + wait_s
         delay = 5e-5
         while True:
-            free = [j for j in range(n) if w.load(j * _WORDS + _OWNER) == 0]
-            # only this worker takes free slots of its region, so a free slot stays free
-            if free:
-                fits = [j for j in free if w.load(j * _WORDS + _CAP) >= nbytes]
-                j = fits[0] if fits else free[0]
-                i = j * _WORDS
-                w.add(i + _SEQ, 1)
-                w.store(i + _OWNER, self.pid)
-                if not fits:
-                    self._grow(j, nbytes)
-                return j, self.s.data(j)
+            with self._lock:
+                free = [j for j in range(n) if w.load(j * _WORDS + _OWNER) == 0]
+                # only this process takes free slots of its region, so under the
+                # lock a free slot stays free
+                if free:
+                    fits = [j for j in free if w.load(j * _WORDS + _CAP) >= nbytes]
+                    j = fits[0] if fits else free[0]
+                    i = j * _WORDS
+                    w.add(i + _SEQ, 1)
+                    w.store(i + _OWNER, self.pid)
+                    try:
+                        if not fits:
+                            self._grow(j, nbytes)
+                        return j, self.s.data(j)
+                    except BaseException:
+                        w.store(i + _OWNER, 0)
+                        raise
             if time.monotonic() >= deadline:
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 2e-3)
 
     def _grow(self, j, nbytes):
+        """Slot j's file replaced by a larger one: the new file is made
+        first, so a failure (a full /dev/shm) leaves the slot as it was."""
         i = j * _WORDS
-        old = f"{self.s.path}.s{j}.v{self.s.words.load(i + _VER)}"
-        self.s.maps.pop(j, None)
+        w = self.s.words
+        ver, cap = w.load(i + _VER), -(-nbytes // _PAGE) * _PAGE
+        path = f"{self.s.path}.s{j}.v{ver + 1}"
         try:
-            os.unlink(old)
+            os.unlink(path)  # left by a worker that died while growing this slot
         except FileNotFoundError:
             pass
-        self.s.words.store(i + _CAP, -(-nbytes // _PAGE) * _PAGE)
-        self.s.words.add(i + _VER, 1)
-        self.s.data(j, create=True)
+        m = _map(path, cap, create=True)
+        try:
+            os.unlink(f"{self.s.path}.s{j}.v{ver}")
+        except FileNotFoundError:
+            pass
+        w.store(i + _CAP, cap)
+        w.store(i + _VER, ver + 1)
+        self.s.maps[j] = (ver + 1, m)
 
     def give_back(self, j):
-        self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
+        with self._lock:
+            self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
 
     def handle(self, j, fields, extras, form="dict"):
         i = j * _WORDS
