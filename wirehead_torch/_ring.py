@@ -5,8 +5,9 @@ A DataLoader worker reads each sample once, straight into a row of a slot:
 a file in /dev/shm that the DataLoader's main process maps too. Only a small
 handle (RingBatch) crosses the worker's queue; unpickled in the main process
 it becomes the batch (a dict or a list of tensors viewing the slot), and the
-slot goes back to its worker when the last of those tensors dies. Slots are reused, so after the
-first round no sample lands in fresh pages, in the worker or the main process.
+slot goes back to its worker when the last of those tensors dies. Slots are
+reused, so after the first round no sample lands in fresh pages, in the
+worker or the main process.
 
 Files, per (main process, dataset, worker k), mode 0600:
   wirehead-ring.<main pid>.<token>.w<k>             control words; the live
