@@ -54,7 +54,7 @@ def test_two_instances_have_their_own_exceptions_and_types():
 
 
 def test_an_object_keeps_its_instance_and_a_tensor_outlives_it(shm_cfg):
-    torch = pytest.importorskip("torch")
+    import torch
     cfg = shm_cfg(swap_cap=2)
     m2 = _fresh_instance()
     gone = weakref.ref(m2)
