@@ -31,7 +31,9 @@ typedef enum {
     WH_E_LEASE,     /* this manager does not hold the lease (lost or expired) */
     WH_E_PINNED,    /* a view would break the pin policy: read a copy instead */
     WH_E_INTERNAL,
-    WH_E_CUDA       /* CUDA runtime missing or failing (wh_cuda.c) */
+    WH_E_CUDA,      /* CUDA runtime missing or failing (wh_cuda.c) */
+    WH_E_NOSTORE    /* the store does not exist yet (shm, BYTE_BUDGET auto: the first
+                       put creates it); a kind of NOTFOUND */
 } wh_code_t;
 
 typedef struct {

@@ -20,13 +20,13 @@
  * as any of its objects. */
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound, *lease, *pinned, *cuda;
+        *unavail, *notfound, *nostore, *lease, *pinned, *cuda;
     PyTypeObject *array, *store, *loader, *map, *stage;
 } wh__state_t;
 
 #define WH__STATE_FIELDS(X)                                                                   \
     X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
-    X(notfound) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
 #define WH__ONE(f) +1
 _Static_assert(sizeof(wh__state_t) == (0 WH__STATE_FIELDS(WH__ONE)) * sizeof(void *),
                "WH__STATE_FIELDS names every field of the module state");
@@ -53,6 +53,7 @@ static PyObject *wh__raise(wh__state_t *S, const wh_err_t *err) {
     case WH_E_TIMEOUT: cls = S->timeout; break;
     case WH_E_UNAVAIL: cls = S->unavail; break;
     case WH_E_NOTFOUND: cls = S->notfound; break;
+    case WH_E_NOSTORE: cls = S->nostore; break;
     case WH_E_LEASE: cls = S->lease; break;
     case WH_E_PINNED: cls = S->pinned; break;
     case WH_E_CUDA: cls = S->cuda; break;
@@ -169,7 +170,7 @@ static bool wh__parse_cfg(wh__state_t *S, PyObject *args, PyObject *kw, wh__cfgb
                              "verify_reads", "create", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
-    unsigned long long byte_budget = 256ull << 20, chunk_bytes = 4ull << 20;
+    unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
     double lease_s = 10.0, connect_timeout_s = 10.0;
     int verify = 1, create = 1;
     memset(out, 0, sizeof *out);
@@ -753,12 +754,14 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
         Py_DECREF(hist);
         return NULL;
     }
-    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsdsNsN}", "read_gen",
+    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsN}", "read_gen",
                          (unsigned long long)s->read_gen, "write_gen",
                          (unsigned long long)s->write_gen, "write_fill", s->write_fill,
                          "swap_cap", s->swap_cap, "write_bytes",
                          (unsigned long long)s->write_bytes, "byte_budget",
-                         (unsigned long long)s->byte_budget, "generated",
+                         (unsigned long long)s->byte_budget, "store_bytes",
+                         (unsigned long long)s->store_bytes, "creator_pid",
+                         (unsigned long long)s->creator_pid, "generated",
                          (unsigned long long)s->generated, "discarded",
                          (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
                          "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
@@ -1706,6 +1709,15 @@ static int wh__add_excs(PyObject *m, wh__state_t *S) {
     WH__SUB(unavail, "StoreUnavailableError", PyExc_ConnectionError,
             "The store's server cannot be reached.");
     WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
+    {
+        PyObject *b = PyTuple_Pack(1, S->notfound);
+        int r = b ? wh__add_exc(m, &S->nostore, "StoreNotCreatedError", b,
+                                "The shm store does not exist yet: with BYTE_BUDGET auto the "
+                                "first generator's first sample creates it.")
+                  : -1;
+        Py_XDECREF(b);
+        if (r) return -1;
+    }
     WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
     WH__SUB(pinned, "PinLimitError", NULL,
             "A store-backed view would break the pin policy; read a copy instead.");

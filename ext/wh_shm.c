@@ -136,7 +136,13 @@ typedef struct {
     uint64_t puts;
     pid_t pid;
     int fd; /* kept open: the segment's size is re-checked before its bytes are read */
-    /* geometry, checked once at open and never re-read from shared memory */
+    /* hdr NULL: not attached (BYTE_BUDGET auto and no segment yet, or the
+     * segment was removed); wh__ready attaches, and creates on a put */
+    uint64_t checked_ns; /* last check that the name still names our segment */
+    dev_t dev;
+    ino_t ino;
+    bool created; /* this handle created the segment it is attached to */
+    /* geometry, checked once at attach and never re-read from shared memory */
     uint32_t swap_cap;
     uint64_t slot_bytes, index_off, data_off;
 } wh__shm_t;
@@ -277,9 +283,9 @@ static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_o
     return true;
 }
 
-static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
+static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     const wh_store_config_t *c = &s->base.cfg;
-    uint64_t slot_bytes = wh__page_up(c->byte_budget), index_off = 0, data_off = 0, total = 0;
+    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, data_off = 0, total = 0;
     if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
     /* Name the creator before the (possibly slow) fallocate, so openers
      * keep waiting for a live creator instead of calling it stale. */
@@ -293,12 +299,16 @@ static bool wh__create(wh__shm_t *s, int fd, wh_err_t *err) {
         unsigned long long avail = 0;
         if (statvfs("/dev/shm", &vfs) == 0)
             avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        char why[96] = "";
+        if (!c->byte_budget)
+            snprintf(why, sizeof why, ", BYTE_BUDGET auto: sized from the first sample for "
+                     "SWAP_CAP=%u", c->swap_cap);
         return wh_err_set(err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
-                          "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu) "
+                          "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu%s) "
                           "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
                           "enlarge /dev/shm (docker: --shm-size)",
                           s->shm_name + 10, (unsigned long long)total,
-                          (unsigned long long)c->byte_budget, avail, strerror(r));
+                          (unsigned long long)budget, why, avail, strerror(r));
     }
     void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
@@ -419,7 +429,8 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SAMPLE [%s], config "
                         "says another; use another store name or `wirehead-torch clean`",
                         s->shm_name + 10, have);
-    } else if (!c->no_create && h->slot_bytes != wh__page_up(c->byte_budget)) {
+    } else if (!c->no_create && c->byte_budget &&
+               h->slot_bytes != wh__page_up(c->byte_budget)) {
         ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with BYTE_BUDGET=%llu, "
                         "config says %llu; the budget is fixed when the store is created: "
                         "use the same value, or `wirehead-torch clean` and start again",
@@ -458,60 +469,54 @@ static bool wh__share_maps(wh__shm_t *s, wh_err_t *err) {
     return true;
 }
 
-wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
-    const char *name = cfg->uri + strlen("shm://");
-    if (cfg->byte_budget < 4096)
-        return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
-    wh__shm_t *s = calloc(1, sizeof *s);
-    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
-    s->base.ops = &wh__shm_ops;
-    s->base.cfg = *cfg;
-    s->pid = getpid();
-    s->fd = -1;
-    if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
-        s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
-    s->token |= 1;
-    if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
+/* Unmaps what a failed create or attach left mapped (not shared yet). */
+static void wh__unmap_partial(wh__shm_t *s) {
+    if (s->hdr) munmap(s->hdr, s->map_len);
+    if (s->ro) munmap((void *)s->ro, s->map_len);
+    s->hdr = NULL;
+    s->ro = NULL;
+}
+
+/* Attaches to the segment under the name, creating it with budget bytes
+ * per area when it does not exist and budget is not 0. WH_E_NOSTORE when
+ * it does not exist and budget is 0. */
+static bool wh__connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
     for (int attempt = 0; attempt < 5; attempt++) {
-        int fd = cfg->no_create ? -1 : shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (cfg->no_create) errno = EEXIST;
+        int fd = budget ? shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600) : -1;
+        if (!budget) errno = EEXIST;
         if (fd >= 0) {
             /* 0600 whatever the umask: openers refuse any other mode */
             bool ok = (fchmod(fd, 0600) == 0 ||
                        wh_err_set(err, WH_E_SYS, "shm fchmod: %s", strerror(errno))) &&
-                      wh__create(s, fd, err);
+                      wh__create(s, fd, budget, err);
             if (!ok) {
+                wh__unmap_partial(s);
                 close(fd);
                 shm_unlink(s->shm_name);
-                goto fail;
+                return false;
             }
             s->fd = fd;
-            if (!wh__share_maps(s, err)) goto fail;
-            return &s->base;
+            s->created = true;
+            break;
         }
-        if (errno != EEXIST) {
-            wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
-            goto fail;
-        }
+        if (errno != EEXIST)
+            return wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
         fd = shm_open(s->shm_name, O_RDWR, 0600);
         if (fd < 0) {
-            if (errno == ENOENT && cfg->no_create) {
-                wh_err_set(err, WH_E_NOTFOUND, "no shm store '%s' (/dev/shm%s)", name,
-                           s->shm_name);
-                goto fail;
-            }
+            if (errno == ENOENT && !budget)
+                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (/dev/shm%s)",
+                                  s->shm_name + 10, s->shm_name);
             if (errno == ENOENT) continue; /* removed meanwhile: create it */
-            wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
-            goto fail;
+            return wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
         }
         bool stale;
         wh_err_t e = {0};
-        bool ok = wh__attach(s, fd, &stale, &e);
-        if (ok) {
+        if (wh__attach(s, fd, &stale, &e)) {
             s->fd = fd;
-            if (!wh__share_maps(s, err)) goto fail;
-            return &s->base;
+            s->created = false;
+            break;
         }
+        wh__unmap_partial(s);
         if (stale) {
             /* half-created by a dead process: remove it, unless another
              * opener already replaced it with a fresh one under the name */
@@ -524,14 +529,120 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         close(fd);
         if (!stale && e.code != WH_E_NOTFOUND) {
             if (err) *err = e;
-            goto fail;
+            return false;
         }
     }
-    wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
-fail:
+    if (s->fd < 0)
+        return wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
+    struct stat sb;
+    bool ok = fstat(s->fd, &sb) == 0 ||
+              wh_err_set(err, WH_E_SYS, "shm store %s: fstat: %s", s->shm_name, strerror(errno));
+    if (!ok || !wh__share_maps(s, err)) {
+        wh__unmap_partial(s);
+        close(s->fd);
+        s->fd = -1;
+        return false;
+    }
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
+    s->checked_ns = wh_now_mono_ns();
+    return true;
+}
+
+/* Lets go of the segment (views keep their own reference to its maps). */
+static void wh__detach(wh__shm_t *s) {
+    wh__map_unref(s->map);
     if (s->fd >= 0) close(s->fd);
-    if (s->hdr) munmap(s->hdr, s->map_len);
-    if (s->ro) munmap((void *)s->ro, s->map_len);
+    s->map = NULL;
+    s->hdr = NULL;
+    s->ro = NULL;
+    s->fd = -1;
+    s->created = false;
+}
+
+/* True when the store's name no longer names the segment this handle maps
+ * (`wirehead-torch clean` removed it, or it was created again). */
+static bool wh__replaced(const wh__shm_t *s) {
+    char path[300];
+    struct stat named;
+    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+    if (stat(path, &named) != 0) return errno == ENOENT;
+    return named.st_dev != s->dev || named.st_ino != s->ino;
+}
+
+/* BYTE_BUDGET auto: room for SWAP_CAP samples of this one's encoded size,
+ * a quarter more for samples that vary a little, and a MiB so tiny samples
+ * still fit. So the segment (4 areas) takes about 5 x SWAP_CAP x sample. */
+static uint64_t wh__auto_budget(const wh__shm_t *s, const wh_array_t *arr, int n) {
+    wh_sample_meta_t meta;
+    uint64_t per = 0, all = 0;
+    if (!wh_sample_plan(&s->base.cfg.schema, arr, n, &meta, NULL)) return 0;
+    if (!wh_mul_ok(meta.total_size + meta.total_size / 4, s->base.cfg.swap_cap, &per) ||
+        !wh_add_ok(per, 1u << 20, &all))
+        return 0;
+    return wh__page_up(all);
+}
+
+#define WH__RECHECK_NS 1000000000ull /* how often a handle checks its name */
+
+/* Every operation starts here: attaches a handle that is not attached
+ * (creating the segment on a put, or with a fixed BYTE_BUDGET) and, once a
+ * second, moves a handle whose segment was removed or replaced to the one
+ * under the name now. arr/n: the sample of a put (NULL otherwise).
+ * WH_E_NOSTORE when there is nothing to attach to. */
+static bool wh__ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    uint64_t now = wh_now_mono_ns();
+    if (s->hdr) {
+        if (now - s->checked_ns < WH__RECHECK_NS) return true;
+        s->checked_ns = now;
+        if (!wh__replaced(s)) return true;
+        wh__detach(s);
+    }
+    uint64_t budget = 0;
+    if (!c->no_create) {
+        budget = c->byte_budget;
+        if (!budget && arr) {
+            budget = wh__auto_budget(s, arr, n);
+            if (!budget) { /* a bad sample: let the put say why */
+                wh_sample_meta_t meta;
+                if (!wh_sample_plan(&c->schema, arr, n, &meta, err)) return false;
+                return wh_err_set(err, WH_E_TOOBIG, "BYTE_BUDGET auto: SWAP_CAP=%u samples of "
+                                  "this size overflow", c->swap_cap);
+            }
+        }
+    }
+    if (wh__connect(s, budget, err)) return true;
+    if (err && err->code == WH_E_NOSTORE && !c->byte_budget && !c->no_create)
+        wh_err_set(err, WH_E_NOSTORE, "shm store '%s' does not exist yet: with BYTE_BUDGET auto "
+                   "the first generator's first sample creates it (start a generator, or set "
+                   "BYTE_BUDGET)", s->shm_name + 10);
+    return false;
+}
+
+wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
+    const char *name = cfg->uri + strlen("shm://");
+    if (cfg->byte_budget && cfg->byte_budget < 4096)
+        return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
+    wh__shm_t *s = calloc(1, sizeof *s);
+    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    s->base.ops = &wh__shm_ops;
+    s->base.cfg = *cfg;
+    s->pid = getpid();
+    s->fd = -1;
+    if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
+        s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
+    s->token |= 1;
+    if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
+    wh_err_t e = {0};
+    if (wh__ready(s, NULL, 0, &e)) return &s->base;
+    /* BYTE_BUDGET auto and no segment yet: every operation but a put sees
+     * an empty store until a generator's first put creates it */
+    if (e.code == WH_E_NOSTORE && !cfg->byte_budget && !cfg->no_create) return &s->base;
+    if (e.code == WH_E_NOSTORE && cfg->no_create)
+        wh_err_set(&e, WH_E_NOTFOUND, "no shm store '%s' (/dev/shm%s)", name, s->shm_name);
+    if (err) *err = e;
+fail:
     free(s);
     return NULL;
 }
@@ -655,8 +766,9 @@ static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
 static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                         wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
-    wh__hdr_t *h = s->hdr;
     wh_sample_meta_t meta;
+    if (!wh__ready(s, arr, n, err)) return false;
+    wh__hdr_t *h = s->hdr;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err) || !wh__intact(s, err)) return false;
     uint64_t size = meta.total_size;
     if (size > s->slot_bytes)
@@ -774,6 +886,7 @@ static bool wh__lease_forged(const wh__hdr_t *h, uint64_t now) {
 
 static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     uint64_t now = wh_now_real_ns();
@@ -794,6 +907,7 @@ static bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
 static bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
+    if (!h) return true; /* not attached: no lease of ours to give up */
     if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     if (h->leader_token == s->token) {
         h->leader_token = 0;
@@ -867,6 +981,7 @@ static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_
 
 static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     *sealed = false;
     uint64_t t0 = wh_now_mono_ns();
@@ -919,8 +1034,15 @@ out:
 }
 
 static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
-    WH_UNUSED(err);
-    *gen = wh__ld(&((wh__shm_t *)st)->hdr->read_gen);
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh_err_t e = {0};
+    *gen = 0;
+    if (!wh__ready(s, NULL, 0, &e)) { /* no store yet: no generation yet */
+        if (e.code == WH_E_NOSTORE) return true;
+        if (err) *err = e;
+        return false;
+    }
+    *gen = wh__ld(&s->hdr->read_gen);
     return true;
 }
 
@@ -942,6 +1064,7 @@ static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
     int slot;
@@ -1059,6 +1182,7 @@ static void wh__view_release(wh_buf_t *b) {
 static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     int slot;
     if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
@@ -1121,12 +1245,14 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
 
 static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     memset(o, 0, sizeof *o);
     /* never blocks for long: with the lock stuck (a stopped holder) the
      * figures are read without it, as a monitor needs them most then */
     bool locked = wh__lock(&h->lock, 0.2, NULL);
-    WH_UNUSED(err);
+    o->store_bytes = s->map_len;
+    o->creator_pid = h->creator_pid > 0 ? (uint64_t)h->creator_pid : 0;
     o->read_gen = wh__ld(&h->read_gen);
     o->write_gen = wh__ld(&h->write_gen);
     int ws = wh__slot_of(h, o->write_gen);

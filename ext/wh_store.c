@@ -125,7 +125,13 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
                            "generation %llu is gone and no newer one appeared within %gs",
                            (unsigned long long)newer_than, timeout_s);
             } else {
-                wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs", timeout_s);
+                wh_status_t s;
+                wh_err_t se = {0};
+                if (!wh_store_status(st, &s, &se) && se.code == WH_E_NOSTORE)
+                    wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs: %s",
+                               timeout_s, se.message);
+                else
+                    wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs", timeout_s);
             }
             return false;
         }
@@ -187,7 +193,8 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     for (;;) {
         wh_err_t e = {0};
         if (wh__attempt(st, a, at->gen, at->pos, meta, &e)) return true;
-        if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_UNAVAIL) {
+        if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_NOSTORE ||
+            e.code == WH_E_UNAVAIL) {
             if (++at->gone > WH_READ_GONE_RETRIES) {
                 if (err) *err = e;
                 return wh_err_prefix(err, "position %u: generations were reclaimed %d times "

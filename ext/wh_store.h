@@ -19,7 +19,9 @@ typedef struct {
     const char *uri;          /* "shm://NAME" or "mongodb://..." */
     uint32_t swap_cap;        /* samples per generation */
     wh_schema_t schema;
-    uint64_t byte_budget;     /* shm: bytes for each of the 4 generation areas */
+    uint64_t byte_budget;     /* shm: bytes for each of the 4 generation areas; 0: auto,
+                                 sized from the first sample put, and only a put creates
+                                 the store (every other opener waits for it) */
     uint64_t chunk_bytes;     /* mongo: max chunk document payload */
     const char *dbname;       /* mongo: database when the URI names none */
     const char *prefix;       /* mongo: collection name prefix */
@@ -54,6 +56,8 @@ typedef struct {
     uint32_t swap_cap;
     uint64_t write_bytes;     /* bytes reserved in the write area */
     uint64_t byte_budget;
+    uint64_t store_bytes;     /* shm: the whole segment (4 areas, index, header) */
+    uint64_t creator_pid;     /* shm: the process that created the segment */
     uint64_t generated;       /* total accepted */
     uint64_t discarded;       /* total surplus */
     uint64_t seals;           /* total seals */
@@ -109,7 +113,11 @@ struct wh_store {
     int pid;    /* process that opened it: the fork guard */
 };
 
-/* Opens (creating on first use) the store named by cfg->uri. The returned
+/* Opens (creating on first use) the store named by cfg->uri. With an shm
+ * store and byte_budget 0 only a put creates the segment: until one has,
+ * current() gives 0, a put creates it sized from its sample, and the other
+ * calls fail with WH_E_NOSTORE. An shm handle notices, within a second, a
+ * segment removed or created again under its name and moves to it. The returned
  * handle is owned by the caller: wh_store_destroy. Not fork-safe: open after
  * fork. One handle may be used by one thread at a time. */
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err);

@@ -1,6 +1,9 @@
 """Child processes for the tests: python tests/procs.py KIND CFG_JSON [ARGS].
 
-  gen TAG [N]     push test samples tagged TAG (N puts, default unbounded)
+  gen TAG [N [SIZE]]  push test samples tagged TAG (N puts, default unbounded;
+                  SIZE floats of data each, default 256)
+  read KIND N     read N samples with one reader kind (loader, iterable, map,
+                  tuple), check each against its id, print READ N
   manager [MAX]   run a manager
   lease           take the manager lease, print LEASED, then wait forever
   view [write]    view position 0 of the current generation, print PINNED GEN,
@@ -17,11 +20,42 @@ import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
 
 
-def _gen(tag):
+def _gen(tag, n=256):
     counter = 0
     while True:
-        yield whlib.sample(tag, counter)
+        yield whlib.sample(tag, counter, n)
         counter += 1
+
+
+def _read(kind, cfg, n):
+    """Reads n samples (one or more epochs) with a reader of this kind; every
+    one checked against its id. Two threads/workers, batches of 2."""
+    import torch
+    got = 0
+    if kind == "loader":
+        batches = wt.WireheadLoader(config=cfg, batch_size=2, num_threads=2)
+    elif kind == "iterable":
+        ds = wt.WireheadIterableDataset(config=cfg, batch_size=2, num_workers=2)
+        batches = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)
+    elif kind in ("map", "tuple"):
+        cls = wt.MongoheadDataset if kind == "map" else wt.MongoTupleheadDataset
+        ds = cls(config=cfg)
+        batches = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)
+    else:
+        raise SystemExit(f"unknown reader kind {kind}")
+    print("READER", file=sys.stderr, flush=True)
+    while got < n:
+        for b in batches:
+            if isinstance(b, dict) and "input" in b:  # MongoheadDataset: input, label
+                ids, data = b["input"], b["label"]
+            elif isinstance(b, dict):
+                ids, data = b["id"], b["data"]
+            else:
+                ids, data = b[0], b[1]
+            for i in range(len(ids)):
+                whlib.check_sample(ids[i].numpy(), data[i].numpy())
+                got += 1
+    print(f"READ {got}", file=sys.stderr, flush=True)
 
 
 def main():
@@ -29,10 +63,13 @@ def main():
     args = sys.argv[3:]
     if kind == "gen":
         n = int(args[1]) if len(args) > 1 else None
-        g = wt.WireheadGenerator(_gen(int(args[0])), config=cfg, n_samples=n)
+        size = int(args[2]) if len(args) > 2 else 256
+        g = wt.WireheadGenerator(_gen(int(args[0]), size), config=cfg, n_samples=n)
         print("STARTED", file=sys.stderr, flush=True)
         pushed = g.run()
         print(f"PUSHED {pushed} {g.accepted} {g.discarded}", file=sys.stderr, flush=True)
+    elif kind == "read":
+        _read(args[0], cfg, int(args[1]))
     elif kind == "manager":
         m = wt.WireheadManager(config=cfg, json_lines=True, out=sys.stdout)
         print("STARTED", file=sys.stderr, flush=True)

@@ -30,6 +30,7 @@ from ._C import (  # noqa: E402
     SchemaMismatchError,
     StoreSpaceError,
     StoreTimeoutError,
+    StoreNotCreatedError,
     StoreUnavailableError,
     WireheadError,
 )
@@ -72,5 +73,6 @@ __all__ = [
     "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
+    "StoreNotCreatedError",
     "LeaseLostError", "PinLimitError", "CudaError",
 ]

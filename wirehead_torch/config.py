@@ -151,7 +151,7 @@ def resolve(raw, where="config"):
     cfg.update(raw)
     _check(cfg, where)
     cfg["SAMPLE"] = list(cfg["SAMPLE"])
-    # None: automatic (sized from the first sample; see _store.auto_budget)
+    # None: automatic (the C store sizes it from the first sample put)
     auto = cfg["BYTE_BUDGET"] is None or (isinstance(cfg["BYTE_BUDGET"], str)
                                          and cfg["BYTE_BUDGET"].strip().lower() == "auto")
     cfg["BYTE_BUDGET"] = None if auto else parse_bytes(cfg["BYTE_BUDGET"], "BYTE_BUDGET", where)
@@ -226,23 +226,16 @@ def redact(uri):
     return re.sub(r"(?<=://)[^/@]*@", "***@", uri)
 
 
-# The shm budget of a store made with BYTE_BUDGET auto but no sample to size
-# it from (a raw _C.Store); opening an existing store ignores the value.
-AUTO_FALLBACK_BUDGET = 64 << 20
-
-
-def store_kwargs(cfg, create=True, byte_budget=None):
+def store_kwargs(cfg, create=True):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
-    (create=False: open only an existing store; byte_budget: the size an
-    auto-sized store is created with)."""
-    if byte_budget is None:
-        byte_budget = cfg["BYTE_BUDGET"] or AUTO_FALLBACK_BUDGET
+    (create=False: open only an existing store). BYTE_BUDGET auto is 0: the
+    C store then lets only a put create an shm store, sized from its sample."""
     return dict(
         create=create,
         uri=cfg["STORE"],
         swap_cap=cfg["SWAP_CAP"],
         fields=cfg["SAMPLE"],
-        byte_budget=byte_budget,
+        byte_budget=cfg["BYTE_BUDGET"] or 0,
         chunk_bytes=int(float(cfg["CHUNKSIZE"]) * (1 << 20)),
         dbname=str(cfg["DBNAME"]),
         prefix=str(cfg["COLLECTION_PREFIX"]),

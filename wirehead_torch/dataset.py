@@ -1,5 +1,7 @@
 """Map-style readers of the current generation, with the original names."""
 import logging
+import os
+import time
 
 import numpy as np
 
@@ -47,34 +49,57 @@ def unit_interval_normalize(img):
     return (img - lo) / (hi - lo)
 
 
+# How often a reader waiting for a generation says what it waits for.
+WAIT_NOTE_EVERY = 5.0
+
+
+def _waiting_for(store, cfg):
+    """What a reader with no generation to read waits for, in words."""
+    try:
+        st = store.status()
+    except _C.StoreNotCreatedError:
+        return (f"shm store {cfg['STORE']} to be created: with BYTE_BUDGET auto the first "
+                f"generator's first sample creates it; start a generator (WireheadGenerator)")
+    except _C.WireheadError as e:
+        return f"{redact(cfg['STORE'])} to answer ({e})"
+    who = ("a manager or generator holds the lease" if st["leader_pid"] else
+           "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
+    return (f"the first generation of {redact(cfg['STORE'])}: the write generation holds "
+            f"{st['write_fill']} of SWAP_CAP={st['swap_cap']} samples and {who}")
+
+
 def wait_for_generation(store, cfg, timeout, newer_than=0):
     """Newest sealed generation (other than newer_than); waits up to timeout
-    seconds (C read policy: bounded backoff) while there is none or the
-    server cannot be reached."""
-    first = min(timeout, 2.0)
-    try:
+    seconds (C read policy: bounded backoff) while there is none, the store
+    does not exist yet or the server cannot be reached, saying every few
+    seconds what it waits for."""
+    deadline = time.monotonic() + timeout
+    waited = 0.0
+    hinted = False
+    while True:
+        left = deadline - time.monotonic()
+        step = min(left, WAIT_NOTE_EVERY if waited else min(2.0, WAIT_NOTE_EVERY))
         try:
-            return store.wait_generation(newer_than, first)
+            return store.wait_generation(newer_than, max(step, 0.0))
         except (_C.StoreTimeoutError, _C.StoreUnavailableError) as e:
             # an outage is waited out for the whole timeout, like a slow start
-            if first >= timeout:
-                raise
-            if isinstance(e, _C.StoreTimeoutError):
-                # a slow start: say early if this database holds the original's layout
-                hint = original_layout_hint(cfg)
-                if hint:
-                    log.warning("wirehead reader: no generation yet%s", hint)
-        return store.wait_generation(newer_than, timeout - first)
-    except _C.StoreTimeoutError:
-        st = store.status()
-        who = ("a manager or generator holds the lease" if st["leader_pid"] else
-               "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
-        raise TimeoutError(
-            f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: the "
-            f"write generation holds {st['write_fill']} of SWAP_CAP={st['swap_cap']} "
-            f"samples and {who}; start generators (WireheadGenerator; with SELF_SEAL they "
-            f"seal full generations themselves) or a manager (wirehead-torch manager "
-            f"--config ...), or raise READ_TIMEOUT{original_layout_hint(cfg)}") from None
+            if deadline - time.monotonic() <= 0:
+                if isinstance(e, _C.StoreUnavailableError):
+                    raise
+                break
+        waited = timeout - (deadline - time.monotonic())
+        if not hinted:  # a slow start: say early if this database holds the original's layout
+            hinted = True
+            hint = original_layout_hint(cfg)
+            if hint:
+                log.warning("wirehead reader: no generation yet%s", hint)
+        log.warning("wirehead reader (pid %d): waiting %.0fs of READ_TIMEOUT=%gs for %s",
+                    os.getpid(), waited, timeout, _waiting_for(store, cfg))
+    raise TimeoutError(
+        f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: waited for "
+        f"{_waiting_for(store, cfg)}; start generators (WireheadGenerator; with SELF_SEAL they "
+        f"seal full generations themselves) or a manager (wirehead-torch manager "
+        f"--config ...), or raise READ_TIMEOUT{original_layout_hint(cfg)}") from None
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):
@@ -202,7 +227,7 @@ class _CurrentGenerationReader(_Base):
                         "DataLoader worker, so the DataLoader collates (two copies); give "
                         "it sampler=BatchSampler(...) and batch_size=None for the ring",
                         type(self).__name__)
-        store = self._store.get(timeout=self.timeout)
+        store = self._store.get()
         gen = wait_for_generation(store, self.cfg, self.timeout)
         # an indexed read names its corrupt sample rather than substitute another
         got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
@@ -237,7 +262,7 @@ class _CurrentGenerationReader(_Base):
         if not positions:
             raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
                              f"indices is no batch")
-        store = self._store.get(timeout=self.timeout)
+        store = self._store.get()
         gen = wait_for_generation(store, self.cfg, self.timeout)
         info = torch.utils.data.get_worker_info()
         worker = None if info is None else info.id

@@ -53,8 +53,8 @@ class WireheadGenerator:
         delay = 0.05
         while True:
             try:
-                # get() re-attaches a store removed or re-created meanwhile
-                status, gen = self._store.get(arrays).put(arrays, wait_ms=100)
+                # the handle follows a store removed or re-created meanwhile
+                status, gen = self._store.get().put(arrays, wait_ms=100)
             except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
                 # a server outage, or an shm lock held by a stopped process
                 if not warned_down:
@@ -135,6 +135,8 @@ class WireheadGenerator:
             return False
         status, gen = res
         if status == _C.PUT_ACCEPTED:
+            if not self.accepted:  # the first put of an auto-sized store creates it
+                self._store.note_created(self._say)
             self.accepted += 1
         else:
             self.discarded += 1
@@ -154,8 +156,7 @@ class WireheadGenerator:
         puts = 0
         self._say("Initialized")
         with self._stop as stop:
-            if not self._store.auto_sized():
-                self._store.get()  # a store that cannot be made fails before any sample
+            self._store.get()  # a store that cannot be opened fails before any sample
             while not stop and (self.n_samples is None or puts < self.n_samples):
                 if not self._step(stop, verbose):
                     break

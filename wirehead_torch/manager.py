@@ -86,15 +86,7 @@ class WireheadManager:
         try:
             with self._stop as stop:
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
-                    try:
-                        # re-attaches a store removed or re-created (clean) meanwhile
-                        now_store = self._store.get(timeout=min(1.0, lease / 4), stop=stop)
-                    except TimeoutError:
-                        if not waiting_created:
-                            log.info("wirehead manager: waiting for the first generator to "
-                                     "create %s", redact(self.cfg["STORE"]))
-                            waiting_created = True
-                        continue
+                    now_store = self._store.get()
                     if now_store is not store:
                         if store is not None:  # a new store: its counts start afresh
                             leader, prev_time, prev_generated, prev_seals = False, None, None, None
@@ -129,6 +121,14 @@ class WireheadManager:
                                      if info is not None and "blocked_pid" not in info else None)
                     except _C.LeaseLostError:
                         leader = False  # e.g. expired while this process was paused
+                        continue
+                    except _C.StoreNotCreatedError:
+                        if not waiting_created:
+                            log.info("wirehead manager: waiting for the first generator to "
+                                     "create %s", redact(self.cfg["STORE"]))
+                            waiting_created = True
+                        leader, prev_time, prev_generated, prev_seals = False, None, None, None
+                        stop.wait(poll)
                         continue
                     except _C.NotFoundError:
                         # a wiped server (or clean) between two calls: start afresh

@@ -104,7 +104,7 @@ class WireheadLogger:
     def _status(self):
         """The store's status, or None while it does not exist."""
         try:
-            return self._store.get(timeout=0.001).status()
+            return self._store.get().status()
         except (_C.NotFoundError, TimeoutError):
             self._store.close()
             return None
