@@ -1,28 +1,13 @@
-/* The CUDA runtime, loaded at run time with dlopen (no CUDA headers or
- * libraries at build time: one build serves CPU-only and GPU machines), and
- * the GPU stage built on it: page-locked host memory, async host-to-device
- * copies on a side stream, events, and a pool of device buffers that are
- * reused only after their consumers' work is done. */
+/* The GPU stage over the CUDA runtime (wh_cudart.h): page-locked host
+ * memory, async host-to-device copies on a side stream, events, and a pool
+ * of device buffers that are reused only after their consumers' work is
+ * done. */
 #ifndef WH_CUDA_H
 #define WH_CUDA_H
 
 #include "wh.h"
+#include "wh_cudart.h"
 #include "wh_loader.h"
-
-/* Loads the runtime once per process (WIREHEAD_CUDA_LIB names a library;
- * otherwise a copy already in the process, e.g. torch's, then the usual
- * sonames) and checks that `device` exists. Errors (code WH_E_CUDA) name
- * what is missing: the library, a driver, device N, a new enough runtime. */
-bool wh_cuda_init(int device, wh_err_t *err);
-/* Path or soname of the loaded runtime and its version (e.g. 12040); NULL/0
- * before a successful wh_cuda_init. */
-const char *wh_cuda_lib_name(void);
-int wh_cuda_runtime_version(void);
-
-/* Page-locked host memory (cudaHostAlloc) as a loader allocator hook;
- * ctx is the device number cast to a pointer. */
-void *wh_cuda_host_alloc(void *ctx, size_t size);
-void wh_cuda_host_free(void *ctx, void *p, size_t size);
 
 /* Stream handles as the array API gives them: 1 the legacy default stream,
  * 2 the per-thread default stream, anything else a cudaStream_t. */
