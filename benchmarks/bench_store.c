@@ -39,7 +39,7 @@
 #define WH_BENCH_DISPATCH 0
 #endif
 
-#include "wh_store.h"
+#include "wh_backend.h"
 
 #define MIB (1024.0 * 1024.0)
 

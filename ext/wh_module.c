@@ -12,6 +12,7 @@
 #include "wh_loader.h"
 #include "wh_plan.h"
 #include "wh_store.h"
+#include "wh_backend.h" /* only for shm_layout, which tests use to forge damage */
 
 /* Module state (multi-phase init, PEP 489): this module instance's
  * exceptions and types. Methods reach it through their type, which is bound
@@ -257,8 +258,8 @@ static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     pthread_mutex_init(&self->mu, NULL);
     self->st = st;
     self->inited = true;
-    self->nfields = st->cfg.schema.nfields;
-    self->swap_cap = st->cfg.swap_cap;
+    self->nfields = wh_store_config(st)->schema.nfields;
+    self->swap_cap = wh_store_config(st)->swap_cap;
     return 0;
 }
 
@@ -1461,7 +1462,7 @@ static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw
     char **names = NULL;
     bool ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = wh_mongo_collections(&cb.cfg, &names, &err);
+    ok = wh_store_collections(&cb.cfg, &names, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(cb.keep);
     if (!ok) return wh__raise(S, &err);
@@ -1471,7 +1472,7 @@ static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw
         if (!s || PyList_Append(list, s) < 0) Py_CLEAR(list);
         Py_XDECREF(s);
     }
-    wh_mongo_names_free(names);
+    wh_store_names_free(names);
     return list;
 }
 

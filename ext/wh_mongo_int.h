@@ -18,7 +18,7 @@
 #include <mongoc/mongoc.h>
 
 #include "wh_fault.h"
-#include "wh_store.h"
+#include "wh_backend.h"
 
 #define WH__HIST 16
 #define WH__MAX_CHUNK (16u * 1024 * 1024 - 16 * 1024) /* BSON document limit, less room for keys */

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wh_store.h"
+#include "wh_backend.h"
 
 #define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
 #define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */

@@ -4,14 +4,22 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "wh_store.h"
+#include "wh_backend.h"
 
 static bool wh__is(const char *uri, const char *scheme) {
     return strncmp(uri, scheme, strlen(scheme)) == 0;
 }
 
-bool wh_store_err_gone(wh_err_t *err, uint64_t gen) {
-    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+const wh_store_config_t *wh_store_config(const wh_store_t *st) { return &st->cfg; }
+
+bool wh_store_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err) {
+    if (!cfg->uri || !(wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
+        return wh_err_set(err, WH_E_INVALID, "collections: not a mongodb:// store");
+    return wh_mongo_collections(cfg, names, err);
+}
+
+void wh_store_names_free(char **names) {
+    if (names) wh_mongo_names_free(names);
 }
 
 /* The fork guard, one meaning for both backends: a handle belongs to the

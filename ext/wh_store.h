@@ -88,31 +88,6 @@ typedef struct {
 typedef bool (*wh_dest_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst,
                            wh_err_t *err);
 
-typedef struct {
-    const char *scheme;
-    bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms,
-                wh_put_status_t *st, uint64_t *gen, wh_err_t *);
-    bool (*lead)(wh_store_t *, bool *leader, wh_err_t *);
-    bool (*resign)(wh_store_t *, wh_err_t *);
-    bool (*seal)(wh_store_t *, bool *sealed, wh_seal_info_t *info, wh_err_t *);
-    bool (*current)(wh_store_t *, uint64_t *gen, wh_err_t *);
-    bool (*read)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
-                 wh_sample_meta_t *meta, wh_err_t *);
-    bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
-    /* store-backed view; NULL where the backend has none (mongo) */
-    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
-                 wh_sample_meta_t *meta, wh_err_t *);
-    void (*destroy)(wh_store_t *);
-} wh_store_ops_t;
-
-/* Every backend's handle starts with this. */
-struct wh_store {
-    const wh_store_ops_t *ops;
-    wh_store_config_t cfg;
-    char *uri;  /* owned copy of cfg.uri */
-    int pid;    /* process that opened it: the fork guard */
-};
-
 /* Opens (creating on first use) the store named by cfg->uri. With an shm
  * store and byte_budget 0 only a put creates the segment: until one has,
  * current() gives 0, a put creates it sized from its sample, and the other
@@ -193,30 +168,16 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
 bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);
 
-/* The protocol's shared error texts: every backend reports these cases
- * with the same code and words. */
-bool wh_store_err_gone(wh_err_t *err, uint64_t gen);
-
 /* Removes everything this store holds (shm segments or mongo collections);
  * nothing else. Works whether or not the store exists. */
 bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err);
 
-/* Backends. */
-wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
-bool wh_shm_clean(const char *name, wh_err_t *err);
-/* Byte offsets inside an shm segment, for tests and fuzzers that forge
- * damage (the layout is private to wh_shm.c). */
-typedef struct {
-    size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
-    size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes,
-        slot_holes;
-} wh_shm_layout_t;
-void wh_shm_layout(wh_shm_layout_t *l);
-wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
-bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
-/* Collection names of the store's database; *names: wh_mongo_names_free. */
-bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
-void wh_mongo_names_free(char **names);
+/* The handle's configuration (the uri an owned copy; dbname and prefix NULL). */
+const wh_store_config_t *wh_store_config(const wh_store_t *st);
 
+/* MongoDB: the names of the collections in the store's database, whoever
+ * made them (*names: wh_store_names_free); WH_E_INVALID for shm. */
+bool wh_store_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
+void wh_store_names_free(char **names);
 
 #endif

@@ -28,7 +28,7 @@
 #include <xxhash.h>
 
 #include "wh_sample.h"
-#include "wh_store.h"
+#include "wh_backend.h"
 
 /* ---- test bookkeeping ------------------------------------------------ */
 

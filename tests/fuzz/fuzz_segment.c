@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "wh_store.h"
+#include "wh_backend.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,0 +1,57 @@
+/* Private to the store: what the backends (wh_shm.c, wh_mongo*.c) and the
+ * dispatch in wh_store.c share. Callers use wh_store.h; only tests and
+ * fuzzers that forge segment damage include this for the shm layout. */
+#ifndef WH_BACKEND_H
+#define WH_BACKEND_H
+
+#include "wh_store.h"
+
+typedef struct {
+    const char *scheme;
+    bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms,
+                wh_put_status_t *st, uint64_t *gen, wh_err_t *);
+    bool (*lead)(wh_store_t *, bool *leader, wh_err_t *);
+    bool (*resign)(wh_store_t *, wh_err_t *);
+    bool (*seal)(wh_store_t *, bool *sealed, wh_seal_info_t *info, wh_err_t *);
+    bool (*current)(wh_store_t *, uint64_t *gen, wh_err_t *);
+    bool (*read)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                 wh_sample_meta_t *meta, wh_err_t *);
+    bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
+    /* store-backed view; NULL where the backend has none (mongo) */
+    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                 wh_sample_meta_t *meta, wh_err_t *);
+    void (*destroy)(wh_store_t *);
+} wh_store_ops_t;
+
+/* Every backend's handle starts with this. */
+struct wh_store {
+    const wh_store_ops_t *ops;
+    wh_store_config_t cfg;
+    char *uri;  /* owned copy of cfg.uri */
+    int pid;    /* process that opened it: the fork guard */
+};
+
+/* The protocol's shared error texts: every backend reports these cases
+ * with the same code and words. */
+static inline bool wh_store_err_gone(wh_err_t *err, uint64_t gen) {
+    return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
+}
+
+/* Backends. */
+wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
+bool wh_shm_clean(const char *name, wh_err_t *err);
+/* Byte offsets inside an shm segment, for tests and fuzzers that forge
+ * damage (the layout is private to wh_shm.c). */
+typedef struct {
+    size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
+    size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes,
+        slot_holes;
+} wh_shm_layout_t;
+void wh_shm_layout(wh_shm_layout_t *l);
+wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
+bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
+/* Collection names of the store's database; *names: wh_mongo_names_free. */
+bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
+void wh_mongo_names_free(char **names);
+
+#endif
