@@ -6,7 +6,7 @@ SHELL := /bin/bash
 PY     := .venv/bin/python
 PIP    := .venv/bin/pip
 EXT    := wirehead_torch/_C$(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null || echo .so)
-CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h)
+CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h) ext/sources.mk
 
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
@@ -74,20 +74,17 @@ include tests/c/mongo.mk
 include benchmarks/bench.mk
 include tests/fuzz/fuzz.mk
 
-# C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
-MONGO_CSRC := $(sort $(wildcard ext/wh_mongo*.c))
-STORE_CSRC := tests/c/test_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c $(MONGO_CSRC)
-STORE_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
-STORE_LIBS = $(shell pkg-config --libs libmongoc-1.0 libxxhash 2>/dev/null) -lpthread -lrt
+# C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan
+# (sources and flags: ext/sources.mk).
+STORE_CSRC := tests/c/test_store.c $(WH_STORE_SRCS)
 
-build/ctest/test_store: $(STORE_CSRC) $(wildcard ext/*.h)
+build/ctest/test_store: $(STORE_CSRC) $(WH_HDRS)
 	@mkdir -p $(@D)
-	cc $(STORE_CFLAGS) -O2 -o $@ $(STORE_CSRC) $(STORE_LIBS)
+	cc $(WH_CFLAGS) -O2 -o $@ $(STORE_CSRC) $(WH_LIBS)
 
-build/ctest/test_store_asan: $(STORE_CSRC) $(wildcard ext/*.h)
+build/ctest/test_store_asan: $(STORE_CSRC) $(WH_HDRS)
 	@mkdir -p $(@D)
-	cc $(STORE_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all \
-	   -o $@ $(STORE_CSRC) $(STORE_LIBS)
+	cc $(WH_CFLAGS) -O1 $(WH_SAN) -o $@ $(STORE_CSRC) $(WH_LIBS)
 
 test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-mongo build/ctest/test_store build/ctest/test_store_asan
 	build/ctest/test_store

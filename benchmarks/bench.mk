@@ -3,19 +3,20 @@
 #   bench-store   shm store read/write throughput vs memcpy, seal time vs
 #                 SWAP_CAP (benchmarks/bench_store.c); BENCH_STORE_ARGS=--quick
 #                 for a short run
+include ext/sources.mk
 BENCH_CC          ?= cc
-BENCH_CFLAGS      := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
-BENCH_PKGS        := libmongoc-1.0 libxxhash
-BENCH_STORE_SRCS  := benchmarks/bench_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c \
-                     ext/wh_store.c $(sort $(wildcard ext/wh_mongo*.c))
+BENCH_STORE_SRCS  := benchmarks/bench_store.c $(WH_STORE_SRCS)
 BENCH_STORE_ARGS  ?=
 
 .PHONY: bench-store
 
-build/bench/bench_store: $(BENCH_STORE_SRCS) $(wildcard ext/*.h)
+build/bench/bench_store: $(BENCH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
-	$(BENCH_CC) $(BENCH_CFLAGS) $(shell pkg-config --cflags $(BENCH_PKGS)) -o $@ \
-	  $(BENCH_STORE_SRCS) $(shell pkg-config --libs $(BENCH_PKGS)) -lpthread -lrt
+	$(BENCH_CC) $(WH_CFLAGS) -O2 -o $@ $(BENCH_STORE_SRCS) $(WH_LIBS)
+
+build/bench/bench_mongo: benchmarks/bench_mongo.c $(WH_STORE_SRCS) $(WH_HDRS)
+	@mkdir -p $(@D)
+	$(BENCH_CC) $(WH_CFLAGS) -O2 -o $@ benchmarks/bench_mongo.c $(WH_STORE_SRCS) $(WH_LIBS)
 
 bench-store: build/bench/bench_store
 	build/bench/bench_store $(BENCH_STORE_ARGS)

@@ -32,7 +32,6 @@ reads; the server is another process). Each figure is the median over
 to --out as a markdown table (and the JSON of every run beside it).
 """
 import argparse
-import glob
 import json
 import os
 import shlex
@@ -94,22 +93,8 @@ ORIG_SCRIPT = textwrap.dedent("""
 
 
 def build_c():
-    srcs = ["benchmarks/bench_mongo.c", "ext/wh.c", "ext/wh_fault.c", "ext/wh_sample.c",
-            "ext/wh_store.c", "ext/wh_shm.c"]
-    srcs += sorted(os.path.relpath(p, REPO)
-                   for p in glob.glob(os.path.join(REPO, "ext", "wh_mongo*.c")))
-    newest = max(os.path.getmtime(os.path.join(REPO, s)) for s in srcs)
-    if os.path.exists(BIN) and os.path.getmtime(BIN) >= newest:
-        return
-    pkgs = "libmongoc-1.0 libbson-1.0 libxxhash"
-    cflags = subprocess.run(["pkg-config", "--cflags"] + pkgs.split(), check=True,
-                            capture_output=True, text=True).stdout.split()
-    libs = subprocess.run(["pkg-config", "--libs"] + pkgs.split(), check=True,
-                          capture_output=True, text=True).stdout.split()
-    os.makedirs(os.path.dirname(BIN), exist_ok=True)
-    cmd = (["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Iext"] + cflags
-           + ["-o", BIN] + srcs + libs + ["-lpthread", "-lrt"])
-    subprocess.run(cmd, check=True, cwd=REPO)
+    # the sources and flags are listed once, in ext/sources.mk
+    subprocess.run(["make", "-s", os.path.relpath(BIN, REPO)], check=True, cwd=REPO)
 
 
 def ensure_original():

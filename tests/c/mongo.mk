@@ -3,13 +3,13 @@
 # tests/mongo/fetch.sh) unless WH_MONGO_URI names one.
 # Use from the top-level Makefile with `include tests/c/mongo.mk`, or alone:
 #   make -f tests/c/mongo.mk ctest-mongo
+include ext/sources.mk
 MONGO_CC     ?= cc
-MONGO_PKGS   := libmongoc-1.0 libbson-1.0 libxxhash
-MONGO_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags $(MONGO_PKGS) 2>/dev/null)
-MONGO_LIBS   := $(shell pkg-config --libs $(MONGO_PKGS) 2>/dev/null) -lpthread -lrt
-MONGO_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-MONGO_SRCS   := tests/c/test_mongo.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_store.c ext/wh_shm.c $(sort $(wildcard ext/wh_mongo*.c))
-MONGO_DEPS   := $(MONGO_SRCS) $(wildcard ext/*.h)
+MONGO_CFLAGS := $(WH_CFLAGS)
+MONGO_LIBS   := $(WH_LIBS)
+MONGO_SAN    := $(WH_SAN)
+MONGO_SRCS   := tests/c/test_mongo.c $(WH_STORE_SRCS)
+MONGO_DEPS   := $(MONGO_SRCS) $(WH_HDRS)
 
 .PHONY: ctest-mongo
 ctest-mongo: build/ctest/test_mongo build/ctest/test_mongo_asan

@@ -1,11 +1,12 @@
 # C property tests for the sample order (ext/wh_plan.c).
 # Use from the top-level Makefile with `include tests/c/plan.mk`, or alone:
 #   make -f tests/c/plan.mk ctest-plan
+include ext/sources.mk
 PLAN_CC     ?= cc
-PLAN_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
-PLAN_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-PLAN_SRCS   := tests/c/test_plan.c ext/wh_plan.c ext/wh.c
-PLAN_DEPS   := $(PLAN_SRCS) ext/wh_plan.h ext/wh.h
+PLAN_CFLAGS := $(WH_CFLAGS) -O2
+PLAN_SAN    := $(WH_SAN)
+PLAN_SRCS   := tests/c/test_plan.c $(WH_PLAN_SRCS)
+PLAN_DEPS   := $(PLAN_SRCS) $(WH_HDRS)
 
 .PHONY: ctest-plan
 ctest-plan: build/ctest/test_plan build/ctest/test_plan_asan

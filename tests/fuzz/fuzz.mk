@@ -5,22 +5,21 @@
 # and leaves its input (crash-*) in build/fuzz/NAME.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_sample fuzz_segment fuzz_mongo_docs
+include ext/sources.mk
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
-FUZZ_LIBS = $(STORE_LIBS)
-FUZZ_EXT := ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c
+              -Iext $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
 
-build/fuzz/fuzz_sample: tests/fuzz/fuzz_sample.c $(FUZZ_EXT) $(wildcard ext/*.h)
+build/fuzz/fuzz_sample: tests/fuzz/fuzz_sample.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(MONGO_CSRC) $(FUZZ_LIBS)
-build/fuzz/fuzz_segment: tests/fuzz/fuzz_segment.c $(FUZZ_EXT) $(wildcard ext/*.h)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(WH_STORE_SRCS) $(WH_LIBS)
+build/fuzz/fuzz_segment: tests/fuzz/fuzz_segment.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(MONGO_CSRC) $(FUZZ_LIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(WH_STORE_SRCS) $(WH_LIBS)
 # includes the files holding the static parsers, links the rest
 FUZZ_MONGO_OWN := ext/wh_mongo_state.c ext/wh_mongo_lease.c ext/wh_mongo_read.c
-build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c $(MONGO_CSRC) $(FUZZ_EXT) $(wildcard ext/*.h)
+build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXT) $(filter-out $(FUZZ_MONGO_OWN),$(MONGO_CSRC)) $(FUZZ_LIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(filter-out $(FUZZ_MONGO_OWN),$(WH_STORE_SRCS)) $(WH_LIBS)
 
 fuzz: .deps/debian.stamp $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 	@for t in $(FUZZ_TARGETS); do \

@@ -1,0 +1,16 @@
+# The C sources and flags, listed once for every C target (the Python
+# extension itself takes ext/*.c through setup.py). Included by the
+# top-level Makefile and by each tests/ and benchmarks/ .mk file.
+WH_PKGS    := libmongoc-1.0 libbson-1.0 libxxhash
+WH_CFLAGS  := -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
+WH_LIBS    := $(shell pkg-config --libs $(WH_PKGS) 2>/dev/null) -lpthread -lrt
+WH_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+WH_HDRS    := $(wildcard ext/*.h)
+# the sample order: pure arithmetic over wh.c
+WH_PLAN_SRCS  := ext/wh.c ext/wh_plan.c
+# the store (both backends) and what it stands on: every ext/ file but the
+# Python glue, the readers built on the store, and the CUDA stage
+WH_NOT_STORE  := ext/wh_module.c ext/wh_dlpack.c ext/wh_loader.c ext/wh_plan.c ext/wh_cuda.c \
+                 ext/wh_cudart.c
+WH_STORE_SRCS := $(sort $(filter-out $(WH_NOT_STORE),$(wildcard ext/*.c)))
+WH_MONGO_SRCS := $(sort $(wildcard ext/wh_mongo*.c))
