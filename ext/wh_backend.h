@@ -6,6 +6,14 @@
 
 #include "wh_store.h"
 
+/* What one handle has read, for its heartbeat; token names the handle. */
+typedef struct {
+    uint64_t token;
+    int64_t pid;
+    uint64_t gen, reads, gen_reads;
+    uint64_t start_ns, beat_ns; /* CLOCK_REALTIME */
+} wh_reader_beat_t;
+
 typedef struct {
     const char *scheme;
     bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms,
@@ -20,8 +28,16 @@ typedef struct {
     /* store-backed view; NULL where the backend has none (mongo) */
     bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
                  wh_sample_meta_t *meta, wh_err_t *);
+    /* a reader's heartbeat (see wh_reader_beat_t); NULL: none kept */
+    bool (*beat)(wh_store_t *, const wh_reader_beat_t *, wh_err_t *);
+    double beat_every_s;
     void (*destroy)(wh_store_t *);
 } wh_store_ops_t;
+
+/* Adds a reader's beat to a status (same pid and host: one reader, its
+ * handles' reads summed); beats older than WH_READER_LIVE_S are left out. */
+void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char *host,
+                          uint64_t now_ns);
 
 /* Every backend's handle starts with this. */
 struct wh_store {
@@ -29,6 +45,7 @@ struct wh_store {
     wh_store_config_t cfg;
     char *uri;  /* owned copy of cfg.uri */
     int pid;    /* process that opened it: the fork guard */
+    wh_reader_beat_t beat; /* this handle's reads (the read policy counts them) */
 };
 
 /* The protocol's shared error texts: every backend reports these cases

@@ -751,11 +751,26 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                                    (unsigned long long)s->areas[i].generation, "pins",
                                    s->areas[i].pins, "pinners", s->areas[i].pinners,
                                    "pin_pid", (long long)s->areas[i].pin_pid));
-    if (!areas) {
+    PyObject *readers = areas ? PyList_New(s->nreaders) : NULL;
+    for (int i = 0; readers && i < s->nreaders; i++) {
+        const typeof(s->readers[0]) *r = &s->readers[i];
+        double cap = s->swap_cap ? (double)s->swap_cap : 1.0;
+        wh__list_put(&readers, i,
+                     Py_BuildValue("{sKsssKsKsKsdsdsdsd}", "pid", (unsigned long long)r->pid,
+                                   "host", r->host, "generation",
+                                   (unsigned long long)r->generation, "reads",
+                                   (unsigned long long)r->reads, "gen_reads",
+                                   (unsigned long long)r->gen_reads, "reuse",
+                                   (double)r->gen_reads / cap, "samples_per_s",
+                                   r->up_s > 0 ? (double)r->reads / r->up_s : 0.0, "up_s",
+                                   r->up_s, "age_s", r->age_s));
+    }
+    if (!readers) {
+        Py_XDECREF(areas);
         Py_DECREF(hist);
         return NULL;
     }
-    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsN}", "read_gen",
+    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsN}", "read_gen",
                          (unsigned long long)s->read_gen, "write_gen",
                          (unsigned long long)s->write_gen, "write_fill", s->write_fill,
                          "swap_cap", s->swap_cap, "write_bytes",
@@ -766,7 +781,8 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
                          (unsigned long long)s->generated, "discarded",
                          (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
                          "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
-                         s->lease_left_s, "history", hist, "areas", areas);
+                         s->lease_left_s, "history", hist, "areas", areas, "readers",
+                         readers);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {

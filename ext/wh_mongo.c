@@ -501,6 +501,8 @@ static bool wh__mongo_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         o->history[i].discarded = s.hist[i].discarded;
         o->history[i].seal_ns = s.hist[i].seal_ns;
     }
+    wh_err_t e = {0};
+    wh__readers_status(m, o, &e); /* the store's figures stand without the readers' */
     return true;
 }
 
@@ -584,10 +586,12 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
         ok = wh__merr(m, err, &e, "clean store '%s': list collections", m->prefix);
     } else {
         char state[WH__NAME_MAX], gen[WH__NAME_MAX];
+        char readers[WH__NAME_MAX];
         snprintf(state, sizeof state, "%s.state", m->prefix);
+        snprintf(readers, sizeof readers, "%s.readers", m->prefix);
         int glen = snprintf(gen, sizeof gen, "%s.gen.", m->prefix);
         for (char **p = names; *p && ok; p++) {
-            bool ours = strcmp(*p, state) == 0;
+            bool ours = strcmp(*p, state) == 0 || strcmp(*p, readers) == 0;
             if (!ours && strncmp(*p, gen, (size_t)glen) == 0) {
                 const char *q = *p + glen;
                 size_t digits = strspn(q, "0123456789");
@@ -632,5 +636,7 @@ static const wh_store_ops_t wh__mongo_ops = {
     .current = wh__mongo_current,
     .read = wh__mongo_read,
     .status = wh__mongo_status,
+    .beat = wh__mongo_beat,
+    .beat_every_s = WH_READER_BEAT_MONGO_S,
     .destroy = wh__mongo_destroy,
 };

@@ -57,6 +57,7 @@ typedef struct {
     unsigned char *seen; /* chunk bitmap for reads, reused */
     uint64_t seen_cap;
     char host[64];
+    uint64_t beats; /* heartbeats sent by this handle */
 } wh__mongo_t;
 
 /* wh_mongo.c: errors, names, documents */
@@ -90,6 +91,10 @@ bool wh__mongo_resign(wh_store_t *st, wh_err_t *err);
 bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_t *left_ms, bool *live,
                    wh_err_t *err);
 bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+
+/* wh_mongo_beat.c */
+bool wh__mongo_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);
+bool wh__readers_status(wh__mongo_t *m, wh_status_t *o, wh_err_t *err);
 
 /* wh_mongo_read.c */
 bool wh__mongo_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);

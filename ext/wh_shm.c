@@ -85,6 +85,16 @@ typedef struct {
     uint64_t off, size;
 } wh__entry_t;
 
+/* A reader handle's heartbeat; token 0: a free entry. Read by `status`
+ * only: a torn or forged entry shows wrong figures, never more. */
+typedef struct {
+    uint64_t token; /* atomic: claimed by compare-and-swap */
+    int64_t pid;
+    uint64_t gen, reads, gen_reads, start_ns, beat_ns;
+} wh__beat_t;
+
+#define WH__MAX_READERS 128
+
 typedef struct {
     uint64_t magic; /* written last at creation (release) */
     uint32_t format_version;
@@ -114,6 +124,7 @@ typedef struct {
         uint64_t generation, time_ns, generated, discarded, seal_ns;
     } hist[WH__HIST];
     wh__slot_t slots[WH__SLOTS];
+    wh__beat_t readers[WH__MAX_READERS];
 } wh__hdr_t;
 
 /* The segment's mappings, shared by the handle and every live view, so a
@@ -671,8 +682,11 @@ bool wh_shm_clean(const char *name, wh_err_t *err) {
     return true;
 }
 
+static void wh__beat_drop(wh__shm_t *s);
+
 static void wh__shm_destroy(wh_store_t *st) {
     wh__shm_t *s = (wh__shm_t *)st;
+    if (getpid() == s->pid) wh__beat_drop(s);
     wh__map_unref(s->map); /* unmapped once the last view is gone too */
     if (s->fd >= 0) close(s->fd);
     free(s);
@@ -1297,7 +1311,69 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         o->history[i].seal_ns = h->hist[k].seal_ns;
     }
     if (locked) wh__unlock(&h->lock);
+    for (int i = 0; i < WH__MAX_READERS; i++) {
+        const wh__beat_t *e = &h->readers[i];
+        wh_reader_beat_t b = {
+            .token = __atomic_load_n(&e->token, __ATOMIC_ACQUIRE),
+            .pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED),
+            .gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED),
+            .reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED),
+            .gen_reads = __atomic_load_n(&e->gen_reads, __ATOMIC_RELAXED),
+            .start_ns = __atomic_load_n(&e->start_ns, __ATOMIC_RELAXED),
+            .beat_ns = __atomic_load_n(&e->beat_ns, __ATOMIC_ACQUIRE),
+        };
+        if (b.token && b.pid > 0 && b.pid <= INT32_MAX && wh__pid_alive(b.pid))
+            wh_status_add_reader(o, &b, "", now);
+    }
     return true;
+}
+
+/* A beat entry another reader may take: free, stale, or its process gone. */
+static bool wh__beat_free(const wh__beat_t *e, uint64_t token, uint64_t now) {
+    if (!token) return true;
+    uint64_t t = __atomic_load_n(&e->beat_ns, __ATOMIC_RELAXED);
+    return t + (uint64_t)(WH_READER_LIVE_S * 1e9) < now ||
+           !wh__pid_alive(__atomic_load_n(&e->pid, __ATOMIC_RELAXED));
+}
+
+static bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
+    wh__beat_t *tab = s->hdr->readers, *e = NULL;
+    int take = -1;
+    for (int i = 0; i < WH__MAX_READERS && !e; i++) {
+        uint64_t t = __atomic_load_n(&tab[i].token, __ATOMIC_ACQUIRE);
+        if (t == b->token) e = &tab[i];
+        else if (take < 0 && wh__beat_free(&tab[i], t, b->beat_ns)) take = i;
+    }
+    if (!e) {
+        if (take < 0) return true; /* table full: this reader goes unlisted */
+        uint64_t t = __atomic_load_n(&tab[take].token, __ATOMIC_ACQUIRE);
+        if (!wh__beat_free(&tab[take], t, b->beat_ns) ||
+            !__atomic_compare_exchange_n(&tab[take].token, &t, b->token, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            return true; /* lost the entry to another reader: the next beat tries again */
+        e = &tab[take];
+    }
+    __atomic_store_n(&e->pid, b->pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->gen, b->gen, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->reads, b->reads, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->gen_reads, b->gen_reads, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->start_ns, b->start_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->beat_ns, b->beat_ns, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* A closed reader leaves the list at once. */
+static void wh__beat_drop(wh__shm_t *s) {
+    uint64_t token = s->base.beat.token;
+    if (!s->hdr || !token) return;
+    for (int i = 0; i < WH__MAX_READERS; i++) {
+        uint64_t t = token;
+        if (__atomic_compare_exchange_n(&s->hdr->readers[i].token, &t, 0, false,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            break;
+    }
 }
 
 static const wh_store_ops_t wh__shm_ops = {
@@ -1310,5 +1386,7 @@ static const wh_store_ops_t wh__shm_ops = {
     .read = wh__shm_read,
     .status = wh__shm_status,
     .view = wh__shm_view,
+    .beat = wh__shm_beat,
+    .beat_every_s = WH_READER_BEAT_S,
     .destroy = wh__shm_destroy,
 };

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "wh_backend.h"
@@ -44,6 +45,11 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
                NULL;
     if (!st) return NULL;
     st->pid = (int)getpid();
+    memset(&st->beat, 0, sizeof st->beat);
+    if (getrandom(&st->beat.token, sizeof st->beat.token, 0) != sizeof st->beat.token)
+        st->beat.token = wh_now_real_ns() ^ ((uint64_t)st->pid << 40) ^ (uint64_t)(uintptr_t)st;
+    st->beat.token |= 1; /* 0 marks a free heartbeat entry */
+    st->beat.pid = st->pid;
     /* the caller's strings need not outlive the call */
     st->uri = strdup(cfg->uri);
     st->cfg.uri = st->uri;
@@ -188,6 +194,25 @@ bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
     return wh__policy(st, at, timeout_s, stop, &a, meta, err);
 }
 
+/* Counts a read for the handle's heartbeat, and beats when it is due (a
+ * lost beat only dims `status`). */
+static void wh__count_read(wh_store_t *st, uint64_t gen) {
+    wh_reader_beat_t *b = &st->beat;
+    uint64_t now = wh_now_real_ns();
+    if (!b->start_ns) b->start_ns = now;
+    if (b->gen != gen) {
+        b->gen = gen;
+        b->gen_reads = 0;
+    }
+    b->reads++;
+    b->gen_reads++;
+    if (st->ops->beat && now - b->beat_ns >= (uint64_t)(st->ops->beat_every_s * 1e9)) {
+        b->beat_ns = now;
+        wh_err_t e = {0};
+        st->ops->beat(st, b, &e);
+    }
+}
+
 static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                        const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err) {
     uint32_t cap = st->cfg.swap_cap;
@@ -200,7 +225,10 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     for (;;) {
         wh_err_t e = {0};
-        if (wh__attempt(st, a, at->gen, at->pos, meta, &e)) return true;
+        if (wh__attempt(st, a, at->gen, at->pos, meta, &e)) {
+            wh__count_read(st, at->gen);
+            return true;
+        }
         if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_NOSTORE ||
             e.code == WH_E_UNAVAIL) {
             if (++at->gone > WH_READ_GONE_RETRIES) {

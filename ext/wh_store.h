@@ -78,7 +78,25 @@ typedef struct {
         uint64_t discarded;
         uint64_t seal_ns;
     } history[16];
+    int nreaders;             /* reader processes that beat in the last WH_READER_LIVE_S */
+    struct {
+        uint64_t pid;
+        char host[64];        /* mongo: the reader's host; "" on shm */
+        uint64_t generation;  /* the generation it reads now */
+        uint64_t reads;       /* samples it has read in all */
+        uint64_t gen_reads;   /* samples read of that generation (reuse: / swap_cap) */
+        double up_s;          /* since its first read */
+        double age_s;         /* since its last beat */
+    } readers[16];
 } wh_status_t;
+
+/* Readers leave a small heartbeat in the store (every read through the read
+ * policy counts; a beat every WH_READER_BEAT_S, WH_READER_BEAT_MONGO_S on
+ * MongoDB where it is a round trip) so `status` can list them; a reader
+ * silent for WH_READER_LIVE_S is gone. */
+#define WH_READER_BEAT_S 1.0
+#define WH_READER_BEAT_MONGO_S 5.0
+#define WH_READER_LIVE_S 30.0
 
 /* Destination callback for reads: given the validated meta of the sample
  * at (gen, pos), set dst[i] for each field i to a buffer of at least

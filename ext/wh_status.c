@@ -1,0 +1,36 @@
+/* The parts of a store status both backends fill the same way. */
+#include <stdio.h>
+#include <string.h>
+
+#include "wh_backend.h"
+
+void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char *host,
+                          uint64_t now_ns) {
+    const int cap = (int)WH_ARRAY_LEN(o->readers);
+    double age = b->beat_ns <= now_ns ? (double)(now_ns - b->beat_ns) / 1e9 : 0.0;
+    if (age > WH_READER_LIVE_S || b->pid <= 0) return;
+    double up = b->start_ns && b->start_ns <= now_ns ? (double)(now_ns - b->start_ns) / 1e9 : 0.0;
+    int i = 0;
+    while (i < o->nreaders && !(o->readers[i].pid == (uint64_t)b->pid &&
+                                strncmp(o->readers[i].host, host, sizeof o->readers[i].host) == 0))
+        i++;
+    if (i == o->nreaders) {
+        if (i == cap) return;
+        memset(&o->readers[i], 0, sizeof o->readers[i]);
+        o->readers[i].pid = (uint64_t)b->pid;
+        snprintf(o->readers[i].host, sizeof o->readers[i].host, "%s", host);
+        o->readers[i].age_s = age;
+        o->nreaders++;
+    }
+    /* one process's handles (loader threads) add up; the newest generation
+     * any of them reads is the one shown, with that generation's reads */
+    typeof(o->readers[0]) *r = &o->readers[i];
+    r->reads += b->reads;
+    if (b->gen > r->generation) {
+        r->generation = b->gen;
+        r->gen_reads = 0;
+    }
+    if (b->gen == r->generation) r->gen_reads += b->gen_reads;
+    if (up > r->up_s) r->up_s = up;
+    if (age < r->age_s) r->age_s = age;
+}
