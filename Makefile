@@ -107,8 +107,8 @@ test-asan: install mongo-jars
 # The package as pip users get it: `pip install .` (not editable) into its
 # own venv, then tests run from outside the source tree against it.
 INST_PY := .venv-inst/bin/python
-INST_TESTS := tests/test_install.py tests/test_roundtrip.py tests/test_loader_api.py \
-              tests/test_late_rank.py tests/test_demo.py
+INST_TESTS := tests/install/test_install.py tests/store/test_roundtrip.py \
+              tests/readers/test_loader_api.py tests/ddp/test_late_rank.py tests/install/test_demo.py
 
 .venv-inst/.stamp: .deps/debian.stamp pyproject.toml
 	test -x $(INST_PY) || /usr/bin/python3 -m venv --system-site-packages .venv-inst
@@ -163,7 +163,7 @@ wheel: $(WHEEL_PY)
 # The wheel installed into a fresh venv on this machine with the system's
 # copies of those libraries hidden (a private mount namespace).
 test-wheel: wheel
-	sh tests/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
+	sh tests/helpers/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
 
 test: test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
 

@@ -186,7 +186,7 @@ def main():
     if why:
         print(f"bench_gpu: skipped: {why}.\n"
               f"Run it on a machine with a CUDA GPU and a CUDA build of torch; the GPU path "
-              f"is otherwise checked against the fake runtime in tests/test_cuda.py.")
+              f"is otherwise checked against the fake runtime in tests/gpu/test_cuda.py.")
         return 0
     dev = torch.device("cuda", torch.cuda.current_device())
     name = f"benchgpu-{os.getpid()}"

@@ -43,7 +43,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 sys.path.insert(0, REPO)
 
 BIN = os.path.join(REPO, "build", "bench", "bench_mongo")

@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the helper modules (whlib, procs, ...) live in tests/helpers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 
 import whlib  # noqa: E402
 
@@ -21,7 +22,7 @@ def _config_factory(store_uri, **defaults):
 
     def make(swap_cap=8, sample=("id", "data"), budget="2MiB", **extra):
         # SELF_SEAL off: these tests count the seals a manager makes
-        # (tests/test_compat.py covers self-sealing generators)
+        # (tests/compat/test_compat.py covers self-sealing generators)
         cfg = {"STORE": store_uri(), "SWAP_CAP": swap_cap, "SAMPLE": list(sample),
                "READ_TIMEOUT": 30, "LEASE_SECONDS": 5, "SELF_SEAL": False, **defaults}
         if budget is not None and cfg["STORE"].startswith("shm://"):

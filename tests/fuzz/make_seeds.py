@@ -9,7 +9,7 @@ import sys
 import bson
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "helpers"))
 import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
 

@@ -1,4 +1,4 @@
-/* A fake CUDA runtime for the tests (built by tests/test_cuda.py with cc):
+/* A fake CUDA runtime for the tests (built by tests/gpu/test_cuda.py with cc):
  * the subset of libcudart that ext/wh_cuda.c uses, on host memory. Every
  * stream is a queue run by its own thread, so "async" copies really happen
  * later (optionally slowed, or held until released), events complete when

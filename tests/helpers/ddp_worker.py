@@ -1,4 +1,4 @@
-"""One DDP rank for tests/test_ddp.py: python tests/ddp_worker.py SPEC_JSON
+"""One DDP rank for tests/ddp/test_ddp.py: python tests/helpers/ddp_worker.py SPEC_JSON
 [RANK WORLD_SIZE].
 
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment

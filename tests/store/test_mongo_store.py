@@ -1,4 +1,4 @@
-"""The MongoDB store (issue 4) against the in-memory wire-protocol server:
+"""The MongoDB store against the in-memory wire-protocol server:
 faults survived, many processes, bad data, config compatibility.
 
 Every test gets its own database on a server shared by this module; the
@@ -22,7 +22,7 @@ from mongo_server import MongoTestServer, RawClient, binary, unbinary
 
 pytestmark = pytest.mark.asan  # also run against the sanitizer build
 
-READER = os.path.join(whlib.HERE, "mongo", "reader_proc.py")
+READER = os.path.join(whlib.HERE, "reader_proc.py")
 SMALL_CHUNK = 1 / 2048  # CHUNKSIZE in MiB: 512-byte chunks, so samples span several
 
 

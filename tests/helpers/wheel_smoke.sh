@@ -1,6 +1,6 @@
 #!/bin/sh
-# tests/wheel_smoke.sh WHEEL: installs WHEEL into a fresh venv (no system
-# site-packages, so no torch) and runs tests/wheel_smoke.py in a private mount
+# tests/helpers/wheel_smoke.sh WHEEL: installs WHEEL into a fresh venv (no system
+# site-packages, so no torch) and runs tests/helpers/wheel_smoke.py in a private mount
 # namespace where the system's libmongoc, libbson and libxxhash are replaced
 # by /dev/null, as on a machine without those packages. Needs root (unshare).
 # Bounded: a hang fails after 300 s instead of holding CI.

@@ -2,7 +2,7 @@
 DataLoader with 2 workers over WireheadIterableDataset (or a WireheadLoader),
 reading while 3 generators and a manager keep swapping generations.
 
-Each rank is tests/ddp_worker.py, started as torchrun would start it; it
+Each rank is tests/helpers/ddp_worker.py, started as torchrun would start it; it
 checks every sample against its id, all-reduces after every batch and
 writes what it saw to a JSON file; the assertions are made here."""
 import json

@@ -1,5 +1,5 @@
 """GPU-direct path (ext/wh_cuda.c) against a fake CUDA runtime built here
-(tests/fakecuda/fakecuda.c): its streams run on their own threads, copies
+(tests/gpu/fakecuda/fakecuda.c): its streams run on their own threads, copies
 happen later (slowed or held), and it records violations, so a missing
 stream wait or an early slot reuse gives wrong bytes or a recorded
 violation. No GPU is needed; the tests that need one say "GPU" when

@@ -1,4 +1,4 @@
-"""Child processes for the tests: python tests/procs.py KIND CFG_JSON [ARGS].
+"""Child processes for the tests: python tests/helpers/procs.py KIND CFG_JSON [ARGS].
 
   gen TAG [N [SIZE]]  push test samples tagged TAG (N puts, default unbounded;
                   SIZE floats of data each, default 256)

@@ -1,5 +1,5 @@
-"""The sample-order rule over the whole grid of issue 3, through the
-bindings the dataset and the loader use."""
+"""The sample-order rule over the whole grid of worlds, workers, sizes and
+epochs, through the bindings the dataset and the loader use."""
 import itertools
 import math
 

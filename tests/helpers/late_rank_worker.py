@@ -1,4 +1,4 @@
-"""Rank processes for tests/test_late_rank.py: the dataset and loader are
+"""Rank processes for tests/ddp/test_late_rank.py: the dataset and loader are
 built by the parent before any process group exists (as a Lightning
 datamodule built in __init__ under ddp_spawn is) and reach each rank
 pickled; every rank records the (generation, position, is_pad) it reads."""

@@ -20,9 +20,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-SOURCE = os.path.join(HERE, "mongo", "MongoTestServer.java")
-FETCH = os.path.join(HERE, "mongo", "fetch.sh")
+REPO = os.path.dirname(os.path.dirname(HERE))
+SOURCE = os.path.join(REPO, "tests", "mongo", "MongoTestServer.java")
+FETCH = os.path.join(REPO, "tests", "mongo", "fetch.sh")
 DEFAULT_JARS = os.path.join(REPO, ".deps", "mongo-java-server")
 
 

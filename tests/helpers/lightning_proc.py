@@ -1,4 +1,4 @@
-"""Lightning run for tests/test_lightning.py: the datamodule builds its
+"""Lightning run for tests/ddp/test_lightning.py: the datamodule builds its
 WireheadIterableDataset in __init__, before ddp_spawn starts the ranks and
 before any process group exists. Each rank writes the (generation, position,
 is_pad) items its training steps saw, per epoch.

@@ -1,4 +1,4 @@
-"""Smoke test of the built wheel, run by tests/wheel_smoke.sh in a fresh venv
+"""Smoke test of the built wheel, run by tests/helpers/wheel_smoke.sh in a fresh venv
 (no torch) inside a mount namespace where the system's libmongoc, libbson and
 libxxhash are hidden: the wheel must carry its own copies."""
 import ctypes

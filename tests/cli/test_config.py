@@ -4,6 +4,8 @@ import warnings
 
 import pytest
 
+import whlib
+
 import wirehead_torch as wt
 from wirehead_torch.config import parse_bytes, redact
 
@@ -94,7 +96,7 @@ def test_parse_bytes_and_redact():
 
 
 def test_package_holds_no_store_logic():
-    pkg = os.path.join(os.path.dirname(os.path.dirname(__file__)), "wirehead_torch")
+    pkg = os.path.join(whlib.REPO, "wirehead_torch")
     out = subprocess.run(["grep", "-rnE", r"^\s*(import|from)\s+(mmap|pymongo|multiprocessing\.shared_memory|bson)\b|shared_memory",
                           pkg, "--include=*.py"], capture_output=True, text=True)
     assert out.stdout == "", out.stdout

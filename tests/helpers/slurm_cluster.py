@@ -5,7 +5,7 @@
         jid = c.sbatch(["-N", "3", "slurm/train.sbatch"])
         c.wait_jobs([jid], timeout=120)    # -> {jobid: (state, exit code)}
 
-    python tests/slurm_cluster.py DIR -- CMD...   # run CMD with SLURM_CONF set
+    python tests/helpers/slurm_cluster.py DIR -- CMD...   # run CMD with SLURM_CONF set
 
 Everything lives under one directory (key, sockets, state, spool, logs,
 slurm.conf); ports are chosen free per run; the daemons run in the

@@ -1,4 +1,4 @@
-"""The slurm/ scripts on a real 3-node SLURM cluster (tests/slurm_cluster.py:
+"""The slurm/ scripts on a real 3-node SLURM cluster (tests/helpers/slurm_cluster.py:
 munged, slurmctld and three slurmd on loopback, started for this module and
 stopped by pid): a generator array, a manager and a 3-node torchrun
 training on MongoDB (the in-memory test server), a one-node run on shm, a

@@ -16,7 +16,8 @@ import uuid
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
 PROCS = os.path.join(HERE, "procs.py")
 
 
@@ -71,7 +72,7 @@ def env_for_child(extra=None):
 
 
 def spawn(kind, cfg, *args, env=None, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL):
-    """Starts tests/procs.py KIND CFG_JSON ARGS... as a child process. Its
+    """Starts tests/helpers/procs.py KIND CFG_JSON ARGS... as a child process. Its
     pipes are drained from the start (wait_line reads what was drained), so
     a child never blocks on a full pipe that the test stopped reading."""
     proc = subprocess.Popen([sys.executable, PROCS, kind, json.dumps(cfg), *map(str, args)],
