@@ -6,11 +6,14 @@ history and counters every store keeps (``status()``), so it needs no
 collection of its own."""
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
+
+import numpy as np
 
 from . import _C
 from ._store import ProcessStore
@@ -181,6 +184,21 @@ class WireheadLogger:
             self._store.close()
             return None
 
+    def _sample_size_mb(self, st):
+        """MB one sample takes: from the write generation's bytes (shm), or,
+        where the store keeps no byte count (MongoDB), measured once from a
+        sample of the read generation."""
+        if st["write_fill"] and st["write_bytes"]:
+            self._sample_mb = st["write_bytes"] / st["write_fill"] / 2**20
+        elif self._sample_mb is None and st["read_gen"]:
+            try:
+                arrs = self._store.get(timeout=0.001).read_sample(st["read_gen"], 0, None, 1.0)[3]
+                self._sample_mb = sum(np.dtype(a.dtype).itemsize * math.prod(a.shape)
+                                      for a in arrs) / 2**20
+            except (_C.WireheadError, TimeoutError, TypeError):
+                pass  # reclaimed meanwhile (measured at a later poll), or no numpy dtype
+        return self._sample_mb or 0.0
+
     def _new_swaps(self, st):
         """SwapLogs for seals not seen yet, oldest first."""
         if st is None:
@@ -222,8 +240,6 @@ class WireheadLogger:
         durs = [s.swap_duration for s in self.swap_logs if s.swap_duration is not None]
         cur = (now, st["generated"], st["seals"])
         fill = st["write_fill"]
-        if fill:
-            self._sample_mb = st["write_bytes"] / fill / 2**20
         sps = swps = mbps = 0.0
         if self._prev is not None and now > self._prev[0]:
             dt = now - self._prev[0]
@@ -232,7 +248,7 @@ class WireheadLogger:
             # (a wiped store counts from 0 again: then all it counts is new).
             sps = (cur[1] - (self._prev[1] if cur[1] >= self._prev[1] else 0)) / dt
             swps = (cur[2] - (self._prev[2] if cur[2] >= self._prev[2] else 0)) / dt
-            mbps = sps * (self._sample_mb or 0.0)
+            mbps = sps * self._sample_size_mb(st)
         self._prev = cur
         return WireheadSnapshot(
             samples_started=fill, samples_completed=fill, in_flight=0,
@@ -243,7 +259,8 @@ class WireheadLogger:
             time_since_last_swap=now - last.swap_timestamp if last else None,
             avg_swap_duration=sum(durs) / len(durs) if durs else None,
             samples_per_s=sps, swaps_per_s=swps, write_mb_per_s=mbps,
-            write_docs=fill, write_size_mb=st["write_bytes"] / 2**20,
+            write_docs=fill,
+            write_size_mb=st["write_bytes"] / 2**20 or fill * self._sample_size_mb(st),
             read_docs=st["swap_cap"] if st["read_gen"] else 0,
             db_name=self.db_name, poll_interval=self.poll_interval, timestamp=now,
             recent_swaps=list(self.swap_logs[-self.RECENT:]),
