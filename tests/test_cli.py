@@ -55,11 +55,19 @@ def test_config_defaults_to_config_yaml(store_cfg, tmp_path):
         assert r.stderr.strip() == (f"wirehead-torch {cmd}: no config.yaml in {empty} "
                                     f"(the default --config); pass --config PATH")
     # the original's command takes the path as its argument, config.yaml by default
-    r = _cli(cwd=d, module="wirehead.log")
+    r = _cli(cwd=d, module="wirehead_torch.monitor")
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["swap_count"] == 1
-    r = _cli(cwd=empty, module="wirehead.log")
+    r = _cli(cwd=empty, module="wirehead_torch.monitor")
     assert r.returncode == 2 and "no config.yaml in" in r.stderr
     assert "pass the config's path: wirehead PATH" in r.stderr
+    # ... which wirehead-torch also serves, as `monitor`
+    r = _cli("monitor", cwd=d)
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["swap_count"] == 1
+    r = _cli("monitor", "--daemon", "--count", "1", cwd=d)
+    assert r.returncode == 0 and json.loads(r.stdout)["generated"] == 5
+    r = _cli("monitor", cwd=empty)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"wirehead-torch monitor: no config.yaml in {empty}")
 
 
 def test_version(tmp_path):
@@ -68,7 +76,8 @@ def test_version(tmp_path):
     first, second = r.stdout.splitlines()
     assert first == f"wirehead-torch {wt.__version__}"
     assert wt.__version__ == importlib.metadata.version("wirehead_torch")
-    assert second.startswith("wirehead: ")  # which `wirehead` package imports (tests/test_install.py)
+    # which `wirehead` package imports: tests/test_install.py checks each case
+    assert second.startswith("wirehead: ")
 
 
 def _to_closed_pipe(args, cwd, module="wirehead_torch.cli"):
@@ -93,8 +102,9 @@ def test_closed_pipe_exits_quietly(shm_cfg, tmp_path):
                          (["status", "--watch", "--count", "3", "--interval", "0.01"],
                           "wirehead_torch.cli"),
                          (["--version"], "wirehead_torch.cli"),
-                         ([], "wirehead.log"),
-                         (["--daemon", "--count", "2", "--poll-interval", "0.01"], "wirehead.log")):
+                         ([], "wirehead_torch.monitor"),
+                         (["--daemon", "--count", "2", "--poll-interval", "0.01"],
+                          "wirehead_torch.monitor")):
         r = _to_closed_pipe(args, d, module)
         # 141 = 128 + SIGPIPE, what a shell reports for `yes | head -1`'s yes
         assert (r.returncode, r.stderr) == (141, ""), (module, args)

@@ -1,5 +1,5 @@
-"""The ``wirehead-torch`` command: manager, status, clean, demo, and the batch-job
-entry points generate and train (wirehead_torch/jobs.py)."""
+"""The ``wirehead-torch`` command: manager, status, clean, monitor, demo, and
+the batch-job entry points generate and train (wirehead_torch/jobs.py)."""
 import argparse
 import json
 import logging
@@ -31,7 +31,8 @@ def _fmt_status(st, now=None):
     lines = [
         f"store            {st['store']}",
         "read generation  " + (gen_label(st['read_gen'], st) if st['read_gen'] else "none yet"),
-        f"write generation {gen_label(st['write_gen'], st)} ({st['write_fill']}/{st['swap_cap']} samples"
+        f"write generation {gen_label(st['write_gen'], st)} "
+        f"({st['write_fill']}/{st['swap_cap']} samples"
         + (f", {st['write_bytes'] / 2**20:.1f} of {st['byte_budget'] / 2**20:.1f} MiB)"
            if st["byte_budget"] else ")"),
         f"generated        {st['generated']} accepted, {st['discarded']} surplus discarded, "
@@ -141,9 +142,14 @@ def main(argv=None):
     jobs.parser(sub)
     sub.add_parser("demo", help="generators + manager + training on the embedded store",
                    add_help=False)
+    sub.add_parser("monitor", help="swap history, --daemon snapshots, --tui dashboard "
+                   "(the original wirehead's `wirehead` command)", add_help=False)
     try:
         if argv and argv[0] == "demo":
             return _cmd_demo(None, argv[1:])
+        if argv and argv[0] == "monitor":
+            from .monitor import main as monitor_main
+            return monitor_main(argv[1:], prog="wirehead-torch monitor")
         args = p.parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
         try:

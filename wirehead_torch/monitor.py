@@ -84,7 +84,8 @@ def wirehead_package():
     except md.PackageNotFoundError:
         version = "(no distribution metadata)"
     if os.path.exists(os.path.join(where, "_wirehead_torch.py")):
-        return f"wirehead: the compatibility package {version} at {where}, served by wirehead_torch"
+        return (f"wirehead: the compatibility package {version} at {where}, served by "
+                f"wirehead_torch")
     return (f"wirehead: the original wirehead {version} at {where}; `from wirehead import` "
             f"uses it, not wirehead_torch (installing the compatibility wheel replaces it; "
             f"reinstalling the original brings it back)")
@@ -337,9 +338,10 @@ def tui_lines(s):
     return lines
 
 
-def main(argv=None):
-    """The ``wirehead CONFIG [--daemon|--tui]`` command of the original."""
-    p = argparse.ArgumentParser(prog="wirehead", description="Wirehead swap history and "
+def main(argv=None, prog="wirehead"):
+    """The ``wirehead CONFIG [--daemon|--tui]`` command of the original
+    (also ``wirehead-torch monitor``)."""
+    p = argparse.ArgumentParser(prog=prog, description="Wirehead swap history and "
                                 "monitoring (the original's command)")
     p.add_argument("config", nargs="?", default=DEFAULT_CONFIG_PATH,
                    help=f"path to the wirehead config (default: {DEFAULT_CONFIG_PATH})")
@@ -352,7 +354,7 @@ def main(argv=None):
     try:
         if args.config == DEFAULT_CONFIG_PATH and not os.path.isfile(args.config):
             raise ValueError(f"no {DEFAULT_CONFIG_PATH} in {os.getcwd()} (the default); "
-                             f"pass the config's path: wirehead PATH")
+                             f"pass the config's path: {prog} PATH")
         logger = WireheadLogger(args.config, poll_interval=args.poll_interval)
         if args.tui:
             logger.run_tui()
@@ -365,7 +367,7 @@ def main(argv=None):
             for rec in logs:
                 print(rec.to_jsonl())
     except (ValueError, _C.WireheadError) as e:
-        print(f"wirehead: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
