@@ -113,6 +113,7 @@ class _Version(argparse.Action):
         from . import __version__
         from .monitor import wirehead_package
         print(f"wirehead-torch {__version__}\n{wirehead_package()}")
+        sys.stdout.flush()  # a closed pipe raises here, inside main's handler
         parser.exit()
 
 
