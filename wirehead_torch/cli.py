@@ -1,13 +1,16 @@
-"""The ``wirehead-torch`` command: manager, status, clean, demo, and the batch-job
-entry points generate and train (wirehead_torch/jobs.py)."""
+"""The ``wirehead-torch`` command: manager, status, clean, monitor, demo, and
+the batch-job entry points generate and train (wirehead_torch/jobs.py)."""
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
 
 from . import _C, jobs
+from .config import DEFAULT_CONFIG_PATH
+from .monitor import closed_pipe_exit, gen_label, human_time
 
 
 def _cmd_manager(args):
@@ -23,11 +26,13 @@ def _cmd_manager(args):
     return 0
 
 
-def _fmt_status(st):
+def _fmt_status(st, now=None):
+    now = time.time() if now is None else now
     lines = [
         f"store            {st['store']}",
-        f"read generation  {st['read_gen'] or 'none yet'}",
-        f"write generation {st['write_gen']} ({st['write_fill']}/{st['swap_cap']} samples"
+        "read generation  " + (gen_label(st['read_gen'], st) if st['read_gen'] else "none yet"),
+        f"write generation {gen_label(st['write_gen'], st)} "
+        f"({st['write_fill']}/{st['swap_cap']} samples"
         + (f", {st['write_bytes'] / 2**20:.1f} of {st['byte_budget'] / 2**20:.1f} MiB)"
            if st["byte_budget"] else ")"),
         f"generated        {st['generated']} accepted, {st['discarded']} surplus discarded, "
@@ -40,8 +45,8 @@ def _fmt_status(st):
     if st["history"]:
         lines.append("last swaps:")
         for h in st["history"]:
-            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(h['time']))} "
-                         f"generation {h['generation']} generated={h['generated']} "
+            lines.append(f"  {human_time(h['time'], now)}  "
+                         f"generation {gen_label(h['generation'], st)} generated={h['generated']} "
                          f"discarded={h['discarded']} seal={h['seal_s'] * 1e3:.3f}ms")
     return "\n".join(lines)
 
@@ -74,9 +79,42 @@ def _cmd_clean(args):
     from .admin import clean
     from .config import load_config, redact
     cfg = load_config(args.config)
-    clean(config_path=args.config)
-    print(f"removed store {redact(cfg['STORE'])}")
+    if clean(config_path=args.config):
+        print(f"removed store {redact(cfg['STORE'])}")
+    else:
+        print(f"nothing to remove: no store {redact(cfg['STORE'])}")
     return 0
+
+
+def _config_arg(parser):
+    parser.add_argument("--config", default=None,
+                        help=f"the store's config file (default: {DEFAULT_CONFIG_PATH})")
+
+
+def _default_config(args):
+    """--config left out: config.yaml of the working directory, as the API
+    reads it; when that is missing, say where it looked."""
+    if getattr(args, "config", "") is not None:
+        return
+    if not os.path.isfile(DEFAULT_CONFIG_PATH):
+        raise ValueError(f"no {DEFAULT_CONFIG_PATH} in {os.getcwd()} (the default --config); "
+                         f"pass --config PATH")
+    args.config = DEFAULT_CONFIG_PATH
+
+
+class _Version(argparse.Action):
+    """--version: this package's version and which `wirehead` package the
+    environment imports (the migration question users ask first)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import __version__
+        from .monitor import wirehead_package
+        print(f"wirehead-torch {__version__}\n{wirehead_package()}")
+        sys.stdout.flush()  # a closed pipe raises here, inside main's handler
+        parser.exit()
 
 
 def _cmd_demo(args, rest):
@@ -87,34 +125,47 @@ def _cmd_demo(args, rest):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="wirehead-torch", description=__doc__)
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manager", help="seal generations (one manager leads at a time)")
-    m.add_argument("--config", required=True)
+    _config_arg(m)
     m.add_argument("--json", action="store_true", help="one JSON object per swap")
     m.add_argument("--max-swaps", type=int, default=None)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long")
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
-    s.add_argument("--config", required=True)
+    _config_arg(s)
     s.add_argument("--json", action="store_true")
     s.add_argument("--watch", action="store_true", help="print the figures every --interval s")
     s.add_argument("--interval", type=float, default=2.0)
     s.add_argument("--count", type=int, default=None, help="with --watch: stop after N prints")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
-    c.add_argument("--config", required=True)
+    _config_arg(c)
     jobs.parser(sub)
     sub.add_parser("demo", help="generators + manager + training on the embedded store",
                    add_help=False)
-    if argv and argv[0] == "demo":
-        return _cmd_demo(None, argv[1:])
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    sub.add_parser("monitor", help="swap history, --daemon snapshots, --tui dashboard "
+                   "(the original wirehead's `wirehead` command)", add_help=False)
     try:
-        if args.cmd in ("generate", "train"):
-            return jobs.run(args, argv)
-        return {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd](args)
-    except (ValueError, _C.WireheadError, TimeoutError) as e:
-        print(f"wirehead-torch {args.cmd}: {e}", file=sys.stderr)
-        return 2
+        if argv and argv[0] == "demo":
+            return _cmd_demo(None, argv[1:])
+        if argv and argv[0] == "monitor":
+            from .monitor import main as monitor_main
+            return monitor_main(argv[1:], prog="wirehead-torch monitor")
+        args = p.parse_args(argv)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        try:
+            if args.cmd in ("generate", "train"):
+                return jobs.run(args, argv)
+            _default_config(args)
+            cmd = {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd]
+            rc = cmd(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return rc
+        except (ValueError, _C.WireheadError, TimeoutError) as e:
+            print(f"wirehead-torch {args.cmd}: {e}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:
+        return closed_pipe_exit()
 
 
 if __name__ == "__main__":

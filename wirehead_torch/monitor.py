@@ -6,14 +6,89 @@ history and counters every store keeps (``status()``), so it needs no
 collection of its own."""
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
+import numpy as np
+
 from . import _C
 from ._store import ProcessStore
-from .config import get_config, redact
+from .config import DEFAULT_CONFIG_PATH, get_config, redact
+
+
+def human_time(ts, now):
+    """A wall-clock time for people: "12:03:04 (5 s ago)", with the date
+    when it is not today."""
+    t = time.localtime(ts)
+    fmt = "%H:%M:%S" if t[:3] == time.localtime(now)[:3] else "%Y-%m-%d %H:%M:%S"
+    ago = now - ts
+    if ago < 0:
+        rel = "in the future: clocks differ"
+    elif ago < 60:
+        rel = f"{ago:.0f} s ago"
+    elif ago < 3600:
+        rel = f"{ago / 60:.0f} min ago"
+    elif ago < 86400:
+        rel = f"{ago / 3600:.1f} h ago"
+    else:
+        rel = f"{ago / 86400:.1f} d ago"
+    return f"{time.strftime(fmt, t)} ({rel})"
+
+
+def gen_label(gen, st):
+    """A short label for a generation id of a store's status: "#N", the
+    N-th generation of the store (ids count up by one per seal from the
+    store's first), or the id's last 6 digits if it lies outside that
+    range. Full ids stay in --json output."""
+    first = st["write_gen"] - st["seals"]
+    if first <= gen <= st["write_gen"]:
+        return f"#{gen - first + 1}"
+    return f"...{gen % 10 ** 6:06d}"
+
+
+def closed_pipe_exit():
+    """The exit of a command whose reader went away (``| head``): no
+    traceback, the status a shell shows for a tool ended by SIGPIPE."""
+    try:
+        # stdout's unwritten bytes would fail again at interpreter exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 128 + 13  # SIGPIPE
+
+
+def wirehead_package():
+    """One line on which ``wirehead`` package this environment imports:
+    none, the compatibility package served by wirehead_torch, or the
+    original wirehead (then ``from wirehead import`` does not use
+    wirehead_torch), with what to do to switch."""
+    import importlib.metadata as md
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("wirehead")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return ("wirehead: not installed (to run the original wirehead's scripts on "
+                "wirehead_torch, install the compatibility wheel wirehead-*.whl built from "
+                "compat/)")
+    where = list(spec.submodule_search_locations)[0]
+    try:
+        version = md.version("wirehead")
+    except md.PackageNotFoundError:
+        version = "(no distribution metadata)"
+    if os.path.exists(os.path.join(where, "_wirehead_torch.py")):
+        return (f"wirehead: the compatibility package {version} at {where}, served by "
+                f"wirehead_torch")
+    return (f"wirehead: the original wirehead {version} at {where}; `from wirehead import` "
+            f"uses it, not wirehead_torch (installing the compatibility wheel replaces it; "
+            f"reinstalling the original brings it back)")
 
 
 @dataclass
@@ -96,7 +171,8 @@ class WireheadLogger:
         self.last_generation = 0
         self.swap_logs: List[SwapLog] = []
         self._store = ProcessStore(self.cfg, create=False)  # watching never creates a store
-        self._prev = None  # (time, generated, seals, write_bytes) of the last snapshot
+        self._prev = None  # (time, generated, seals) of the last snapshot
+        self._sample_mb = None  # MB a sample takes in the write generation, last seen
 
     def _print(self, line):
         print(line, file=self.out or sys.stdout, flush=True)
@@ -108,6 +184,21 @@ class WireheadLogger:
         except (_C.NotFoundError, TimeoutError):
             self._store.close()
             return None
+
+    def _sample_size_mb(self, st):
+        """MB one sample takes: from the write generation's bytes (shm), or,
+        where the store keeps no byte count (MongoDB), measured once from a
+        sample of the read generation."""
+        if st["write_fill"] and st["write_bytes"]:
+            self._sample_mb = st["write_bytes"] / st["write_fill"] / 2**20
+        elif self._sample_mb is None and st["read_gen"]:
+            try:
+                arrs = self._store.get(timeout=0.001).read_sample(st["read_gen"], 0, None, 1.0)[3]
+                self._sample_mb = sum(np.dtype(a.dtype).itemsize * math.prod(a.shape)
+                                      for a in arrs) / 2**20
+            except (_C.WireheadError, TimeoutError, TypeError):
+                pass  # reclaimed meanwhile (measured at a later poll), or no numpy dtype
+        return self._sample_mb or 0.0
 
     def _new_swaps(self, st):
         """SwapLogs for seals not seen yet, oldest first."""
@@ -148,16 +239,18 @@ class WireheadLogger:
                                     recent_swaps=list(self.swap_logs[-self.RECENT:]))
         last = self.swap_logs[-1] if self.swap_logs else None
         durs = [s.swap_duration for s in self.swap_logs if s.swap_duration is not None]
-        cur = (now, st["generated"], st["seals"], st["write_bytes"] / 2**20)
+        cur = (now, st["generated"], st["seals"])
+        fill = st["write_fill"]
         sps = swps = mbps = 0.0
         if self._prev is not None and now > self._prev[0]:
             dt = now - self._prev[0]
-            # a wiped store counts from 0 again: then all it counts is new
+            # Rates from the store's running totals: the write generation's
+            # fill and bytes start again at each swap, a total never falls
+            # (a wiped store counts from 0 again: then all it counts is new).
             sps = (cur[1] - (self._prev[1] if cur[1] >= self._prev[1] else 0)) / dt
             swps = (cur[2] - (self._prev[2] if cur[2] >= self._prev[2] else 0)) / dt
-            mbps = max(0.0, (cur[3] - self._prev[3]) / dt)
+            mbps = sps * self._sample_size_mb(st)
         self._prev = cur
-        fill = st["write_fill"]
         return WireheadSnapshot(
             samples_started=fill, samples_completed=fill, in_flight=0,
             swap_cap=st["swap_cap"], fill_pct=100.0 * fill / st["swap_cap"],
@@ -167,7 +260,8 @@ class WireheadLogger:
             time_since_last_swap=now - last.swap_timestamp if last else None,
             avg_swap_duration=sum(durs) / len(durs) if durs else None,
             samples_per_s=sps, swaps_per_s=swps, write_mb_per_s=mbps,
-            write_docs=fill, write_size_mb=st["write_bytes"] / 2**20,
+            write_docs=fill,
+            write_size_mb=st["write_bytes"] / 2**20 or fill * self._sample_size_mb(st),
             read_docs=st["swap_cap"] if st["read_gen"] else 0,
             db_name=self.db_name, poll_interval=self.poll_interval, timestamp=now,
             recent_swaps=list(self.swap_logs[-self.RECENT:]),
@@ -239,15 +333,18 @@ def tui_lines(s):
     ]
     for r in reversed(s.recent_swaps[-5:]):
         life = "-" if r.swap_duration is None else f"{r.swap_duration:.2f}s"
-        lines.append(f"  #{r.swap_count:<5} {r.swap_timestamp:.3f}  lifetime={life}")
+        lines.append(f"  #{r.swap_count:<5} {human_time(r.swap_timestamp, s.timestamp)}  "
+                     f"lifetime={life}")
     return lines
 
 
-def main(argv=None):
-    """The ``wirehead CONFIG [--daemon|--tui]`` command of the original."""
-    p = argparse.ArgumentParser(prog="wirehead", description="Wirehead swap history and "
+def main(argv=None, prog="wirehead"):
+    """The ``wirehead CONFIG [--daemon|--tui]`` command of the original
+    (also ``wirehead-torch monitor``)."""
+    p = argparse.ArgumentParser(prog=prog, description="Wirehead swap history and "
                                 "monitoring (the original's command)")
-    p.add_argument("config", help="path to the wirehead config.yaml")
+    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG_PATH,
+                   help=f"path to the wirehead config (default: {DEFAULT_CONFIG_PATH})")
     p.add_argument("--daemon", action="store_true", help="a JSONL snapshot per poll")
     p.add_argument("--tui", action="store_true", help="a curses dashboard")
     p.add_argument("--poll-interval", type=float, default=2.0,
@@ -255,6 +352,9 @@ def main(argv=None):
     p.add_argument("--count", type=int, default=None, help="stop after this many polls")
     args = p.parse_args(argv)
     try:
+        if args.config == DEFAULT_CONFIG_PATH and not os.path.isfile(args.config):
+            raise ValueError(f"no {DEFAULT_CONFIG_PATH} in {os.getcwd()} (the default); "
+                             f"pass the config's path: {prog} PATH")
         logger = WireheadLogger(args.config, poll_interval=args.poll_interval)
         if args.tui:
             logger.run_tui()
@@ -267,10 +367,16 @@ def main(argv=None):
             for rec in logs:
                 print(rec.to_jsonl())
     except (ValueError, _C.WireheadError) as e:
-        print(f"wirehead: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:
+        return closed_pipe_exit()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return closed_pipe_exit()
     return 0
 
 

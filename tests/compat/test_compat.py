@@ -21,6 +21,17 @@ from wirehead_torch.config import load_config
 
 SWAP_CAP = 100
 
+# The `wirehead` package under test: this checkout's compatibility package
+# (compat/, a distribution of its own), ahead of any installed one.
+COMPAT = os.path.join(whlib.REPO, "compat")
+sys.path.insert(0, COMPAT)
+
+
+def _env():
+    """Child environment importing this checkout's `wirehead` first."""
+    return whlib.env_for_child({"PYTHONPATH": os.pathsep.join(
+        [COMPAT, whlib.env_for_child()["PYTHONPATH"]])})
+
 
 def _original_config(kind, name, mongo=None, swap_cap=SWAP_CAP, extra=""):
     """config.yaml text with the original's keys only. shm: no MONGOHOST,
@@ -83,7 +94,8 @@ def test_unit_example_without_manager(original_dir):
     """A generator with run(verbose=True) and no manager fills and seals a
     generation itself; a reader indexing [[i]] sees all of it."""
     d = original_dir()
-    gen = whlib.spawn_script([_write(d, "generator.py", GENERATOR.format(n=SWAP_CAP))], cwd=d)
+    gen = whlib.spawn_script([_write(d, "generator.py", GENERATOR.format(n=SWAP_CAP))], cwd=d,
+                             env=_env())
     assert gen.wait(120) == 0, whlib.drained(gen.stderr)
     out = "".join(whlib.drained(gen.stdout))
     assert "Generator: Initialized" in out
@@ -91,6 +103,8 @@ def test_unit_example_without_manager(original_dir):
     assert "swap success" in out  # it sealed, no manager ran
     whlib.stop(gen)
 
+    import wirehead
+    assert wirehead.__file__ == os.path.join(COMPAT, "wirehead", "__init__.py")
     from wirehead import MongoTupleheadDataset
     from wirehead.dataset import MongoheadDataset, unit_interval_normalize
     dataset = MongoTupleheadDataset(config_path="config.yaml")
@@ -173,13 +187,13 @@ def test_logger_and_wirehead_command_after_three_swaps(original_dir):
     assert "3 total" in text and "#3" in text
 
     # the `wirehead CONFIG` command: history as JSONL, one line per swap
-    p = whlib.spawn_script(["-m", "wirehead.log", "config.yaml"], cwd=d)
+    p = whlib.spawn_script(["-m", "wirehead.log", "config.yaml"], cwd=d, env=_env())
     assert p.wait(60) == 0
     lines = [json.loads(x) for x in whlib.drained(p.stdout)]
     assert [x["swap_count"] for x in lines] == [1, 2, 3]
     whlib.stop(p)
     p = whlib.spawn_script(["-m", "wirehead.log", "config.yaml", "--daemon", "--count", "2",
-                            "--poll-interval", "0.01"], cwd=d)
+                            "--poll-interval", "0.01"], cwd=d, env=_env())
     assert p.wait(60) == 0
     snaps = [json.loads(x) for x in whlib.drained(p.stdout)]
     assert len(snaps) == 2 and all(s["swap_count"] == 3 for s in snaps)
@@ -202,7 +216,7 @@ def test_logger_and_wirehead_command_after_three_swaps(original_dir):
 def test_no_swaps_yet(original_dir):
     d = original_dir()
     r = subprocess.run([sys.executable, "-m", "wirehead.log", "config.yaml"], cwd=d,
-                       capture_output=True, text=True, timeout=60, env=whlib.env_for_child())
+                       capture_output=True, text=True, timeout=60, env=_env())
     assert r.returncode == 0 and r.stdout.strip() == "No swaps recorded yet."
 
 

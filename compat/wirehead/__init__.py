@@ -1,8 +1,14 @@
-"""The original wirehead's import paths, served by wirehead_torch (the way
-Pillow provides ``PIL``): ``from wirehead import WireheadGenerator`` and
-``from wirehead.dataset import MongoheadDataset`` keep working with only
-the package installed changed. See README "Coming from wirehead"."""
-from wirehead_torch import (  # noqa: F401
+"""The original wirehead's import paths, served by wirehead_torch:
+``from wirehead import WireheadGenerator`` and ``from wirehead.dataset
+import MongoheadDataset`` keep working with only the package installed
+changed. This package is a distribution of its own, named ``wirehead``
+like the original's, so pip replaces one with the other on install and
+never leaves files of both (see compat/README.md)."""
+from ._wirehead_torch import require
+
+require()
+
+from wirehead_torch import (  # noqa: E402,F401
     WireheadError,
     WireheadGenerator,
     WireheadManager,
@@ -10,7 +16,7 @@ from wirehead_torch import (  # noqa: F401
     load_config,
     status,
 )
-from wirehead_torch.monitor import SwapLog, WireheadLogger, WireheadSnapshot  # noqa: F401
+from wirehead_torch.monitor import SwapLog, WireheadLogger, WireheadSnapshot  # noqa: E402,F401
 
 _READERS = ("MongoheadDataset", "MongoTupleheadDataset", "WireheadIterableDataset",
             "WireheadLoader")
