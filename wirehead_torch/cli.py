@@ -42,6 +42,15 @@ def _fmt_status(st, now=None):
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
     ]
+    readers = st.get("readers") or []
+    lines.append(f"readers          {len(readers) or 'none reading'}"
+                 + (" (pid, generation read, reads of it / SWAP_CAP = reuse, samples/s)"
+                    if readers else ""))
+    for r in readers:
+        where = f"{r['host']}:" if r["host"] else ""
+        lines.append(f"  {where}{r['pid']:<8} {gen_label(r['generation'], st):>8}  "
+                     f"reuse {r['reuse']:.1f}  {r['samples_per_s']:.1f} samples/s  "
+                     f"(seen {r['age_s']:.0f} s ago)")
     if st["history"]:
         lines.append("last swaps:")
         for h in st["history"]:

@@ -29,3 +29,22 @@ def test_status_lists_readers(store_cfg):
     if cfg["STORE"].startswith("shm://"):
         loader.close()  # a closed reader leaves the list at once (shm)
         assert wt.status(config=cfg)["readers"] == []
+
+
+def test_cli_status_shows_readers(shm_cfg, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    cfg = shm_cfg(swap_cap=4, SELF_SEAL=True)
+    _fill(cfg, 8)
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, num_threads=1)
+    for _ in loader:
+        pass
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, env=whlib.env_for_child())
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith(f"  {os.getpid()}"))
+    assert "reuse" in line and "samples/s" in line, r.stdout
+    assert "readers          1" in r.stdout
