@@ -277,7 +277,8 @@ def _train(a):
 
 def parser(sub):
     g = sub.add_parser("generate", help="run N generator processes into the store")
-    g.add_argument("--config", required=True)
+    g.add_argument("--config", default="config.yaml",
+                   help="the store's config file (default: config.yaml)")
     g.add_argument("--gen-module", default="synth",
                    help="'synth' (built-in SynthSeg-like volumes) or module:function")
     g.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
