@@ -1,7 +1,9 @@
-/* MongoDB backend: what its files share (wh_mongo.c connection, errors,
- * open and status; wh_mongo_state.c the state document; wh_mongo_put.c
- * put; wh_mongo_lease.c lease and seal; wh_mongo_read.c read). Internal:
- * included only by those files and the fuzz harness. */
+/* MongoDB backend: what its files share (wh_mongo_conn.c connection,
+ * errors, names, documents; wh_mongo_state.c the state document;
+ * wh_mongo_put.c put; wh_mongo_lease.c lease and seal; wh_mongo_read.c
+ * read; wh_mongo_beat.c readers' heartbeats; wh_mongo.c open, status, clean
+ * and the vtable, over all of them). Internal: included only by those files
+ * and the fuzz harness. */
 #ifndef WH_MONGO_INT_H
 #define WH_MONGO_INT_H
 
@@ -60,7 +62,8 @@ typedef struct {
     uint64_t beats; /* heartbeats sent by this handle */
 } wh__mongo_t;
 
-/* wh_mongo.c: errors, names, documents */
+/* wh_mongo_conn.c: connection, errors, names, documents */
+bool wh__mongo_connect(wh__mongo_t *m, const wh_store_config_t *cfg, wh_err_t *err);
 bool wh__is_unavail(const bson_error_t *e);
 bool wh__is_dup(const bson_error_t *e);
 bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e, const char *fmt, ...)
