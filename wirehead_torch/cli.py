@@ -37,6 +37,10 @@ def _fmt_status(st):
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
     ]
+    from .manager import stall_text
+    stall = stall_text(st)  # readers' views pin every area a seal could take
+    if stall:
+        lines.append(f"sealing          {stall}")
     if st["history"]:
         lines.append("last swaps:")
         for h in st["history"]:
