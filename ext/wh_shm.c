@@ -641,10 +641,17 @@ static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *o
     for (uint32_t i = 0; i < sl->nholes; i++) {
         wh__hole_t *h = &sl->holes[i];
         if (h->size < size) continue;
-        *off = h->off;
-        h->off += size;
-        h->size -= size;
-        if (!h->size) sl->holes[i] = sl->holes[--sl->nholes];
+        /* shrink before moving, count before copying: a kill between two
+         * of these stores loses bytes, never lists them twice */
+        uint64_t at = h->off;
+        __atomic_store_n(&h->size, h->size - size, __ATOMIC_RELEASE);
+        __atomic_store_n(&h->off, at + size, __ATOMIC_RELEASE);
+        if (!h->size) {
+            uint32_t n = sl->nholes - 1;
+            __atomic_store_n(&sl->nholes, n, __ATOMIC_RELEASE);
+            sl->holes[i] = sl->holes[n];
+        }
+        *off = at;
         return true;
     }
     if (size > cap || sl->used > cap - size) return false;
@@ -657,7 +664,10 @@ static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < WH__MAX_WRITERS; i++) {
             if (!sl->writers[i].pid) {
-                sl->writers[i].pid = pid;
+                /* no bytes until the put records its reservation: a kill
+                 * before that must not make a previous put's bytes a hole */
+                sl->writers[i].off = sl->writers[i].size = 0;
+                __atomic_store_n(&sl->writers[i].pid, pid, __ATOMIC_RELEASE);
                 sl->nwriters++;
                 return i;
             }
