@@ -161,9 +161,10 @@ static long wh__futex(int32_t *addr, int op, int32_t val, const struct timespec 
 
 /* Takes a segment lock, waiting at most wait_s: a holder stopped (SIGSTOP,
  * a debugger, a suspended job) or a garbage owner that is alive must not
- * hang every participant. A holder that died is replaced at once: every
- * update under these locks commits with its last store, so the protected
- * state is consistent as it is. */
+ * hang every participant. A holder that died is replaced at once: the
+ * updates under these locks order their stores so that a kill after any of
+ * them leaves a state the next holder can use as it is (the seal, the hole
+ * and writer helpers), at worst losing some bytes until the area is reused. */
 static bool wh__lock(wh__lock_t *l, double wait_s, wh_err_t *err) {
     const int32_t me = (int32_t)getpid();
     const uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s * 1e9);
