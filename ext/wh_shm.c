@@ -892,7 +892,8 @@ static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_
 }
 
 /* A seal's writes, in order, each one store (a kill may stop it after any
- * of them; the step numbers are wh_fault_seal_step's):
+ * of them; wh_fault_seal_step numbers them as they happen, so after a
+ * repair each step below is one later):
  *   repair: an area holding a generation newer than write_gen w (the target
  *           of a seal killed before its last store, never reachable by
  *           puts or reads) is made free again (gen 0)
