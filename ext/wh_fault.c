@@ -1,5 +1,6 @@
 /* Fault-injection points (see wh_fault.h). */
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -33,3 +34,20 @@ static void wh__pause(wh__fault_t *f) {
 
 void wh_fault_put_midway(void) { wh__pause(&wh__put); }
 void wh_fault_seal_midway(void) { wh__pause(&wh__seal); }
+
+/* WIREHEAD_FAULT_SEAL_KILL: read once per process like the pauses. */
+static int wh__kill_step = -1;
+static int wh__kill_pid = 0;
+
+void wh_fault_seal_step(int step) {
+    if (__atomic_load_n(&wh__kill_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
+        const char *v = getenv("WIREHEAD_FAULT_SEAL_KILL");
+        wh__kill_step = (v && *v) ? atoi(v) : -1;
+        __atomic_store_n(&wh__kill_pid, (int)getpid(), __ATOMIC_RELEASE);
+    }
+    if (step != wh__kill_step) return;
+    fprintf(stderr, "wirehead: fault kill at seal step %d\n", step);
+    fflush(stderr);
+    kill(getpid(), SIGKILL);
+    for (;;) pause(); /* never run past the step, even before the signal lands */
+}

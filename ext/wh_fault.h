@@ -13,4 +13,10 @@ void wh_fault_put_midway(void);
  * seal" to stderr first. */
 void wh_fault_seal_midway(void);
 
+/* WIREHEAD_FAULT_SEAL_KILL=<n>: a seal SIGKILLs its own process right
+ * after its n-th write to the store (n >= 1), printing "wirehead: fault
+ * kill at seal step <n>" to stderr first. Steps are numbered per seal call
+ * in the order the writes happen; a seal with fewer writes is unaffected. */
+void wh_fault_seal_step(int step);
+
 #endif

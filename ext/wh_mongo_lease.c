@@ -177,7 +177,13 @@ bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t
     uint64_t generated = s.generated + cap;
     mongoc_collection_t *c = wh__state_coll(m);
     /* The swap: one single-document update, conditional on nobody having
-     * sealed w meanwhile. */
+     * sealed w meanwhile. A sealer killed at any point leaves a state as
+     * good as the old or the new one: the server applies this update whole
+     * or not at all (read_gen, write_gen, retiring and the counters are one
+     * document); the write generation's collection needs no preparing (puts
+     * create it, and no collection of a generation newer than write_gen can
+     * exist); and each drop of the sweep below stands alone, the next
+     * seal's sweep dropping whatever a killed one left. */
     bson_t *sel = BCON_NEW("_id", BCON_UTF8("state"), "write_gen", BCON_INT64((int64_t)w));
     bson_t *upd = BCON_NEW(
         "$set", "{", "read_gen", BCON_INT64((int64_t)w), "write_gen", BCON_INT64((int64_t)w + 1),

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "wh_backend.h"
+#include "wh_fault.h"
 
 #define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
 #define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */
@@ -177,9 +178,10 @@ static long wh__futex(int32_t *addr, int op, int32_t val, const struct timespec 
 
 /* Takes a segment lock, waiting at most wait_s: a holder stopped (SIGSTOP,
  * a debugger, a suspended job) or a garbage owner that is alive must not
- * hang every participant. A holder that died is replaced at once: every
- * update under these locks commits with its last store, so the protected
- * state is consistent as it is. */
+ * hang every participant. A holder that died is replaced at once: the
+ * updates under these locks order their stores so that a kill after any of
+ * them leaves a state the next holder can use as it is (the seal, the hole
+ * and writer helpers), at worst losing some bytes until the area is reused. */
 static bool wh__lock(wh__lock_t *l, double wait_s, wh_err_t *err) {
     const int32_t me = (int32_t)getpid();
     const uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s * 1e9);
@@ -728,22 +730,36 @@ static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh
     return true;
 }
 
-/* Slot lock held for all of these. */
+/* Slot lock held for all of these. A holder killed between two stores
+ * leaves its lock to the next taker, so each store leaves a usable state:
+ * a hole is filled in before it is counted, and a writer entry is cleared
+ * before its bytes become a hole (a kill between loses those bytes until
+ * the area is reused; the other order would hand them out twice). */
 static void wh__add_hole(wh__slot_t *sl, uint64_t off, uint64_t size) {
-    if (size && sl->nholes < WH__MAX_HOLES) sl->holes[sl->nholes++] = (wh__hole_t){off, size};
+    uint32_t n = sl->nholes;
+    if (!size || n >= WH__MAX_HOLES) return;
+    sl->holes[n] = (wh__hole_t){off, size};
+    __atomic_store_n(&sl->nholes, n + 1, __ATOMIC_RELEASE);
 }
 
 static void wh__end_writer(wh__slot_t *sl, int i, bool keep_bytes) {
-    if (!keep_bytes) wh__add_hole(sl, sl->writers[i].off, sl->writers[i].size);
-    sl->writers[i].pid = 0;
-    sl->nwriters--;
+    wh__writer_t wr = sl->writers[i];
+    __atomic_store_n(&sl->writers[i].pid, 0, __ATOMIC_RELEASE);
+    if (sl->nwriters) sl->nwriters--;
+    if (!keep_bytes) wh__add_hole(sl, wr.off, wr.size);
 }
 
 /* Drops reservations of processes that no longer exist; their bytes become
- * holes for later puts. */
+ * holes for later puts. Recounts the rest: a holder killed inside
+ * wh__end_writer or a put may have left nwriters off, and a seal waits for
+ * nwriters to reach 0. */
 static void wh__prune_writers(wh__slot_t *sl) {
-    for (int i = 0; i < WH__MAX_WRITERS && sl->nwriters; i++)
+    uint32_t n = 0;
+    for (int i = 0; i < WH__MAX_WRITERS; i++) {
         if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid)) wh__end_writer(sl, i, false);
+        n += sl->writers[i].pid != 0;
+    }
+    sl->nwriters = n;
 }
 
 /* First fit among the holes, else the end of the area. */
@@ -751,10 +767,17 @@ static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *o
     for (uint32_t i = 0; i < sl->nholes; i++) {
         wh__hole_t *h = &sl->holes[i];
         if (h->size < size) continue;
-        *off = h->off;
-        h->off += size;
-        h->size -= size;
-        if (!h->size) sl->holes[i] = sl->holes[--sl->nholes];
+        /* shrink before moving, count before copying: a kill between two
+         * of these stores loses bytes, never lists them twice */
+        uint64_t at = h->off;
+        __atomic_store_n(&h->size, h->size - size, __ATOMIC_RELEASE);
+        __atomic_store_n(&h->off, at + size, __ATOMIC_RELEASE);
+        if (!h->size) {
+            uint32_t n = sl->nholes - 1;
+            __atomic_store_n(&sl->nholes, n, __ATOMIC_RELEASE);
+            sl->holes[i] = sl->holes[n];
+        }
+        *off = at;
         return true;
     }
     if (size > cap || sl->used > cap - size) return false;
@@ -767,7 +790,10 @@ static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < WH__MAX_WRITERS; i++) {
             if (!sl->writers[i].pid) {
-                sl->writers[i].pid = pid;
+                /* no bytes until the put records its reservation: a kill
+                 * before that must not make a previous put's bytes a hole */
+                sl->writers[i].off = sl->writers[i].size = 0;
+                __atomic_store_n(&sl->writers[i].pid, pid, __ATOMIC_RELEASE);
                 sl->nwriters++;
                 return i;
             }
@@ -993,12 +1019,34 @@ static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_
     return true;
 }
 
+/* A seal's writes, in order, each one store (a kill may stop it after any
+ * of them; wh_fault_seal_step numbers them as they happen, so after a
+ * repair each step below is one later):
+ *   repair: an area holding a generation newer than write_gen w (the target
+ *           of a seal killed before its last store, never reachable by
+ *           puts or reads) is made free again (gen 0)
+ *   1 next->gen = 0        its old generation is gone (readers see GONE); a
+ *                          kill from here leaves a free area, taken first
+ *   2-4 count, used, nholes = 0
+ *   5 next->gen = w + 1    the area is ready; puts still go to w's area
+ *   6 read_gen = w         w is full: readers may take it as it is
+ *   7 write_gen = w + 1    the commit point: puts go to the new area
+ *   then seals and the history (counters only).
+ * Every prefix is therefore the old state, the new one, or the old state
+ * with w readable early and one unreachable area, which the repair puts
+ * back; no area is ever given a generation another area holds. */
+static void wh__seal_store(uint64_t *p, uint64_t v, int *step) {
+    wh__st(p, v);
+    wh_fault_seal_step(++*step);
+}
+
 static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     *sealed = false;
     uint64_t t0 = wh_now_mono_ns();
+    int step = 0;
     if (!wh__lock(&h->lock, st->cfg.lease_s, err)) return false;
     if (h->leader_token != s->token || h->lease_expiry_ns < wh_now_real_ns()) {
         wh__unlock(&h->lock);
@@ -1013,6 +1061,16 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
         goto out;
     }
     if (__atomic_load_n(&h->slots[cs].count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
+    for (int i = 0; i < WH__SLOTS; i++) {
+        wh__slot_t *sl = &h->slots[i];
+        if (wh__ld(&sl->gen) <= w) continue;
+        if (!wh__lock(&sl->lock, st->cfg.lease_s, err)) {
+            ok = false;
+            goto out;
+        }
+        if (wh__ld(&sl->gen) > w) wh__seal_store(&sl->gen, 0, &step);
+        wh__unlock(&sl->lock);
+    }
     int ns = -1;
     if (!wh__take_next_slot(h, st->cfg.lease_s, w, info, &ns, err)) {
         ok = false;
@@ -1020,15 +1078,17 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     }
     if (ns < 0) goto out; /* every candidate is busy: info names who */
     wh__slot_t *next = &h->slots[ns]; /* locked by wh__take_next_slot */
-    wh__st(&next->gen, w + 1); /* readers of the old generation now see GONE */
-    next->used = 0;
-    next->nholes = 0;
+    wh__seal_store(&next->gen, 0, &step);
     __atomic_store_n(&next->count, 0, __ATOMIC_RELEASE);
+    wh_fault_seal_step(++step);
+    wh__seal_store(&next->used, 0, &step);
+    __atomic_store_n(&next->nholes, 0, __ATOMIC_RELEASE);
+    wh_fault_seal_step(++step);
+    wh__seal_store(&next->gen, w + 1, &step);
     wh__unlock(&next->lock);
-    wh__st(&h->read_gen, w); /* the swap: one atomic store */
-    wh__st(&h->write_gen, w + 1);
-    uint64_t seals = __atomic_add_fetch(&h->seals, 1, __ATOMIC_RELAXED);
-    WH_UNUSED(seals);
+    wh__seal_store(&h->read_gen, w, &step);
+    wh__seal_store(&h->write_gen, w + 1, &step);
+    __atomic_add_fetch(&h->seals, 1, __ATOMIC_RELAXED);
     info->generation = w;
     info->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
     info->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
@@ -1039,8 +1099,9 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
     h->hist[k].generated = info->generated;
     h->hist[k].discarded = info->discarded;
     h->hist[k].seal_ns = info->seal_ns;
-    h->hist_next = (k + 1) % WH__HIST;
-    if (h->hist_n < WH__HIST) h->hist_n++;
+    /* the entry before its index: a kill here loses one history line */
+    __atomic_store_n(&h->hist_next, (k + 1) % WH__HIST, __ATOMIC_RELEASE);
+    if (h->hist_n < WH__HIST) __atomic_store_n(&h->hist_n, h->hist_n + 1, __ATOMIC_RELEASE);
     *sealed = true;
 out:
     wh__unlock(&h->lock);

@@ -42,6 +42,10 @@ def _fmt_status(st, now=None):
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
     ]
+    from .manager import stall_text
+    stall = stall_text(st)  # readers' views pin every area a seal could take
+    if stall:
+        lines.append(f"sealing          {stall}")
     readers = st.get("readers") or []
     lines.append(f"readers          {len(readers) or 'none reading'}"
                  + (" (pid, generation read, reads of it / SWAP_CAP = reuse, samples/s)"

@@ -6,6 +6,7 @@ from . import _C
 from ._arrays import to_store_arrays
 from ._store import ProcessStore, StopFlag
 from .config import get_config
+from .manager import StallLog
 
 log = logging.getLogger("wirehead_torch")
 
@@ -40,6 +41,7 @@ class WireheadGenerator:
         self._stop = StopFlag()
         self._it = None
         self._manager_until = 0.0  # a manager led recently: no fill checks until then
+        self._stall = StallLog("generator")
 
     def _say(self, text):
         if not self.quiet:
@@ -109,7 +111,11 @@ class WireheadGenerator:
             info = store.seal()
         finally:
             store.resign()
-        if info is not None and "blocked_pid" not in info:
+        if info is not None and "blocked_pid" in info:
+            self._stall.blocked(info, store)
+            return
+        self._stall.sealed()  # sealed now, or not full: the generation moved on
+        if info is not None:
             self.sealed += 1
             self._say(f"Time: {time.time()}")
             self._say(f"swap success: generation {info['generation']} sealed "

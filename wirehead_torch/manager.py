@@ -36,6 +36,84 @@ def format_record(rec):
             f"seal={rec['seal_s'] * 1e3:.3f}ms samples/s={rate}")
 
 
+# seconds between repeats of a stall message while the stall lasts
+STALL_LOG_EVERY = 60.0
+
+
+def _pinned(st):
+    """Areas that could take the next generation but readers' views pin:
+    neither the read nor the write generation's."""
+    return [a for a in st.get("areas") or []
+            if a["pinners"] and a["generation"] not in (st["read_gen"], st["write_gen"])]
+
+
+def _pin_list(areas):
+    return ", ".join(f"generation {a['generation']} by pid {a['pin_pid']}"
+                     + (f" and {a['pinners'] - 1} other process(es)" if a["pinners"] > 1 else "")
+                     for a in areas)
+
+
+def stall_text(st):
+    """Why sealing is stuck, from a status dict: the write generation is
+    full and every area the next generation could take is pinned by
+    readers' views. None when that is not so."""
+    areas = st.get("areas") or []
+    if not areas or st["write_fill"] < st["swap_cap"]:
+        return None
+    free = [a for a in areas if a["generation"] not in (st["read_gen"], st["write_gen"])]
+    pinned = _pinned(st)
+    if not free or len(pinned) < len(free):
+        return None
+    return (f"stalled: generation {st['write_gen']} is full but readers' views pin every "
+            f"area the next one could take: {_pin_list(pinned)}")
+
+
+class StallLog:
+    """Says that this process cannot seal: once when the stall starts, then
+    every STALL_LOG_EVERY seconds while it lasts, naming the generations
+    readers pin and their pids (or the writer in the way), and once more
+    when sealing goes on."""
+
+    def __init__(self, role):
+        self.role = role  # "generator" or "manager"
+        self.since = None  # monotonic start of the stall
+        self.said = None   # when it was last said
+
+    def blocked(self, info, store):
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if self.said is not None and now - self.said < STALL_LOG_EVERY:
+            return
+        self.said = now
+        who = f"wirehead {self.role} {os.getpid()}"
+        lasted = f" for {now - self.since:.0f}s" if now > self.since else ""
+        if not info.get("blocked_reader"):
+            log.warning("%s: sealing stalled%s: the write generation is full but generator "
+                        "pid %d (alive, paused or stopped?) is still writing into the area the "
+                        "next generation needs; sealing waits for it", who, lasted,
+                        info["blocked_pid"])
+            return
+        try:
+            st = store.status()
+            pinned, full = _pinned(st), f"generation {st['write_gen']}"
+        except _C.WireheadError:
+            pinned, full = [], "the write generation"
+        if not pinned:  # the status raced a drop: what the seal saw
+            pinned = [{"generation": info["blocked_gen"], "pin_pid": info["blocked_pid"],
+                       "pinners": 1}]
+        log.warning("%s: sealing stalled%s: %s is full and readers' views pin every area the "
+                    "next generation could take: %s; sealing waits for reader pid %d to drop "
+                    "its views of generation %d (or to exit)", who, lasted, full,
+                    _pin_list(pinned), info["blocked_pid"], info["blocked_gen"])
+
+    def sealed(self):
+        if self.since is not None:
+            log.warning("wirehead %s %d: sealing goes on after a stall of %.0fs", self.role,
+                        os.getpid(), time.monotonic() - self.since)
+        self.since = self.said = None
+
+
 class WireheadManager:
     """Seals the write generation once it holds SWAP_CAP samples.
 
@@ -80,7 +158,8 @@ class WireheadManager:
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
         leader, last_lead, waiting_logged, down = False, 0.0, False, False
-        blocked, waiting_created, prev_seals = None, False, None
+        stall = StallLog("manager")
+        waiting_created, prev_seals = False, None
         prev_time, prev_generated = time.time(), None
         store = None
         try:
@@ -147,24 +226,13 @@ class WireheadManager:
                         log.warning("wirehead manager: the store answers again")
                         down = False
                     if info is not None and "blocked_pid" in info:
-                        if blocked != info["blocked_pid"]:
-                            blocked = info["blocked_pid"]
-                            if info.get("blocked_reader"):
-                                log.warning("wirehead manager: the write generation is full "
-                                            "but every free area is pinned by readers' views; "
-                                            "sealing waits for reader pid %d to drop its views "
-                                            "of generation %d (or to exit)", blocked,
-                                            info["blocked_gen"])
-                            else:
-                                log.warning("wirehead manager: the write generation is full "
-                                            "but generator pid %d (alive, paused or stopped?) "
-                                            "is still writing into the area the next "
-                                            "generation needs; sealing waits for it", blocked)
+                        stall.blocked(info, store)
                         info = None
+                    elif info is not None:
+                        stall.sealed()
                     if info is None:
                         stop.wait(poll)
                         continue
-                    blocked = None
                     now = time.time()
                     if prev_seals is not None and seals_now <= prev_seals:
                         prev_time = None  # counted from a wipe we did not see: no rate

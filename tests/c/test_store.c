@@ -1685,6 +1685,160 @@ out:
     clean_store(&c);
 }
 
+/* ---- a self-sealing generator SIGKILLed at every step of a seal -------- */
+
+/* Forks a child that opens the store, takes the lease and seals with
+ * WIREHEAD_FAULT_SEAL_KILL=step. Returns 1 if it was killed at that step, 0
+ * if its seal returned (it has fewer steps, or found nothing to seal), -1 on
+ * any other end. */
+static int seal_child(const wh_store_config_t *c, int step) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", step);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setenv("WIREHEAD_FAULT_SEAL_KILL", v, 1);
+        if (freopen("/dev/null", "w", stderr) == NULL) _exit(5);
+        wh_err_t ce;
+        wh_store_t *cs = wh_store_open(c, &ce);
+        bool l = false, sealed = false;
+        wh_seal_info_t info;
+        memset(&info, 0, sizeof info);
+        if (!cs || !wh_store_lead(cs, &l, &ce) || !l) _exit(3);
+        if (!wh_store_seal(cs, &sealed, &info, &ce)) _exit(4);
+        _exit(0); /* no write of this seal is numbered step */
+    }
+    kid_add(pid);
+    int wst = 0;
+    while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+    }
+    kid_forget(pid);
+    if (WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL) return 1;
+    if (WIFEXITED(wst) && WEXITSTATUS(wst) == 0) return 0;
+    fprintf(stderr, "  seal child (step %d) ended with status %#x\n", step, wst);
+    return -1;
+}
+
+/* Reads all of generation gen: every sample well-formed, the ids exactly
+ * [first, first + cap) in put order. */
+static bool gen_holds(wh_store_t *st, uint64_t gen, uint32_t cap, uint64_t first) {
+    id_reader_t *r = malloc(sizeof *r);
+    if (!r) return false;
+    bool ok = true;
+    for (uint32_t pos = 0; pos < cap && ok; pos++) {
+        id_reader_init(r);
+        wh_sample_meta_t m;
+        wh_err_t e;
+        char why[200] = "";
+        if (!wh_store_read(st, gen, pos, dest_cb, &r->d, &m, &e)) {
+            fprintf(stderr, "  generation %llu pos %u: %s\n", (unsigned long long)gen, pos,
+                    e.message);
+            ok = false;
+        } else if (!id_sample_ok(r, &m, why, sizeof why) || (uint64_t)r->id != first + pos) {
+            fprintf(stderr, "  generation %llu pos %u: id %lld, want %llu %s\n",
+                    (unsigned long long)gen, pos, (long long)r->id,
+                    (unsigned long long)(first + pos), why);
+            ok = false;
+        }
+    }
+    free(r);
+    return ok;
+}
+
+/* No two areas hold one generation. */
+static bool areas_distinct(wh_store_t *st) {
+    wh_status_t s = status_of(st);
+    for (int i = 0; i < s.nareas; i++)
+        for (int j = i + 1; j < s.nareas; j++)
+            if (s.areas[i].generation && s.areas[i].generation == s.areas[j].generation) {
+                fprintf(stderr, "  areas %d and %d both hold generation %llu\n", i, j,
+                        (unsigned long long)s.areas[i].generation);
+                return false;
+            }
+    return true;
+}
+
+/* For every step k1 a first sealer dies at, and every step k2 (0: none) the
+ * next sealer dies at (the repair of a half-done seal included), a third
+ * participant's puts fill the next generation and its seal gives exactly
+ * SWAP_CAP distinct, correct samples; the generation being sealed stays
+ * exact too. Every area has held a generation before, so a half-reset area
+ * would still carry the old generation's index and counts. */
+static void t_seal_killed_every_step(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    const uint32_t cap = 4;
+    int steps = 0, runs = 0;
+    wh_store_t *st = NULL;
+    wh_store_config_t c = mkcfg(new_uri(), cap, 1 << 20, &s); /* re-created for each run */
+    for (int k1 = 1; k1 <= 32 && !steps; k1++) {
+        for (int k2 = 0; k2 <= 32; k2++) {
+            wh_err_t e;
+            st = wh_store_open(&c, &e);
+            REQUIRE(st, "open: %s", e.message);
+            bool lead, sealed;
+            uint64_t id = 1, g = 0;
+            for (int i = 0; i < 5; i++) { /* every area used once */
+                REQUIRE(fill_ids(st, id, cap), "fill");
+                id += cap;
+                REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
+                REQUIRE(seal_once(st, &sealed, &g) && sealed, "seal %d", i);
+                REQUIRE(wh_store_resign(st, &e), "resign");
+            }
+            uint64_t w = status_of(st).write_gen, wfirst = id;
+            REQUIRE(fill_ids(st, id, cap), "fill the generation to seal");
+            id += cap;
+            int r1 = seal_child(&c, k1);
+            REQUIRE(r1 >= 0, "first sealer, step %d", k1);
+            if (r1 == 0) { /* the seal has k1 - 1 steps: it sealed */
+                steps = k1 - 1;
+                wh_store_destroy(st);
+                st = NULL;
+                clean_store(&c);
+                break;
+            }
+            int r2 = k2 ? seal_child(&c, k2) : 0;
+            REQUIRE(r2 >= 0, "second sealer, steps %d then %d", k1, k2);
+            runs++;
+            REQUIRE(areas_distinct(st), "after kills at steps %d then %d", k1, k2);
+            /* the next participant: seals w if nobody finished it, fills w + 1 */
+            REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead after the kills: %s", e.message);
+            wh_status_t now = status_of(st);
+            if (now.write_gen == w) {
+                REQUIRE(seal_once(st, &sealed, &g) && sealed && g == w,
+                        "steps %d/%d: the repairing seal sealed=%d generation %llu, want %llu", k1,
+                        k2, sealed, (unsigned long long)g, (unsigned long long)w);
+            }
+            now = status_of(st);
+            REQUIRE(now.write_gen == w + 1 && now.read_gen == w && now.write_fill == 0,
+                    "steps %d/%d: write %llu (fill %u) read %llu, want write %llu read %llu", k1,
+                    k2, (unsigned long long)now.write_gen, now.write_fill,
+                    (unsigned long long)now.read_gen, (unsigned long long)(w + 1),
+                    (unsigned long long)w);
+            CHECK(gen_holds(st, w, cap, wfirst), "steps %d/%d: generation %llu", k1, k2,
+                  (unsigned long long)w);
+            REQUIRE(fill_ids(st, id, cap), "steps %d/%d: puts into generation %llu", k1, k2,
+                    (unsigned long long)(w + 1));
+            REQUIRE(seal_once(st, &sealed, &g) && sealed && g == w + 1, "steps %d/%d: seal", k1,
+                    k2);
+            CHECK(gen_holds(st, w + 1, cap, id), "steps %d/%d: generation %llu", k1, k2,
+                  (unsigned long long)(w + 1));
+            CHECK(areas_distinct(st), "steps %d/%d: after the seals", k1, k2);
+            wh_store_destroy(st);
+            st = NULL;
+            clean_store(&c);
+            if (!case_ok) return;
+            if (k2 && r2 == 0) break; /* every step of the second seal done */
+        }
+    }
+    CHECK(steps >= 7, "the seal has %d numbered writes, expected at least 7", steps);
+    fprintf(stderr, "     %d steps per seal, %d kill runs\n", steps, runs);
+    return;
+out:
+    if (st) wh_store_destroy(st);
+    clean_store(&c);
+}
+
 /* A live writer paused inside a put in generation G keeps G's slot from
  * being recycled: with 4 areas seals go on in the other slots (a single
  * busy slot never blocks), G stays readable far past its usual 4 seals;
@@ -2210,6 +2364,7 @@ int main(int argc, char **argv) {
         {"stopped lock holder, garbage lock, forged lease: bounded", t_hostile_locks, false},
         {"segment of another user or not mode 0600 refused", t_segment_owner_mode, false},
         {"generator SIGKILLed inside a put", t_killed_put, false},
+        {"generator SIGKILLed at every step of a seal", t_seal_killed_every_step, false},
         {"live paused writer blocks slot recycling", t_live_writer_blocks_recycle, false},
         {"killed put with a tight budget does not wedge", t_killed_put_tight_budget, false},
         {"stale half-created segment is replaced", t_stale_segment, false},
