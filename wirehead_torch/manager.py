@@ -13,8 +13,9 @@ from .config import get_config, redact
 log = logging.getLogger("wirehead_torch")
 
 
-def swap_record(info, prev_time, prev_generated, now):
-    """The figures logged for one swap."""
+def swap_record(info, prev_time, prev_generated, now, seals=None):
+    """The figures logged for one swap (seals: the store's count after it,
+    which numbers the generation for people: #N)."""
     dt = now - prev_time if prev_time else None
     # a wiped server restarts the count: no rate for that swap
     ok = dt and prev_generated is not None and info["generated"] >= prev_generated
@@ -26,12 +27,18 @@ def swap_record(info, prev_time, prev_generated, now):
         "discarded": info["discarded"],
         "seal_s": info["seal_s"],
         "samples_per_s": round(rate, 2) if rate is not None else None,
+        "seal_number": seals,
     }
 
 
 def format_record(rec):
+    """One line for people: the clock time, the generation as #N (its
+    number among the store's seals; the full id is in the JSON lines)."""
     rate = "-" if rec["samples_per_s"] is None else f"{rec['samples_per_s']:.1f}"
-    return (f"{rec['time']:.3f} swap generation={rec['generation']} "
+    clock = time.strftime("%H:%M:%S", time.localtime(rec["time"]))
+    label = (f"#{rec['seal_number']}" if rec.get("seal_number")
+             else f"...{str(rec['generation'])[-6:]}")
+    return (f"{clock} swap generation {label} "
             f"generated={rec['generated']} discarded={rec['discarded']} "
             f"seal={rec['seal_s'] * 1e3:.3f}ms samples/s={rate}")
 
@@ -237,7 +244,7 @@ class WireheadManager:
                     if prev_seals is not None and seals_now <= prev_seals:
                         prev_time = None  # counted from a wipe we did not see: no rate
                     prev_seals = seals_now
-                    self._emit(swap_record(info, prev_time, prev_generated, now))
+                    self._emit(swap_record(info, prev_time, prev_generated, now, seals_now))
                     prev_time, prev_generated = now, info["generated"]
                     self.swaps += 1
         finally:
