@@ -70,13 +70,14 @@ mongo-jars: .deps/debian.stamp
 	sh tests/mongo/fetch.sh
 
 include tests/c/plan.mk
+include tests/c/shmfile.mk
 include tests/c/mongo.mk
 include benchmarks/bench.mk
 include tests/fuzz/fuzz.mk
 
 # C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
 MONGO_CSRC := $(sort $(wildcard ext/wh_mongo*.c))
-STORE_CSRC := tests/c/test_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c $(MONGO_CSRC)
+STORE_CSRC := tests/c/test_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_shmfile.c ext/wh_store.c $(MONGO_CSRC)
 STORE_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
 STORE_LIBS = $(shell pkg-config --libs libmongoc-1.0 libxxhash 2>/dev/null) -lpthread -lrt
 
@@ -89,7 +90,7 @@ build/ctest/test_store_asan: $(STORE_CSRC) $(wildcard ext/*.h)
 	cc $(STORE_CFLAGS) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all \
 	   -o $@ $(STORE_CSRC) $(STORE_LIBS)
 
-test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-mongo build/ctest/test_store build/ctest/test_store_asan
+test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-shmfile ctest-mongo build/ctest/test_store build/ctest/test_store_asan
 	build/ctest/test_store
 	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
 
