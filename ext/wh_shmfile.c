@@ -24,7 +24,7 @@ static const char *wh__refusal(const struct stat *st, char *why, size_t cap, int
         return why;
     }
     if ((st->st_mode & 07777) != 0600) {
-        snprintf(why, cap, "has mode %04o, not 0600", (unsigned)(st->st_mode & 07777));
+        snprintf(why, cap, "has mode %03o, not 0600", (unsigned)(st->st_mode & 07777));
         return why;
     }
     return NULL;

@@ -123,7 +123,7 @@ static void test_open(void) {
     CHECK(holds(at("target"), "precious"));
     plant(at("loose"), "shared", 0644);
     CHECK(wh_shmfile_open(at("loose"), 0, &e) == -EPERM &&
-          said(&e, at("loose"), "has mode 0644, not 0600"));
+          said(&e, at("loose"), "has mode 644, not 0600"));
     CHECK(holds(at("loose"), "shared"));
     CHECK(mkfifo(at("fifo"), 0600) == 0);
     CHECK(wh_shmfile_open(at("fifo"), 0, &e) == -EPERM &&
