@@ -78,9 +78,16 @@ int wh_shmfile_create(const char *path, uint64_t size, wh_err_t *err) {
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
-        if (e == EEXIST)
-            wh_err_set(err, WH_E_INVALID, "%s exists already (left by an earlier run, or put "
-                       "there by someone else)", path);
+        struct stat st;
+        char why[96];
+        int errnum;
+        const char *bad = e == EEXIST && lstat(path, &st) == 0
+                              ? wh__refusal(&st, why, sizeof why, &errnum)
+                              : NULL;
+        if (bad)
+            wh__refuse(path, bad, errnum, err);
+        else if (e == EEXIST)
+            wh_err_set(err, WH_E_INVALID, "%s exists already (left by an earlier run?)", path);
         else
             wh_err_set(err, WH_E_SYS, "%s: cannot create it: %s", path, strerror(e));
         return -e;

@@ -23,6 +23,7 @@ files of a main process that died are removed by the next ring made.
 import glob
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -101,6 +102,17 @@ def _map(path, size, create):
             raise OSError(f"wirehead ring slot {e}; free space there, or lower ring_slots "
                           f"or the batch size") from None
         raise OSError(f"wirehead ring slot: {e}") from None
+
+
+def _unlink_ours(path):
+    """Removes path if it is a file of this user's (a file or link of anyone
+    else's stays, and creating the file there is then refused naming it)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _release(words, i, seq, owner):
@@ -197,12 +209,7 @@ class WorkerRing:
         w = self.s.words
         ver, cap = w.load(i + _VER), -(-nbytes // _PAGE) * _PAGE
         path = self.s.slot_path(j, ver + 1)
-        try:
-            # left by a worker that died while growing this slot (or planted:
-            # a link is removed, not followed; what stays is refused below)
-            os.unlink(path)
-        except OSError:
-            pass
+        _unlink_ours(path)  # left by a worker that died while growing this slot
         m = _map(path, cap, create=True)
         try:
             os.unlink(self.s.slot_path(j, ver))

@@ -79,7 +79,8 @@ static void test_create(void) {
     CHECK(stat(at("new"), &st) == 0 && st.st_size == 8192);
     plant(at("target"), "precious", 0666);
     CHECK(symlink(at("target"), at("link")) == 0);
-    CHECK(wh_shmfile_create(at("link"), 4096, &e) == -EEXIST);
+    CHECK(wh_shmfile_create(at("link"), 4096, &e) == -EEXIST &&
+          said(&e, at("link"), "is a symbolic link: refused"));
     CHECK(holds(at("target"), "precious"));
     CHECK(symlink(at("nowhere"), at("dangling")) == 0);
     CHECK(wh_shmfile_create(at("dangling"), 4096, &e) == -EEXIST);
