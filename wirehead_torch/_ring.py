@@ -19,6 +19,16 @@ held by the main process: its previous owner died or exited, and the handle
 it sent is refused (owner and sequence are checked) if it ever arrives. The
 main process removes its files when the dataset is collected or at exit;
 files of a main process that died are removed by the next ring made.
+
+/dev/shm is open to every user, so the files are made and opened in C
+(SharedMap): made exclusively, never through a symlink, and an existing one
+is used only if it is this user's regular file with mode 0600 and the size
+expected; anything else is refused naming the path, and never written. A
+file's size is checked again before each control word, copy and hand-over
+(a truncated file is an error naming it, not SIGBUS), and the handle
+carries the XXH3 of the slot's bytes as the worker left them: the main
+process checks it before any tensor views the slot, so bytes changed in
+between are an error naming the file, never a batch.
 """
 import glob
 import logging
