@@ -23,6 +23,8 @@ import pytest
 
 import whlib
 
+pytestmark = pytest.mark.asan  # the children inherit the sanitizer build's environment
+
 ATTACKER = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 PLANTED = b"planted by uid 65534\n"
 VICTIM = b"a file of the trainer's user\n" * 4
