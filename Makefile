@@ -77,7 +77,7 @@ include tests/fuzz/fuzz.mk
 
 # C-level tests of the pure C parts and of the shm store, plain and ASan+UBSan.
 MONGO_CSRC := $(sort $(wildcard ext/wh_mongo*.c))
-STORE_CSRC := tests/c/test_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_shmfile.c ext/wh_store.c $(MONGO_CSRC)
+STORE_CSRC := tests/c/test_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c $(MONGO_CSRC)
 STORE_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
 STORE_LIBS = $(shell pkg-config --libs libmongoc-1.0 libxxhash 2>/dev/null) -lpthread -lrt
 

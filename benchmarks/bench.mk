@@ -6,7 +6,7 @@
 BENCH_CC          ?= cc
 BENCH_CFLAGS      := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
 BENCH_PKGS        := libmongoc-1.0 libxxhash
-BENCH_STORE_SRCS  := benchmarks/bench_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_shmfile.c \
+BENCH_STORE_SRCS  := benchmarks/bench_store.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c \
                      ext/wh_store.c $(sort $(wildcard ext/wh_mongo*.c))
 BENCH_STORE_ARGS  ?=
 

@@ -95,7 +95,7 @@ ORIG_SCRIPT = textwrap.dedent("""
 
 def build_c():
     srcs = ["benchmarks/bench_mongo.c", "ext/wh.c", "ext/wh_fault.c", "ext/wh_sample.c",
-            "ext/wh_store.c", "ext/wh_shm.c", "ext/wh_shmfile.c"]
+            "ext/wh_store.c", "ext/wh_shm.c"]
     srcs += sorted(os.path.relpath(p, REPO)
                    for p in glob.glob(os.path.join(REPO, "ext", "wh_mongo*.c")))
     newest = max(os.path.getmtime(os.path.join(REPO, s)) for s in srcs)

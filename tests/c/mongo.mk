@@ -8,7 +8,7 @@ MONGO_PKGS   := libmongoc-1.0 libbson-1.0 libxxhash
 MONGO_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags $(MONGO_PKGS) 2>/dev/null)
 MONGO_LIBS   := $(shell pkg-config --libs $(MONGO_PKGS) 2>/dev/null) -lpthread -lrt
 MONGO_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-MONGO_SRCS   := tests/c/test_mongo.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_store.c ext/wh_shm.c ext/wh_shmfile.c $(sort $(wildcard ext/wh_mongo*.c))
+MONGO_SRCS   := tests/c/test_mongo.c ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_store.c ext/wh_shm.c $(sort $(wildcard ext/wh_mongo*.c))
 MONGO_DEPS   := $(MONGO_SRCS) $(wildcard ext/*.h)
 
 .PHONY: ctest-mongo

@@ -8,7 +8,7 @@ FUZZ_TARGETS := fuzz_sample fuzz_segment fuzz_mongo_docs
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
               -Iext $(shell pkg-config --cflags libmongoc-1.0 libxxhash 2>/dev/null)
 FUZZ_LIBS = $(STORE_LIBS)
-FUZZ_EXT := ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_shmfile.c ext/wh_store.c
+FUZZ_EXT := ext/wh.c ext/wh_fault.c ext/wh_sample.c ext/wh_shm.c ext/wh_store.c
 
 build/fuzz/fuzz_sample: tests/fuzz/fuzz_sample.c $(FUZZ_EXT) $(wildcard ext/*.h)
 	@mkdir -p $(@D)
