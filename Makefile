@@ -70,6 +70,7 @@ mongo-jars: .deps/debian.stamp
 	sh tests/mongo/fetch.sh
 
 include tests/c/plan.mk
+include tests/c/shmfile.mk
 include tests/c/mongo.mk
 include benchmarks/bench.mk
 include tests/fuzz/fuzz.mk
@@ -86,7 +87,7 @@ build/ctest/test_store_asan: $(STORE_CSRC) $(WH_HDRS)
 	@mkdir -p $(@D)
 	cc $(WH_CFLAGS) -O1 $(WH_SAN) -o $@ $(STORE_CSRC) $(WH_LIBS)
 
-test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-mongo build/ctest/test_store build/ctest/test_store_asan
+test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-shmfile ctest-mongo build/ctest/test_store build/ctest/test_store_asan
 	build/ctest/test_store
 	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
 

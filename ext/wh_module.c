@@ -1537,11 +1537,25 @@ typedef struct {
     wh_map_t map; /* a buffer on it holds a reference: unmapped only when all are gone */
 } wh__map_obj;
 
+/* SharedMap errors: BlockingIOError for a region another process holds,
+ * OSError naming the file otherwise. */
+static void wh__map_raise(const wh_err_t *err, bool busy) {
+    if (busy) {
+        PyObject *a = Py_BuildValue("(is)", EWOULDBLOCK, err->message);
+        if (a) PyErr_SetObject(PyExc_BlockingIOError, a);
+        Py_XDECREF(a);
+    } else {
+        PyErr_SetString(PyExc_OSError, err->message);
+    }
+}
+
 static int wh__map_init(wh__map_obj *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"fd", "size", "populate", "hugepage", NULL};
-    int fd, populate = 0, hugepage = 0;
+    static char *kwlist[] = {"path", "size", "how", "populate", "hugepage", NULL};
+    const char *path, *how_s = "open";
+    int populate = 0, hugepage = 0, how;
     Py_ssize_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "in|pp", kwlist, &fd, &size, &populate, &hugepage))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|spp", kwlist, &path, &size, &how_s, &populate,
+                                     &hugepage))
         return -1;
     if (self->map.base) {
         PyErr_SetString(PyExc_RuntimeError, "SharedMap: already mapped");
@@ -1551,14 +1565,21 @@ static int wh__map_init(wh__map_obj *self, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "SharedMap: size must be > 0, got %zd", size);
         return -1;
     }
+    if (!strcmp(how_s, "open")) how = WH_MAP_OPEN;
+    else if (!strcmp(how_s, "create")) how = WH_MAP_CREATE;
+    else if (!strcmp(how_s, "region")) how = WH_MAP_REGION;
+    else {
+        PyErr_Format(PyExc_ValueError, "SharedMap: how must be 'open', 'create' or 'region', "
+                     "got '%s'", how_s);
+        return -1;
+    }
     wh_err_t err = {0};
-    bool ok;
+    bool ok, busy = false;
     Py_BEGIN_ALLOW_THREADS
-    ok = wh_map_fd(&self->map, fd, (size_t)size, populate, hugepage, &err);
+    ok = wh_map_file(&self->map, path, (size_t)size, how, populate, hugepage, &busy, &err);
     Py_END_ALLOW_THREADS
     if (!ok) {
-        if (err.code == WH_E_SYS) PyErr_SetString(PyExc_OSError, err.message);
-        else PyErr_SetString(PyExc_ValueError, err.message);
+        wh__map_raise(&err, busy);
         return -1;
     }
     return 0;
@@ -1580,10 +1601,12 @@ static int wh__map_getbuffer(wh__map_obj *self, Py_buffer *view, int flags) {
                              0, flags);
 }
 
-/* Word index from a Python int, checked against the mapping's size. */
+/* Word index from a Python int, checked against the mapping's size; the
+ * file is checked to hold the mapping first (no SIGBUS on a truncated one). */
 static int wh__map_index(wh__map_obj *self, Py_ssize_t i, size_t *out) {
-    if (!self->map.base) {
-        PyErr_SetString(PyExc_ValueError, "SharedMap: not mapped");
+    wh_err_t err = {0};
+    if (!wh_map_intact(&self->map, &err)) {
+        wh__map_raise(&err, false);
         return -1;
     }
     if (i < 0 || (size_t)i >= self->map.size / 8) {
@@ -1628,6 +1651,38 @@ static PyObject *wh__map_add(wh__map_obj *self, PyObject *args) {
     return PyLong_FromLongLong(wh_word_add(&self->map, i, d));
 }
 
+static PyObject *wh__map_check(wh__map_obj *self, PyObject *unused) {
+    (void)unused;
+    wh_err_t err = {0};
+    if (!wh_map_intact(&self->map, &err)) return wh__map_raise(&err, false), NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__map_hash(wh__map_obj *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "SharedMap.hash: n must be >= 0");
+    wh_err_t err = {0};
+    uint64_t h = 0;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wh_map_hash(&self->map, (size_t)n, &h, &err);
+    Py_END_ALLOW_THREADS
+    if (!ok) return wh__map_raise(&err, false), NULL;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *wh__map_unlock(wh__map_obj *self, PyObject *unused) {
+    (void)unused;
+    wh_map_unlock(&self->map);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__map_path(wh__map_obj *self, void *closure) {
+    (void)closure;
+    return PyUnicode_DecodeFSDefault(self->map.path);
+}
+
 static PyObject *wh__map_size(wh__map_obj *self, void *closure) {
     (void)closure;
     return PyLong_FromSize_t(self->map.size);
@@ -1639,11 +1694,16 @@ static PyMethodDef wh__map_methods[] = {
     {"cas", (PyCFunction)wh__map_cas, METH_VARARGS,
      "cas(i, expect, new): set word i to new if it holds expect; True if it did"},
     {"add", (PyCFunction)wh__map_add, METH_VARARGS, "add(i, d): add d to word i, the new value"},
+    {"check", (PyCFunction)wh__map_check, METH_NOARGS,
+     "check(): OSError naming the file unless it still holds every mapped byte"},
+    {"hash", (PyCFunction)wh__map_hash, METH_O, "hash(n): XXH3-64 of the first n bytes"},
+    {"unlock", (PyCFunction)wh__map_unlock, METH_NOARGS, "unlock(): release a region's lock"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef wh__map_getset[] = {
     {"size", (getter)wh__map_size, NULL, "bytes mapped", NULL},
+    {"path", (getter)wh__map_path, NULL, "the file mapped", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1654,9 +1714,13 @@ static PyType_Slot wh__map_slots[] = {
     {Py_tp_getset, wh__map_getset},
     {Py_bf_getbuffer, wh__map_getbuffer},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "SharedMap(fd, size, populate=False, hugepage=False): a shared, writable "
-                "mapping of an open file (the batch ring's slots and control words); "
-                "unmapped when the last buffer on it is gone."},
+    {Py_tp_doc, "SharedMap(path, size, how='open', populate=False, hugepage=False): a "
+                "shared, writable mapping of a batch ring file (slots, control words). how: "
+                "'open' an existing file, 'create' a new one (size bytes reserved), 'region' "
+                "either, locked (BlockingIOError if another process holds it). A file that is "
+                "a symlink, not ours or not mode 0600 is refused (OSError naming it); the "
+                "size is re-checked before each word and hash. Unmapped when the last buffer "
+                "on it is gone."},
     {0, NULL},
 };
 

@@ -247,6 +247,8 @@ class BatchRing:
             for (i, _, _, _, nb, _), f in zip(layout, fields):
                 bufs[i] = view[f[3] + r * nb:f[3] + (r + 1) * nb]
             cause = None
+            if batch.slot is not None:
+                batch.mem.check()  # the slot file still whole: the copy cannot SIGBUS
             try:
                 gen, pos, is_pad, lay, skipped = store.read_sample_into(
                     gen, pos, bufs, self.timeout, skip)

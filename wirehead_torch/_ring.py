@@ -19,11 +19,21 @@ held by the main process: its previous owner died or exited, and the handle
 it sent is refused (owner and sequence are checked) if it ever arrives. The
 main process removes its files when the dataset is collected or at exit;
 files of a main process that died are removed by the next ring made.
+
+/dev/shm is open to every user, so the files are made and opened in C
+(SharedMap): made exclusively, never through a symlink, and an existing one
+is used only if it is this user's regular file with mode 0600 and the size
+expected; anything else is refused naming the path, and never written. A
+file's size is checked again before each control word, copy and hand-over
+(a truncated file is an error naming it, not SIGBUS), and the handle
+carries the XXH3 of the slot's bytes as the worker left them: the main
+process checks it before any tensor views the slot, so bytes changed in
+between are an error naming the file, never a batch.
 """
-import fcntl
 import glob
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -68,7 +78,7 @@ def _sweep_dead():
     for path in glob.glob(f"{DIR}/{PREFIX}*"):
         try:
             pid = int(os.path.basename(path)[len(PREFIX):].split(".", 1)[0])
-            if pid > 0 and not _alive(pid) and os.stat(path).st_uid == os.getuid():
+            if pid > 0 and not _alive(pid) and os.lstat(path).st_uid == os.geteuid():
                 os.unlink(path)
         except (ValueError, OSError):
             pass
@@ -89,25 +99,30 @@ def cleanup(main_pid, token):
 
 
 def _map(path, size, create):
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = os.open(path, flags, 0o600)
+    """Slot file at path mapped (made when create, else an existing one of
+    ours); OSError naming the file when it cannot be, or is not ours."""
     try:
-        if create:
+        # populated up front, once per slot and process: no faults per batch
+        return _C.SharedMap(path, size, how="create" if create else "open", populate=True,
+                            hugepage=create)
+    except OSError as e:
+        if create and "cannot reserve" in str(e):
             # reserved, not only sized: a full /dev/shm is this error, not a
             # SIGBUS at the first write into the slot
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                os.unlink(path)
-                raise OSError(e.errno, f"wirehead ring slot {path}: cannot reserve {size} "
-                                       f"bytes in {DIR} ({e.strerror}); free space there, or "
-                                       f"lower ring_slots or the batch size") from None
-        # populated up front, once per slot and process: no faults per batch
-        return _C.SharedMap(fd, size, populate=True, hugepage=create)
-    except ValueError as e:
-        raise OSError(f"{path}: {e}") from None
-    finally:
-        os.close(fd)
+            raise OSError(f"wirehead ring slot {e}; free space there, or lower ring_slots "
+                          f"or the batch size") from None
+        raise OSError(f"wirehead ring slot: {e}") from None
+
+
+def _unlink_ours(path):
+    """Removes path if it is a file of this user's (a file or link of anyone
+    else's stays, and creating the file there is then refused naming it)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _release(words, i, seq, owner):
@@ -123,35 +138,28 @@ class _Slots:
         self.path = path
         self.nslots = nslots
         size = nslots * _WORDS * 8
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
         try:
-            if create:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise RingBusy(path) from None
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)
-            elif os.fstat(fd).st_size < size:
-                raise RuntimeError(f"ring control file {path} is too short")
-            self.words = _C.SharedMap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        # a worker keeps the descriptor: its flock lives as long as it does
-        self.fd = fd if create else None
-        if not create:
-            os.close(fd)
-        self.maps = {}  # slot -> (version, mmap)
+            # a worker holds the region's lock for as long as it keeps the map
+            self.words = _C.SharedMap(path, size, how="region" if create else "open")
+        except BlockingIOError:
+            raise RingBusy(path) from None
+        except OSError as e:
+            raise OSError(f"wirehead ring control file: {e}") from None
+        self.maps = {}  # slot -> (version, SharedMap)
 
     def data(self, j, create=False):
         i = j * _WORDS
         ver, cap = self.words.load(i + _VER), self.words.load(i + _CAP)
         have = self.maps.get(j)
         if have is None or have[0] != ver:
-            path = f"{self.path}.s{j}.v{ver}"
-            self.maps[j] = (ver, _map(path, cap, create))
+            if cap <= 0:
+                raise OSError(f"wirehead ring control file {self.path}: slot {j} has capacity "
+                              f"{cap}: the file was damaged")
+            self.maps[j] = (ver, _map(self.slot_path(j, ver), cap, create))
         return self.maps[j][1]
+
+    def slot_path(self, j, ver):
+        return f"{self.path}.s{j}.v{ver}"
 
 
 class WorkerRing:
@@ -210,15 +218,12 @@ class WorkerRing:
         i = j * _WORDS
         w = self.s.words
         ver, cap = w.load(i + _VER), -(-nbytes // _PAGE) * _PAGE
-        path = f"{self.s.path}.s{j}.v{ver + 1}"
-        try:
-            os.unlink(path)  # left by a worker that died while growing this slot
-        except FileNotFoundError:
-            pass
+        path = self.s.slot_path(j, ver + 1)
+        _unlink_ours(path)  # left by a worker that died while growing this slot
         m = _map(path, cap, create=True)
         try:
-            os.unlink(f"{self.s.path}.s{j}.v{ver}")
-        except FileNotFoundError:
+            os.unlink(self.s.slot_path(j, ver))
+        except OSError:
             pass
         w.store(i + _CAP, cap)
         w.store(i + _VER, ver + 1)
@@ -229,21 +234,25 @@ class WorkerRing:
             self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
 
     def handle(self, j, fields, extras, form="dict"):
+        """The filled slot j as the handle sent to the main process, with the
+        XXH3 of its bytes: what the main process maps is checked against it."""
         i = j * _WORDS
         w = self.s.words
+        digest = self.s.data(j).hash(_used(fields))
         return RingBatch(self.main_pid, self.token, self.worker, self.s.nslots, j,
-                         w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras, form)
+                         w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras, form,
+                         digest)
 
     def local(self, j, fields, extras, form="dict"):
         """In-process iteration: the batch as tensors, no handle."""
         i = j * _WORDS
-        return _tensors(self.s.data(j), fields, extras, self.s.words, i,
-                        self.s.words.load(i + _SEQ), self.pid, form)
+        m = self.s.data(j)
+        m.check()  # still whole: the tensors are made over it
+        return _tensors(m, fields, extras, self.s.words, i, self.s.words.load(i + _SEQ),
+                        self.pid, form)
 
     def close(self):
-        if self.s.fd is not None:
-            os.close(self.s.fd)
-            self.s.fd = None
+        self.s.words.unlock()
 
 
 class RingBatch:
@@ -270,7 +279,7 @@ class RingBatch:
 _MAIN = {}
 
 
-def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form="dict"):
+def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, digest):
     if os.getpid() != main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
                            f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
@@ -285,14 +294,36 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
     if w.load(i + _SEQ) != seq or w.load(i + _VER) != ver or not w.cas(i + _OWNER, wpid, main_pid):
         raise RuntimeError(f"wirehead ring: slot {j} of worker {worker} was reclaimed before "
                            f"its batch arrived (worker {wpid} gone); batch dropped")
-    return _tensors(s.data(j), fields, extras, w, i, seq, main_pid, form)
+    try:
+        m = s.data(j)
+        # the bytes the worker hashed after filling the slot, or an error
+        # naming the file: garbage written into it is never delivered
+        if m.hash(_used(fields)) != digest:
+            raise RuntimeError(f"wirehead ring: slot file {s.slot_path(j, ver)} was changed "
+                               f"after worker {wpid} filled it (its bytes fail their XXH3 "
+                               f"check); batch dropped")
+    except BaseException:
+        try:
+            w.cas(i + _OWNER, main_pid, 0)  # back to the worker, which refills it
+        except OSError:
+            pass  # the control file is damaged too: the worker finds that out itself
+        raise
+    return _tensors(m, fields, extras, w, i, seq, main_pid, form)
+
+
+def _used(fields):
+    """Bytes of a slot that a batch of these fields fills."""
+    return max([off + nb for _, _, _, off, nb, _ in fields] + [0])
 
 
 def _tensors(m, fields, extras, words, i, seq, owner, form="dict"):
     """The batch's tensors over slot map m; the slot is released when the
     last of them dies (the memoryview they all hold is collected)."""
     import torch
-    used = max([off + nb for _, _, _, off, nb, _ in fields] + [0])
+    used = _used(fields)
+    if used > m.size:
+        raise RuntimeError(f"wirehead ring: a batch of {used} bytes does not fit its slot "
+                           f"file {m.path} ({m.size} bytes)")
     mv = memoryview(m)[:used]
     weakref.finalize(mv, _release, words, i, seq, owner)
     out = {}

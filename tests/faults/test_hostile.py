@@ -240,11 +240,7 @@ def test_stopped_lock_holder_delays_but_stops_no_manager(shm_cfg):
             whlib.wait_line(p.stderr, "STARTED", 60)
         whlib.until(lambda: wt.status(cfg)["seals"] >= 1, 60, "the first seal")
         lay = _C.shm_layout()
-        fd = os.open(shm_path(cfg), os.O_RDWR)
-        try:
-            seg = _C.SharedMap(fd, lay["slots"])
-        finally:
-            os.close(fd)
+        seg = _C.SharedMap(shm_path(cfg), lay["slots"])
         w, me = lay["hdr_lock"] // 8, os.getpid()
 
         def take():  # the owner is the word's low half; its high half counts waiters

@@ -202,16 +202,14 @@ def test_pad_ignore_and_field_subset_in_batches(filled):
 
 
 def test_shared_map_words_and_size_checks(tmp_path):
-    path = tmp_path / "ctl"
-    path.write_bytes(bytes(32))
-    fd = os.open(path, os.O_RDWR)
-    try:
-        m = wt._C.SharedMap(fd, 32)
-        with pytest.raises(ValueError, match="holds 32 bytes, 64 needed"):
-            wt._C.SharedMap(fd, 64)  # a short file is refused, not a SIGBUS later
-    finally:
-        os.close(fd)
-    assert m.size == 32
+    path = str(tmp_path / "ctl")
+    m = wt._C.SharedMap(path, 32, how="create")
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.path.getsize(path) == 32
+    with pytest.raises(OSError, match="ctl holds 32 bytes, 64 expected"):
+        wt._C.SharedMap(path, 64)  # a short file is refused, not a SIGBUS later
+    with pytest.raises(OSError, match="ctl exists already"):
+        wt._C.SharedMap(path, 32, how="create")
+    assert m.size == 32 and m.path == path
     m.store(1, 7)
     assert not m.cas(1, 6, 9) and m.load(1) == 7
     assert m.cas(1, 7, 9) and m.load(1) == 9
@@ -222,4 +220,5 @@ def test_shared_map_words_and_size_checks(tmp_path):
         m.store(-1, 0)
     view = memoryview(m)
     del m  # the buffer keeps the mapping alive
-    assert view.cast("q")[1] == 9 and path.read_bytes()[8:16] == (9).to_bytes(8, "little")
+    with open(path, "rb") as f:
+        assert view.cast("q")[1] == 9 and f.read()[8:16] == (9).to_bytes(8, "little")

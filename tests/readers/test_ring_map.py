@@ -5,6 +5,7 @@ main process gets the batch default_collate would have made, viewing the slot.""
 import gc
 import os
 import pickle
+import resource
 import signal
 import threading
 
@@ -368,19 +369,20 @@ def test_threads_indexing_one_reader_never_share_a_slot(filled):
     assert len(ptrs) == 2, "two live batches over one slot"
 
 
-def test_a_full_dev_shm_is_an_error_and_loses_no_slot(filled, monkeypatch):
-    import errno
-
-    from wirehead_torch import _ring
-
+def test_a_full_dev_shm_is_an_error_and_loses_no_slot(filled):
     ds = wt.MongoheadDataset(config=filled, batches=True, ring_slots=2)
-
-    def full(fd, offset, size):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(_ring.os, "posix_fallocate", full)
-    with pytest.raises(OSError, match=r"cannot reserve \d+ bytes in /dev/shm .*ring_slots"):
-        ds[[0, 1]]
-    assert owners(ds, "m") == [0, 0] and slot_files(ds) == []
-    monkeypatch.undo()
-    check_batch(ds[[2, 3]], [2, 3])  # the same slots work once there is room
+    check_batch(ds[[0]], [0])  # the region and slot 0, one page: too small for 4 rows
+    gc.collect()
+    before = slot_files(ds)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    # no file may grow: reserving slot 0's larger file fails as a full /dev/shm does
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
+    try:
+        with pytest.raises(OSError, match=r"cannot reserve \d+ bytes in /dev/shm .*ring_slots"):
+            ds[[0, 1, 2, 3]]
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert owners(ds, "m") == [0, 0] and slot_files(ds) == before
+    check_batch(ds[[2, 3, 4, 5]], [2, 3, 4, 5])  # the same slots work once there is room

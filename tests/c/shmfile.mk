@@ -1,0 +1,21 @@
+# C tests of the owner-checked shared-memory files (ext/wh_shmfile.c).
+# Use from the top-level Makefile with `include tests/c/shmfile.mk`, or alone:
+#   make -f tests/c/shmfile.mk ctest-shmfile
+SHMFILE_CC     ?= cc
+SHMFILE_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
+SHMFILE_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+SHMFILE_SRCS   := tests/c/test_shmfile.c ext/wh_shmfile.c ext/wh.c
+SHMFILE_DEPS   := $(SHMFILE_SRCS) ext/wh_shmfile.h ext/wh.h
+
+.PHONY: ctest-shmfile
+ctest-shmfile: build/ctest/test_shmfile build/ctest/test_shmfile_asan
+	build/ctest/test_shmfile
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 build/ctest/test_shmfile_asan
+
+build/ctest/test_shmfile: $(SHMFILE_DEPS)
+	@mkdir -p $(@D)
+	$(SHMFILE_CC) $(SHMFILE_CFLAGS) -o $@ $(SHMFILE_SRCS)
+
+build/ctest/test_shmfile_asan: $(SHMFILE_DEPS)
+	@mkdir -p $(@D)
+	$(SHMFILE_CC) $(SHMFILE_CFLAGS) -O1 $(SHMFILE_SAN) -o $@ $(SHMFILE_SRCS)
