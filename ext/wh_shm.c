@@ -30,6 +30,7 @@
 
 #include "wh_backend.h"
 #include "wh_fault.h"
+#include "wh_shmfile.h"
 
 #define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
 #define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */
@@ -494,15 +495,13 @@ static void wh__unmap_partial(wh__shm_t *s) {
  * per area when it does not exist and budget is not 0. WH_E_NOSTORE when
  * it does not exist and budget is 0. */
 static bool wh__connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
     for (int attempt = 0; attempt < 5; attempt++) {
-        int fd = budget ? shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600) : -1;
-        if (!budget) errno = EEXIST;
+        /* made exclusively (never through a planted symlink), mode 0600 */
+        int fd = budget ? wh_shmfile_create(path, 0, err) : -EEXIST;
         if (fd >= 0) {
-            /* 0600 whatever the umask: openers refuse any other mode */
-            bool ok = (fchmod(fd, 0600) == 0 ||
-                       wh_err_set(err, WH_E_SYS, "shm fchmod: %s", strerror(errno))) &&
-                      wh__create(s, fd, budget, err);
-            if (!ok) {
+            if (!wh__create(s, fd, budget, err)) {
                 wh__unmap_partial(s);
                 close(fd);
                 shm_unlink(s->shm_name);
@@ -512,15 +511,15 @@ static bool wh__connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
             s->created = true;
             break;
         }
-        if (errno != EEXIST)
-            return wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
-        fd = shm_open(s->shm_name, O_RDWR, 0600);
+        if (fd != -EEXIST) return false; /* err says why */
+        /* something is there: used only if ours, mode 0600, a regular file */
+        fd = wh_shmfile_open(path, 0, err);
         if (fd < 0) {
-            if (errno == ENOENT && !budget)
-                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (/dev/shm%s)",
-                                  s->shm_name + 10, s->shm_name);
-            if (errno == ENOENT) continue; /* removed meanwhile: create it */
-            return wh_err_set(err, WH_E_SYS, "shm_open %s: %s", s->shm_name, strerror(errno));
+            if (fd == -ENOENT && !budget)
+                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)",
+                                  s->shm_name + 10, path);
+            if (fd == -ENOENT) continue; /* removed meanwhile: create it */
+            return false; /* refused or failed: err names the path and why */
         }
         bool stale;
         wh_err_t e = {0};
