@@ -1,11 +1,12 @@
 # C tests of the owner-checked shared-memory files (ext/wh_shmfile.c).
 # Use from the top-level Makefile with `include tests/c/shmfile.mk`, or alone:
 #   make -f tests/c/shmfile.mk ctest-shmfile
+include ext/sources.mk
 SHMFILE_CC     ?= cc
-SHMFILE_CFLAGS := -std=gnu11 -Wall -Wextra -Werror -O2 -g -Iext
-SHMFILE_SAN    := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+SHMFILE_CFLAGS := $(WH_CFLAGS) -O2
+SHMFILE_SAN    := $(WH_SAN)
 SHMFILE_SRCS   := tests/c/test_shmfile.c ext/wh_shmfile.c ext/wh.c
-SHMFILE_DEPS   := $(SHMFILE_SRCS) ext/wh_shmfile.h ext/wh.h
+SHMFILE_DEPS   := $(SHMFILE_SRCS) $(WH_HDRS)
 
 .PHONY: ctest-shmfile
 ctest-shmfile: build/ctest/test_shmfile build/ctest/test_shmfile_asan
