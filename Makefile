@@ -17,6 +17,8 @@ DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-
 export MONGOC_DISABLE_SHM := 1
 # Our own builds treat warnings as errors; users' pip installs do not.
 export WH_WERROR := 1
+# The in-place test build has the fault-injection points; the wheel does not.
+export WH_FAULTS := 1
 
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
@@ -158,7 +160,7 @@ $(WHEEL_PY): .deps/debian.stamp
 wheel: $(WHEEL_PY)
 	# build/lib*: files of packages no longer shipped (wirehead/) would go into the wheel
 	rm -rf build/wheel-raw build/lib* dist && mkdir -p dist
-	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel-raw .
+	WH_FAULTS=0 $(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel-raw .
 	PATH="$(CURDIR)/.deps/wheel-venv/bin:$$PATH" $(WHEEL_PY) -m auditwheel repair -w dist build/wheel-raw/wirehead_torch-*.whl
 	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w dist ./compat
 	@ls -l dist/*.whl

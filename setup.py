@@ -67,6 +67,10 @@ extra_compile = ["-std=gnu11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden"]
 # libmongoc deprecation on a user's machine must not break pip install.
 if os.environ.get("WH_WERROR") == "1":
     extra_compile.append("-Werror")
+# The fault-injection points (ext/wh_fault.h) only in the project's test
+# builds (make exports WH_FAULTS=1); a user's install and the wheel lack them.
+if os.environ.get("WH_FAULTS") == "1":
+    extra_compile.append("-DWH_FAULTS")
 extra_link = []
 if os.environ.get("WH_SANITIZE"):
     extra_compile += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1"]

@@ -2,7 +2,9 @@
 # extension itself takes ext/*.c through setup.py). Included by the
 # top-level Makefile and by each tests/ and benchmarks/ .mk file.
 WH_PKGS    := libmongoc-1.0 libbson-1.0 libxxhash
-WH_CFLAGS  := -std=gnu11 -Wall -Wextra -Werror -g -Iext $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
+# test builds: the fault-injection points compiled in (ext/wh_fault.h)
+WH_CFLAGS  := -std=gnu11 -Wall -Wextra -Werror -g -Iext -DWH_FAULTS \
+              $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
 WH_LIBS    := $(shell pkg-config --libs $(WH_PKGS) 2>/dev/null) -lpthread -lrt
 WH_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 WH_HDRS    := $(wildcard ext/*.h)

@@ -8,6 +8,8 @@
 #include "wh.h"
 #include "wh_fault.h"
 
+#ifdef WH_FAULTS
+
 typedef struct {
     const char *env;   /* variable naming the pause in seconds */
     const char *what;  /* printed so a test can synchronise on it */
@@ -51,3 +53,7 @@ void wh_fault_seal_step(int step) {
     kill(getpid(), SIGKILL);
     for (;;) pause(); /* never run past the step, even before the signal lands */
 }
+
+#else
+typedef int wh__no_faults_t; /* a release build: the points are inline stubs */
+#endif

@@ -1,7 +1,13 @@
 /* Fault-injection points for tests. Below every other store file: the
- * sample encoder and both backends call in here, nothing here calls up. */
+ * sample encoder and both backends call in here, nothing here calls up.
+ * Compiled in only with WH_FAULTS (the project's own test builds: make sets
+ * it); a release build (pip install, the wheel) has empty inline stubs and
+ * reads no WIREHEAD_FAULT_* variable. */
 #ifndef WH_FAULT_H
 #define WH_FAULT_H
+
+#ifdef WH_FAULTS
+#define WH_FAULTS_BUILT 1
 
 /* WIREHEAD_FAULT_PUT_PAUSE=<seconds>: a put pauses after writing half of
  * its bytes (before commit), printing "wirehead: fault pause in put" to
@@ -18,5 +24,12 @@ void wh_fault_seal_midway(void);
  * kill at seal step <n>" to stderr first. Steps are numbered per seal call
  * in the order the writes happen; a seal with fewer writes is unaffected. */
 void wh_fault_seal_step(int step);
+
+#else
+#define WH_FAULTS_BUILT 0
+static inline void wh_fault_put_midway(void) {}
+static inline void wh_fault_seal_midway(void) {}
+static inline void wh_fault_seal_step(int step) { (void)step; }
+#endif
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "wh_cuda.h"
 #include "wh_dlpack.h"
+#include "wh_fault.h"
 #include "wh_loader.h"
 #include "wh_plan.h"
 #include "wh_store.h"
@@ -1832,6 +1833,7 @@ static int wh__exec(PyObject *m) {
         PyModule_AddIntConstant(m, "PUT_DISCARDED", WH_PUT_DISCARDED) ||
         PyModule_AddIntConstant(m, "PUT_WAIT", WH_PUT_WAIT) ||
         PyModule_AddIntConstant(m, "FORMAT_VERSION", WH_FORMAT_VERSION) ||
+        PyModule_AddIntConstant(m, "FAULT_HOOKS", WH_FAULTS_BUILT) ||
         PyModule_AddIntConstant(m, "MAX_FIELDS", WH_MAX_FIELDS) ||
         PyModule_AddIntConstant(m, "MAX_NDIM", WH_MAX_NDIM))
         return -1;

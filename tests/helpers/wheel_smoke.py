@@ -23,6 +23,7 @@ def main():
     from wirehead_torch.config import resolve, store_kwargs
     assert "site-packages" in wt.__file__, wt.__file__
     assert "torch" not in sys.modules, "the generator side imported torch"
+    assert _C.FAULT_HOOKS == 0, "the wheel carries the test builds' fault-injection points"
 
     maps = open("/proc/self/maps").read()
     for lib in ("libmongoc", "libbson", "libxxhash"):

@@ -122,3 +122,11 @@ def test_an_array_cannot_be_made_without_a_buffer():
     # Arrays come from reads only; one made by hand would have no memory behind it
     with pytest.raises(TypeError, match="cannot create"):
         _C.Array()
+
+
+def test_fault_hooks_only_in_test_builds():
+    """The suite runs against the project's test build (make: WH_FAULTS=1),
+    which has the fault-injection points; the wheel's smoke test checks that
+    a release build has none."""
+    from wirehead_torch import _C
+    assert _C.FAULT_HOOKS == 1
