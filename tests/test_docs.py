@@ -5,7 +5,9 @@ The conventions a block's author follows are in docs/development.md,
 is checked, and an HTML comment on the line before the fence,
 ``<!-- docs-test: KEY[=VALUE] ... -->``, adds what the block needs:
 
-- ``python``: run with this interpreter, in the document's working folder.
+- ``python``: run with this interpreter, in the document's working folder
+  (a fresh folder per document, with the repository's ``slurm`` and
+  ``benchmarks`` folders linked in).
 - ``sh``: run with ``bash -e`` there; ``python``, ``wirehead-torch``,
   ``wirehead`` and ``torchrun`` are this interpreter and the package under
   test.
@@ -54,6 +56,9 @@ NOT_RUN = {
 }
 LANGS = {"python", "sh", "yaml", "text"}
 TIMEOUT = 300
+# repository folders a document's working folder links, so that blocks can
+# name them as from a checkout
+LINKED = ("slurm", "benchmarks")
 
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARK = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
@@ -127,6 +132,8 @@ def workdirs(tmp_path_factory):
     dirs = {}
     for doc in DOCS:
         d = tmp_path_factory.mktemp(re.sub(r"\W", "_", doc))
+        for name in LINKED:  # paths as seen from a checkout
+            os.symlink(os.path.join(ROOT, name), d / name)
         for b in blocks_of(doc):
             if "file" in b.opts:
                 (d / b.opts["file"]).write_text(b.text)
@@ -192,13 +199,16 @@ def test_yaml_block_is_a_valid_config(block, tmp_path):
 
 
 def _make_targets():
-    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        text = f.read()
-    targets = set()
-    for line in text.split("\n"):
-        m = re.match(r"^([A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)*)\s*:(?!=)", line)
-        if m:
-            targets.update(m.group(1).split())
+    """Targets of the Makefile and the files it includes."""
+    targets, files = set(), ["Makefile"]
+    while files:
+        with open(os.path.join(ROOT, files.pop()), encoding="utf-8") as f:
+            text = f.read()
+        files += re.findall(r"^-?include\s+(\S+)", text, re.M)
+        for line in text.split("\n"):
+            m = re.match(r"^([A-Za-z0-9_.$()/-]+(?:\s+[A-Za-z0-9_.$()/-]+)*)\s*:(?!=)", line)
+            if m:
+                targets.update(m.group(1).split())
     return targets
 
 
