@@ -283,3 +283,27 @@ def test_no_file_cites_a_design_document_the_repository_lacks():
                         if re.search(r"(?<![/\w])DESIGN\.md", line):
                             bad.append(f"{os.path.relpath(path, ROOT)}:{n}")
     assert not bad, f"cite docs/design.md instead: {bad}"
+
+
+def _section(text, heading):
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_readers_md_names_every_keyword_of_every_reader():
+    import inspect
+    import wirehead_torch as wt
+    with open(os.path.join(ROOT, "docs", "readers.md"), encoding="utf-8") as f:
+        text = f.read()
+    shared = _section(text, "Options shared by WireheadLoader and WireheadIterableDataset")
+    for cls, heading, with_shared in (
+            (wt.WireheadLoader, "WireheadLoader", True),
+            (wt.WireheadIterableDataset, "WireheadIterableDataset", True),
+            (wt.MongoheadDataset, "MongoheadDataset and MongoTupleheadDataset", False),
+            (wt.MongoTupleheadDataset, "MongoheadDataset and MongoTupleheadDataset", False)):
+        doc = _section(text, heading) + (shared if with_shared else "")
+        names = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        missing = [p for p in names if f"`{p}`" not in doc]
+        assert not missing, f"docs/readers.md, {heading}: no row for {missing}"
+        assert len(names) >= 13
