@@ -307,3 +307,23 @@ def test_readers_md_names_every_keyword_of_every_reader():
         missing = [p for p in names if f"`{p}`" not in doc]
         assert not missing, f"docs/readers.md, {heading}: no row for {missing}"
         assert len(names) >= 13
+
+
+def test_guarantees_md_names_tests_that_exist():
+    with open(os.path.join(ROOT, "docs", "guarantees.md"), encoding="utf-8") as f:
+        text = f.read()
+    sources = {}
+    for dirpath, _dirs, files in os.walk(os.path.join(ROOT, "tests")):
+        for name in files:
+            if name.endswith((".py", ".c")):
+                with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                    sources[os.path.relpath(os.path.join(dirpath, name), ROOT)] = f.read()
+    files = set(re.findall(r"`((?:tests/)?[\w/]+\.(?:py|c))`", text))
+    for name in files:
+        path = name if name.startswith("tests/") else f"tests/{name}"
+        assert path in sources, f"docs/guarantees.md names {name}, which tests/ lacks"
+    funcs = set(re.findall(r"`((?:test|t)_\w+)`", text))
+    assert len(funcs) > 30
+    for fn in funcs:
+        assert any(re.search(rf"\b{fn}\(", src) for src in sources.values()), (
+            f"docs/guarantees.md names {fn}, which no test defines")
