@@ -31,8 +31,10 @@ Each run block gets a fresh store through ``WIREHEAD_STORE`` (which
 overrides ``STORE`` in any config), removed after the block."""
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -154,7 +156,7 @@ def clean_store(store):
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_block_runs(block, workdirs, request):
+def test_block_runs(block, workdirs, request, tmp_path):
     dirs, shims = workdirs
     if block.opts.get("store") == "mongodb":
         srv = request.getfixturevalue("mongo_server")
@@ -166,17 +168,68 @@ def test_block_runs(block, workdirs, request):
     else:
         cmd = ["bash", "-e", "-c", block.text]
     try:
-        r = subprocess.run(cmd, cwd=dirs[block.doc], env=child_env(shims, store),
-                           capture_output=True, text=True, timeout=TIMEOUT)
+        rc, stdout, stderr, left = run_block(cmd, dirs[block.doc], child_env(shims, store),
+                                             tmp_path)
     finally:
         clean_store(store)
-    out = f"--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-5000:]}"
+    out = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"
+    assert not left, f"{block.id} left processes running after it ended: {left}\n{out}"
     if "gpu" in block.opts and not _have_gpu():
-        assert r.returncode != 0 and "wirehead_torch.CudaError" in r.stderr, (
+        assert rc != 0 and "wirehead_torch.CudaError" in stderr, (
             f"{block.id}: without a CUDA device this block must stop with CudaError\n{out}")
-        assert r.stderr.rstrip().split("\n")[-1].startswith("wirehead_torch.CudaError"), out
+        assert stderr.rstrip().split("\n")[-1].startswith("wirehead_torch.CudaError"), out
         return
-    assert r.returncode == 0, f"{block.id} failed (exit {r.returncode})\n{out}"
+    assert rc == 0, f"{block.id} failed (exit {rc})\n{out}"
+
+
+def _group_pids(pgid):
+    """Live processes of a process group (from /proc), zombies left out."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def run_block(cmd, cwd, env, tmp_path):
+    """(exit status, stdout, stderr, pids left running) of one block, run in
+    a process group of its own: its output goes to files, so a background
+    process it leaves behind cannot hold the test up, and whatever of the
+    group is still alive when it ends (or times out) is ended here."""
+    with open(tmp_path / "out", "w+") as fo, open(tmp_path / "err", "w+") as fe:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=fo, stderr=fe,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            rc = None
+        # exiting children (DataLoader workers, torchrun ranks) get a bounded
+        # moment to go; anything still there is a leftover of the block
+        deadline = time.monotonic() + 5
+        left = _group_pids(proc.pid)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = _group_pids(proc.pid)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _group_pids(proc.pid):
+                break
+            os.killpg(proc.pid, sig)
+            end = time.monotonic() + 10
+            while _group_pids(proc.pid) and time.monotonic() < end:
+                time.sleep(0.05)
+        if rc is None:
+            proc.wait()
+            left = left or ["timed out after %d s" % TIMEOUT]
+        fo.seek(0)
+        fe.seek(0)
+        return rc, fo.read(), fe.read(), left
 
 
 def _have_gpu():
