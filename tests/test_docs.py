@@ -297,6 +297,11 @@ def test_unrun_block_names_what_exists(block):
 
 
 def test_every_block_has_a_known_language_and_reason():
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                # an indented fence (in a list) would escape the checks
+                assert not re.match(r"^\s+```", line), f"{doc}:{n}: indented code fence"
     for b in ALL:
         assert b.lang in LANGS, (f"{b.id}: fence language {b.lang!r}; use one of "
                                  f"{sorted(LANGS)} (docs/development.md)")
