@@ -1,7 +1,7 @@
 """The original wirehead's import paths, served by wirehead_torch (the way
 Pillow provides ``PIL``): ``from wirehead import WireheadGenerator`` and
 ``from wirehead.dataset import MongoheadDataset`` keep working with only
-the package installed changed. See docs/migration.md."""
+the package installed changed. See README "Coming from wirehead"."""
 from wirehead_torch import (  # noqa: F401
     WireheadError,
     WireheadGenerator,
