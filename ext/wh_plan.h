@@ -1,6 +1,6 @@
 /* wirehead_torch: sample order for DDP ranks and DataLoader workers.
  *
- * Pure arithmetic (DESIGN.md, "Sample order for DDP and DataLoader
+ * Pure arithmetic (docs/design.md, "Sample order for DDP and DataLoader
  * workers"): every process computes the same order from the same few
  * numbers, so no coordination is needed. No allocation, no globals; every
  * function is thread-safe.

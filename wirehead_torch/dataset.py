@@ -151,10 +151,10 @@ class _CurrentGenerationReader(_Base):
     ``DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, B,
     drop_last), num_workers=K)``: only a small handle crosses the worker's
     queue and the batch's tensors in the main process view the slot, which
-    goes back to its worker once they are all gone (README, "Copies per
-    read path"). A single index still reads the one item. ``transform=``,
-    ``normalize=``, ``views=True`` and ``output="numpy"`` cannot work on
-    shared slots and are refused with it."""
+    goes back to its worker once they are all gone (docs/copies.md). A
+    single index still reads the one item. ``transform=``, ``normalize=``,
+    ``views=True`` and ``output="numpy"`` cannot work on shared slots and
+    are refused with it."""
 
     _KEYS = None  # the batch's names of the two fields (None: their SAMPLE names)
     _FORM = "dict"  # "dict" or "list", as default_collate makes of the items

@@ -28,7 +28,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     named by SAMPLE (or ``fields``) plus ``is_pad`` (bool), ``generation``
     and ``position`` (int64). Every worker of every rank yields the same
     number of items; no two get the same sample of the same generation in
-    an epoch (DESIGN.md, "Sample order").
+    an epoch (docs/design.md, "Sample order").
 
     Pass the DataLoader's ``batch_size`` and ``num_workers`` to pad every
     worker to whole batches and make ``len(DataLoader)`` exact.
@@ -49,7 +49,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     ``views=True`` (shm:// store) iterated in-process (no DataLoader
     workers) yields tensors that view the store, read-only, with no copy
-    (README, "Store-backed views and reader pins"); when the pin policy
+    (docs/copies.md, "Store-backed views and reader pins"); when the pin policy
     refuses a view the item is a copy. Under DataLoader workers a view
     could not cross the process boundary, so views=True is ignored there
     (each worker reads copies; use batches=True for one copy per sample)."""

@@ -23,11 +23,11 @@ class WireheadLoader:
     field name plus ``is_pad`` (bool), ``generation`` and ``position``
     (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
-    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order").
+    ``len(loader)`` batches per epoch (docs/design.md, "Sample order").
 
     ``device="cuda[:N]"``: batches are assembled in page-locked memory and
     copied ahead on a side stream; the tensors are on the device and your
-    current stream waits on their copy (README, "GPU")."""
+    current stream waits on their copy (docs/gpu.md)."""
 
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,

@@ -1,4 +1,4 @@
-"""The store guarantees of DESIGN.md, shown with real processes."""
+"""The store guarantees of docs/design.md, shown with real processes."""
 import json
 import os
 import subprocess
