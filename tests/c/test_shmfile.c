@@ -139,7 +139,7 @@ static void test_open(void) {
               said(&e, at("theirs"), "belongs to uid 65534, not to this user (uid 0)"));
         CHECK(holds(at("theirs"), "theirs"));
     } else {
-        printf("test_shmfile: not root, the other-owner case is left to tests/test_shm_files.py\n");
+        printf("test_shmfile: not root, the other-owner case is left to tests/faults/test_shm_files.py\n");
     }
 }
 

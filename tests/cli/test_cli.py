@@ -76,7 +76,7 @@ def test_version(tmp_path):
     first, second = r.stdout.splitlines()
     assert first == f"wirehead-torch {wt.__version__}"
     assert wt.__version__ == importlib.metadata.version("wirehead_torch")
-    # which `wirehead` package imports: tests/test_install.py checks each case
+    # which `wirehead` package imports: tests/install/test_install.py checks each case
     assert second.startswith("wirehead: ")
 
 

@@ -41,19 +41,19 @@ import pytest
 
 import whlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = whlib.REPO
 DOCS = ["README.md"] + sorted(
     os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 
 # Why a block may stay unrun; each is covered elsewhere.
 NOT_RUN = {
     "make": "a make target of the project itself: it installs into .venv and runs for "
-            "minutes; CI runs `make test`, tests/test_demo.py runs the demo",
+            "minutes; CI runs `make test`, tests/install/test_demo.py runs the demo",
     "installs": "installs system packages or into a Python environment (root, network); "
                 "`make test-installed` and `make test-wheel` install the package for real",
     "bench": "a benchmark: runs for minutes on an idle machine and rewrites a results "
              "file; its output is the table beside it",
-    "cluster": "submits jobs to a SLURM cluster; tests/test_slurm.py runs these scripts "
+    "cluster": "submits jobs to a SLURM cluster; tests/install/test_slurm.py runs these scripts "
                "on a 3-node test cluster",
 }
 LANGS = {"python", "sh", "yaml", "text"}
