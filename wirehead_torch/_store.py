@@ -6,7 +6,7 @@ import threading
 import time
 
 from . import _C
-from .config import store_kwargs
+from .config import redact, secrets_hidden, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
 
@@ -67,6 +67,11 @@ class ProcessStore:
         return self.cfg["BYTE_BUDGET"] is None and shm_path(self.cfg) is not None
 
     def _open(self, sample, timeout, stop):
+        # a C error may quote the URI or one of its option values
+        with secrets_hidden(self.cfg["STORE"]):
+            return self._open_store(sample, timeout, stop)
+
+    def _open_store(self, sample, timeout, stop):
         path = shm_path(self.cfg)
         if not self.auto_sized() or not self.create:
             st = _C.Store(**store_kwargs(self.cfg, self.create))
@@ -90,7 +95,7 @@ class ProcessStore:
                     if "BYTE_BUDGET" not in str(e):
                         raise  # another generator created it meanwhile otherwise: open that
             if st is None:
-                raise _C.StoreUnavailableError(f"shm store {self.cfg['STORE']}: could not "
+                raise _C.StoreUnavailableError(f"shm store {redact(self.cfg['STORE'])}: could not "
                                                f"create or open it")
         else:
             st = self._wait_created(timeout, stop)
@@ -110,7 +115,7 @@ class ProcessStore:
             except _C.NotFoundError:
                 if time.monotonic() >= deadline or (stop is not None and stop):
                     raise TimeoutError(
-                        f"shm store {self.cfg['STORE']} does not exist after {timeout:g}s: "
+                        f"shm store {redact(self.cfg['STORE'])} does not exist after {timeout:g}s: "
                         f"with BYTE_BUDGET auto the first generator's first sample creates "
                         f"it; start a generator (WireheadGenerator) or set BYTE_BUDGET") from None
             time.sleep(delay)
@@ -131,7 +136,7 @@ class ProcessStore:
             self._checked = time.monotonic()
             if self.changed():
                 log.warning("wirehead: store %s was removed or re-created; re-attaching",
-                            self.cfg["STORE"])
+                            redact(self.cfg["STORE"]))
                 self.close()
                 self.reattached += 1
                 self._st = self._open(sample, timeout, stop)

@@ -1,7 +1,7 @@
 """status() and clean(): store figures and removal."""
 from . import _C
 from ._store import ProcessStore
-from .config import get_config, redact, store_kwargs
+from .config import get_config, redact, secrets_hidden, store_kwargs
 
 
 def status(config=None, config_path=None):
@@ -30,4 +30,5 @@ def clean(config=None, config_path=None):
     if isinstance(config, str):
         config, config_path = None, config
     cfg = get_config(config_path, config)
-    _C.clean(**store_kwargs(cfg))
+    with secrets_hidden(cfg["STORE"]):
+        _C.clean(**store_kwargs(cfg))
