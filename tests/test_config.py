@@ -2,6 +2,7 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -136,7 +137,7 @@ def test_config_error_names_key_file_and_value(tmp_path, monkeypatch, text, key,
 def test_bad_store_name_in_a_mapping_is_a_config_error(monkeypatch):
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     for store in ("shm://", "shm://a/b", "shm://../x"):
-        with pytest.raises(wt.ConfigError, match=r"config=: STORE .*shm store name|config=: STORE"):
+        with pytest.raises(wt.ConfigError, match=f"config=: STORE '{re.escape(store)}'"):
             wt.status({"STORE": store, "SWAP_CAP": 1, "SAMPLE": ["x"]})
 
 
@@ -284,7 +285,6 @@ def test_store_kwargs_passes_zero_for_an_auto_budget(monkeypatch):
     from wirehead_torch import config
     cfg = config.resolve({"STORE": "shm://x", "SWAP_CAP": 4, "SAMPLE": ["a"]})
     assert cfg.byte_budget is None and config.store_kwargs(cfg)["byte_budget"] == 0
-    assert config.store_kwargs(cfg, byte_budget=8192)["byte_budget"] == 8192
     assert config.store_kwargs(cfg.replace(BYTE_BUDGET="1MiB"))["byte_budget"] == 1 << 20
     assert not hasattr(config, "AUTO_FALLBACK_BUDGET")
 

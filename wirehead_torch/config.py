@@ -12,7 +12,7 @@ import re
 import stat
 import warnings
 from collections.abc import Mapping
-from typing import Optional, Tuple
+from typing import Optional
 from urllib.parse import unquote
 
 import yaml
@@ -211,7 +211,7 @@ class Config(Mapping):
 
     store: str
     swap_cap: int
-    sample: Tuple[str, ...]
+    sample: tuple[str, ...]
     byte_budget: Optional[int]
     collection_prefix: str
     mongohost: Optional[str]
