@@ -140,11 +140,25 @@ static void wh__pool_atfork_child(void) {
     wh__pool_mu = fresh;
 }
 
-static void wh__pool_init(void) {
+/* WIREHEAD_POOL_BYTES: decimal digits only (strtoull would take "-1" as
+ * the largest count, an unlimited pool); anything else keeps the default and
+ * says so once on stderr, as there is no caller to return an error to. */
+static size_t wh__pool_env(void) {
+    const size_t dflt = (size_t)1 << 30, most = (size_t)1 << 48;
     const char *e = getenv("WIREHEAD_POOL_BYTES");
-    char *end = NULL;
-    unsigned long long v = e ? strtoull(e, &end, 10) : 0;
-    wh__pool_keep = (e && end && *e && !*end) ? (size_t)v : ((size_t)1 << 30);
+    if (!e) return dflt;
+    size_t v = 0, n = 0;
+    bool ok = *e != '\0';
+    for (const char *p = e; ok && *p; p++, n++)
+        ok = *p >= '0' && *p <= '9' && n < 20 && (v = v * 10 + (size_t)(*p - '0')) <= most;
+    if (ok) return v;
+    fprintf(stderr, "wirehead: WIREHEAD_POOL_BYTES=%.40s is not a byte count in 0..%zu "
+                    "(decimal digits); using the default %zu bytes\n", e, most, dflt);
+    return dflt;
+}
+
+static void wh__pool_init(void) {
+    wh__pool_keep = wh__pool_env();
     pthread_atfork(NULL, NULL, wh__pool_atfork_child);
 }
 

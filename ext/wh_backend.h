@@ -63,6 +63,7 @@ typedef struct {
     size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
     size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes,
         slot_holes;
+    size_t hdr_size; /* the header, before page rounding (the /dev/shm a store reserves) */
 } wh_shm_layout_t;
 void wh_shm_layout(wh_shm_layout_t *l);
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);

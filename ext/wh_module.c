@@ -1508,20 +1508,22 @@ static PyObject *wh__counters(PyObject *m, PyObject *unused) {
                          "pool_idle_bytes", (unsigned long long)idle);
 }
 
-/* shm_layout() -> byte offsets inside an shm segment (tests that forge damage). */
+/* shm_layout() -> byte offsets inside an shm segment (tests that forge
+ * damage) and the header's size (what a store reserves in /dev/shm). */
 static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
     (void)m;
     (void)unused;
     wh_shm_layout_t l;
     wh_shm_layout(&l);
-    return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
+    return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
                          "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token",
                          (Py_ssize_t)l.leader_token, "lease_expiry_ns", (Py_ssize_t)l.lease_expiry_ns,
                          "lease_ns", (Py_ssize_t)l.lease_ns, "slots", (Py_ssize_t)l.slots,
                          "slot_size", (Py_ssize_t)l.slot_size, "slot_lock", (Py_ssize_t)l.slot_lock,
                          "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used", (Py_ssize_t)l.slot_used,
                          "slot_count", (Py_ssize_t)l.slot_count, "slot_nholes",
-                         (Py_ssize_t)l.slot_nholes, "slot_holes", (Py_ssize_t)l.slot_holes);
+                         (Py_ssize_t)l.slot_nholes, "slot_holes", (Py_ssize_t)l.slot_holes,
+                         "hdr_size", (Py_ssize_t)l.hdr_size);
 }
 
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {

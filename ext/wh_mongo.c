@@ -141,7 +141,7 @@ wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
     bool exists = true;
     if (!wh__state_get(m, !cfg->no_create, &s, &exists, err) ||
         (!exists && !wh_err_set(err, WH_E_NOTFOUND, "no such store (no state document)"))) {
-        wh_err_prefix(err, "open store '%s'", m->prefix);
+        wh_err_prefix(err, "open collection prefix '%s'", m->prefix);
         wh__mongo_destroy(&m->base);
         return NULL;
     }
@@ -158,7 +158,7 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     mongoc_database_destroy(db);
     bool ok = true;
     if (!names) {
-        ok = wh__merr(m, err, &e, "clean store '%s': list collections", m->prefix);
+        ok = wh__merr(m, err, &e, "clean collection prefix '%s': list collections", m->prefix);
     } else {
         char state[WH__NAME_MAX], gen[WH__NAME_MAX];
         char readers[WH__NAME_MAX];
@@ -176,7 +176,7 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
             mongoc_collection_t *c = wh__coll(m, *p);
             if (!mongoc_collection_drop_with_opts(c, NULL, &e) && e.code != 26 &&
                 !strstr(e.message, "ns not found"))
-                ok = wh__merr(m, err, &e, "clean store '%s': drop %s", m->prefix, *p);
+                ok = wh__merr(m, err, &e, "clean collection prefix '%s': drop %s", m->prefix, *p);
             mongoc_collection_destroy(c);
         }
         bson_strfreev(names);

@@ -27,12 +27,13 @@ static bool wh__check_schema(const wh__mongo_t *m, const bson_t *doc, wh_err_t *
     int64_t ver = 0, hash = 0, cap = 0;
     if (!wh__get_int(doc, "schema.version", &ver) || !wh__get_int(doc, "schema.hash", &hash) ||
         !wh__get_int(doc, "swap_cap", &cap))
-        return wh_err_set(err, WH_E_CORRUPT, "store '%s' at %s: state document lacks its schema",
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "collection prefix '%s' at %s: state document lacks its schema",
                           m->prefix, m->where);
     if (ver != WH_FORMAT_VERSION)
         return wh_err_set(err, WH_E_SCHEMA,
-                          "store '%s' at %s has format version %lld, this build uses %d; "
-                          "remove it with `wirehead-torch clean`",
+                          "collection prefix '%s' at %s has format version %lld, this build "
+                          "uses %d; remove it with `wirehead-torch clean`",
                           m->prefix, m->where, (long long)ver, WH_FORMAT_VERSION);
     if ((uint64_t)hash != cfg->schema.hash) {
         char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
@@ -47,14 +48,16 @@ static bool wh__check_schema(const wh__mongo_t *m, const bson_t *doc, wh_err_t *
             }
         }
         return wh_err_set(err, WH_E_SCHEMA,
-                          "store '%s' at %s was created with SAMPLE [%s], config says another; "
-                          "use another WRITE_COLLECTION prefix or `wirehead-torch clean`",
+                          "collection prefix '%s' at %s was created with SAMPLE [%s], config "
+                          "says another; use another COLLECTION_PREFIX (or WRITE_COLLECTION), "
+                          "or `wirehead-torch clean`",
                           m->prefix, m->where, have);
     }
     if ((uint64_t)cap != cfg->swap_cap)
         return wh_err_set(err, WH_E_SCHEMA,
-                          "store '%s' at %s was created with SWAP_CAP=%lld, config says %u; "
-                          "use another WRITE_COLLECTION prefix or `wirehead-torch clean`",
+                          "collection prefix '%s' at %s was created with SWAP_CAP=%lld, config "
+                          "says %u; use another COLLECTION_PREFIX (or WRITE_COLLECTION), or "
+                          "`wirehead-torch clean`",
                           m->prefix, m->where, (long long)cap, cfg->swap_cap);
     return true;
 }
@@ -127,8 +130,8 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists,
         if (found) wh__parse_state(&doc, s);
         else memset(s, 0, sizeof *s);
         if (found && (s->write_gen == 0 || s->read_gen >= s->write_gen))
-            ok = wh_err_set(err, WH_E_CORRUPT, "store '%s' at %s: state document is inconsistent "
-                            "(read %llu, write %llu)", m->prefix, m->where,
+            ok = wh_err_set(err, WH_E_CORRUPT, "collection prefix '%s' at %s: state document "
+                            "is inconsistent (read %llu, write %llu)", m->prefix, m->where,
                             (unsigned long long)s->read_gen, (unsigned long long)s->write_gen);
         if (ok && found && s->read_gen > m->known_read) m->known_read = s->read_gen;
     }

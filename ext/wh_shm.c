@@ -673,6 +673,7 @@ void wh_shm_layout(wh_shm_layout_t *l) {
     l->slot_count = offsetof(wh__slot_t, count);
     l->slot_nholes = offsetof(wh__slot_t, nholes);
     l->slot_holes = offsetof(wh__slot_t, holes);
+    l->hdr_size = sizeof(wh__hdr_t);
 }
 
 bool wh_shm_clean(const char *name, wh_err_t *err) {

@@ -35,7 +35,7 @@ from ._C import (  # noqa: E402
     WireheadError,
 )
 from .admin import clean, status  # noqa: E402
-from .config import load_config  # noqa: E402
+from .config import Config, ConfigError, load_config  # noqa: E402
 from .generator import WireheadGenerator  # noqa: E402
 from .manager import WireheadManager  # noqa: E402
 
@@ -70,7 +70,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader", "MongoheadDataset", "MongoTupleheadDataset",
-    "load_config", "status", "clean", "WireheadError", "InvalidSampleError",
+    "load_config", "Config", "ConfigError", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
     "StoreNotCreatedError",

@@ -6,7 +6,7 @@ import threading
 import time
 
 from . import _C
-from .config import store_kwargs
+from .config import redact, secrets_hidden, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
 
@@ -48,7 +48,7 @@ class ProcessStore:
         if st.get("creator_pid") != os.getpid() or not st.get("store_bytes"):
             return
         how = "auto, sized from the first sample" if self.cfg["BYTE_BUDGET"] is None else "BYTE_BUDGET"
-        text = (f"created shm store {self.cfg['STORE']}: 4 generation areas of "
+        text = (f"created shm store {redact(self.cfg['STORE'])}: 4 generation areas of "
                 f"{st['byte_budget'] / 2**20:.1f} MiB ({how}) = "
                 f"{st['store_bytes'] / 2**20:.1f} MiB of /dev/shm")
         log.info("wirehead: %s", text)
@@ -58,7 +58,8 @@ class ProcessStore:
     def get(self):
         """This process's handle."""
         if self._st is None or self._pid != os.getpid():
-            self._st = _C.Store(**store_kwargs(self.cfg, self.create))
+            with secrets_hidden(self.cfg["STORE"]):  # a C error may quote the URI
+                self._st = _C.Store(**store_kwargs(self.cfg, self.create))
             self._pid = os.getpid()
             self._noted = False
             if self.cfg["BYTE_BUDGET"] is not None:

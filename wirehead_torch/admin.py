@@ -4,7 +4,7 @@ import re
 
 from . import _C
 from ._store import ProcessStore
-from .config import get_config, redact, store_kwargs
+from .config import get_config, redact, secrets_hidden, store_kwargs
 
 
 def status(config=None, config_path=None):
@@ -44,6 +44,7 @@ def clean(config=None, config_path=None):
     if isinstance(config, str):
         config, config_path = None, config
     cfg = get_config(config_path, config)
-    existed = _exists(cfg)
-    _C.clean(**store_kwargs(cfg))
+    with secrets_hidden(cfg["STORE"]):
+        existed = _exists(cfg)
+        _C.clean(**store_kwargs(cfg))
     return existed

@@ -58,7 +58,7 @@ def _waiting_for(store, cfg):
     try:
         st = store.status()
     except _C.StoreNotCreatedError:
-        return (f"shm store {cfg['STORE']} to be created: with BYTE_BUDGET auto the first "
+        return (f"shm store {redact(cfg['STORE'])} to be created: with BYTE_BUDGET auto the first "
                 f"generator's first sample creates it; start a generator (WireheadGenerator)")
     except _C.WireheadError as e:
         return f"{redact(cfg['STORE'])} to answer ({e})"

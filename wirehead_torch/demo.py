@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from .config import ConfigError, check_value, redact
+
 __all__ = ["main", "demo_config", "tiny_unet"]
 
 # How long stopped children get to finish their current step before SIGKILL.
@@ -88,8 +90,10 @@ def _check_args(p, a):
         p.error("--labels must be in 2..255 (labels are stored as uint8)")
     if a.generators < 1:
         p.error("--generators must be >= 1")
-    if a.swap_cap < 1:
-        p.error("--swap-cap must be >= 1")
+    try:
+        check_value("SWAP_CAP", a.swap_cap, where="--swap-cap")
+    except ConfigError as e:
+        p.error(str(e))
     if a.batch_size < 1:
         p.error("--batch-size must be >= 1")
     if a.ddp < 1:
@@ -210,7 +214,7 @@ def _wait_first_generation(cfg, children, timeout):
             last_err = e
         time.sleep(0.1)
     raise TimeoutError(
-        f"no generation sealed in {timeout:.0f}s on {cfg['STORE']}"
+        f"no generation sealed in {timeout:.0f}s on {redact(cfg['STORE'])}"
         + (f" (last status error: {last_err})" if last_err else ""))
 
 
@@ -303,7 +307,7 @@ def _clean(cfg, err):
         wh.clean(cfg)
         return True
     except Exception as e:
-        print(f"demo: could not remove store {cfg['STORE']}: {e}", file=err)
+        print(f"demo: could not remove store {redact(cfg['STORE'])}: {e}", file=err)
         return False
 
 

@@ -6,7 +6,7 @@ from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, log_skips
 from ._store import ProcessStore
-from .config import get_config, store_kwargs
+from .config import get_config, secrets_hidden, store_kwargs
 from .dataset import wait_for_generation
 
 import torch
@@ -84,12 +84,13 @@ class WireheadLoader:
             self._ld = None
         if self._ld is None or self._pid != os.getpid():
             self._rw = rw
-            self._ld = _C.Loader(
-                store=store_kwargs(self.cfg), batch=self.batch_size, threads=self.num_threads,
-                prefetch=self.prefetch, drop_last=self.drop_last, world=rw[1],
-                rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
-                pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
-                timeout_s=self.timeout, **self._cuda_kwargs())
+            with secrets_hidden(self.cfg["STORE"]):
+                self._ld = _C.Loader(
+                    store=store_kwargs(self.cfg), batch=self.batch_size,
+                    threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
+                    world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
+                    pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
+                    timeout_s=self.timeout, **self._cuda_kwargs())
             self._pid = os.getpid()
         return self._ld
 

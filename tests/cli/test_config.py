@@ -1,5 +1,10 @@
+import io
+import json
 import os
+import pickle
+import re
 import subprocess
+import sys
 import warnings
 
 import pytest
@@ -8,6 +13,8 @@ import whlib
 
 import wirehead_torch as wt
 from wirehead_torch.config import parse_bytes, redact
+
+import whlib
 
 
 def write(tmp_path, text, name="config.yaml"):
@@ -36,7 +43,7 @@ def test_original_config_unchanged_resolves_to_mongodb(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         cfg = wt.load_config(write(tmp_path, ORIGINAL))
     assert cfg["STORE"] == "mongodb://localhost:27017/wirehead_test"
-    assert cfg["SWAP_CAP"] == 10 and cfg["SAMPLE"] == ["data", "label"]
+    assert cfg["SWAP_CAP"] == 10 and list(cfg["SAMPLE"]) == ["data", "label"]
     assert cfg["COLLECTION_PREFIX"] == "write"
 
 
@@ -77,7 +84,7 @@ def test_unknown_key_warns(tmp_path, monkeypatch):
 ])
 def test_bad_config_names_key_and_file(tmp_path, text, key):
     p = write(tmp_path, text)
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(wt.ConfigError) as e:
         wt.load_config(p)
     assert key in str(e.value) and str(p) in str(e.value)
 
@@ -100,3 +107,292 @@ def test_package_holds_no_store_logic():
     out = subprocess.run(["grep", "-rnE", r"^\s*(import|from)\s+(mmap|pymongo|multiprocessing\.shared_memory|bson)\b|shared_memory",
                           pkg, "--include=*.py"], capture_output=True, text=True)
     assert out.stdout == "", out.stdout
+
+
+# -- errors name the key, the file and the value --------------------------------
+
+@pytest.mark.parametrize("text, key, value", [
+    ("SWAP_CAP: ten\nSAMPLE: [a]\n", "SWAP_CAP", "'ten'"),
+    ("SWAP_CAP: 2.5\nSAMPLE: [a]\n", "SWAP_CAP", "2.5"),
+    ("SWAP_CAP: 2000000000\nSAMPLE: [a]\n", "SWAP_CAP", "2000000000"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nPORT: http\n", "PORT", "'http'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nREAD_TIMEOUT: soon\n", "READ_TIMEOUT", "'soon'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSELF_SEAL: maybe\n", "SELF_SEAL", "'maybe'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://'\n", "STORE", "'shm://'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://a/b'\n", "STORE", "'shm://a/b'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://a b'\n", "STORE", "'shm://a b'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://" + "x" * 201 + "'\n", "STORE", "x" * 201),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'mongodb://'\n", "STORE", "'mongodb://'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nDBNAME: 'a/b'\n", "STORE", "'shm://a/b'"),
+])
+def test_config_error_names_key_file_and_value(tmp_path, monkeypatch, text, key, value):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    p = write(tmp_path, text)
+    with pytest.raises(wt.ConfigError) as e:
+        wt.load_config(p)
+    msg = str(e.value)
+    assert key in msg and str(p) in msg and value in msg, msg
+    assert "got None" not in msg
+    assert not isinstance(e.value, wt.WireheadError)  # a config problem, not a sample's
+
+
+def test_bad_store_name_in_a_mapping_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    for store in ("shm://", "shm://a/b", "shm://../x"):
+        with pytest.raises(wt.ConfigError, match=f"config=: STORE '{re.escape(store)}'"):
+            wt.status({"STORE": store, "SWAP_CAP": 1, "SAMPLE": ["x"]})
+
+
+def test_config_takes_a_mapping_and_says_so_for_a_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    p = write(tmp_path, "SWAP_CAP: 4\nSAMPLE: [a]\n")
+    for given in (str(p), p):
+        with pytest.raises(wt.ConfigError,
+                           match="config= takes a mapping; for a file use config_path="):
+            wt.WireheadGenerator(iter([]), config=given)
+    with pytest.raises(wt.ConfigError, match="config_path= takes a file path"):
+        wt.WireheadManager(config_path={"SWAP_CAP": 4, "SAMPLE": ["a"]})
+
+
+def test_mongo_errors_call_the_prefix_a_collection_prefix(mongo_server):
+    from wirehead_torch import _C
+    from wirehead_torch.config import store_kwargs
+    cfg = {"STORE": f"{mongo_server.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": 3,
+           "SAMPLE": ["a"], "COLLECTION_PREFIX": "runs7", "CONNECT_TIMEOUT": 10}
+    _C.Store(**store_kwargs(cfg)).close()
+    try:
+        with pytest.raises(wt.SchemaMismatchError) as e:
+            wt.status(dict(cfg, SWAP_CAP=4))
+        msg = str(e.value)
+        assert "collection prefix 'runs7'" in msg and "COLLECTION_PREFIX" in msg, msg
+        assert "store 'runs7'" not in msg
+        with pytest.raises(wt.NotFoundError, match="collection prefix 'other'"):
+            wt.status(dict(cfg, COLLECTION_PREFIX="other"))
+    finally:
+        wt.clean(cfg)
+
+
+# -- config edges -------------------------------------------------------------
+
+def test_deeply_nested_yaml_is_a_clear_error(tmp_path):
+    for text in ("SWAP_CAP: 4\nSAMPLE: " + "[" * 5000 + "]" * 5000 + "\n",
+                 "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n"):
+        p = write(tmp_path, text)
+        with pytest.raises(wt.ConfigError, match="nested deeper than 32 levels") as e:
+            wt.load_config(p)
+        assert str(p) in str(e.value)
+
+
+def test_duplicate_keys_are_an_error_naming_key_and_lines(tmp_path):
+    p = write(tmp_path, "SWAP_CAP: 4\nSAMPLE: [a]\nSWAP_CAP: 5\n")
+    with pytest.raises(wt.ConfigError) as e:
+        wt.load_config(p)
+    assert str(p) in str(e.value) and "'SWAP_CAP' appears twice (lines 1 and 3)" in str(e.value)
+
+
+_LOAD = "import sys, wirehead_torch as wt\ntry:\n    wt.load_config(sys.argv[1])\n" \
+        "except wt.ConfigError as e:\n    print(e)\n    sys.exit(3)\n"
+
+
+def test_fifo_or_other_non_regular_config_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (tmp_path, "a directory"),
+                       ("/dev/zero", "a character device")):
+        # a blocking open of a FIFO with no writer never returns: the timeout fails the test
+        r = subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True,
+                           text=True, timeout=60, env=_env())
+        assert r.returncode == 3, r.stderr
+        assert str(path) in r.stdout and f"must be a regular file, this is {kind}" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+                        str(fifo)], capture_output=True, text=True, timeout=60, env=_env())
+    assert r.returncode == 2 and "a FIFO" in r.stderr and str(fifo) in r.stderr, r.stderr
+
+
+def test_oversized_config_is_refused(tmp_path):
+    p = write(tmp_path, "SWAP_CAP: 4\nSAMPLE: [a]\n" + "#" * (1 << 20) + "\n")
+    with pytest.raises(wt.ConfigError, match="larger than 1048576 bytes"):
+        wt.load_config(p)
+
+
+@pytest.mark.parametrize("env, what", [
+    ("shm://a/b", "shm store name 'a/b'"),
+    ("shm://", "names no store"),
+    ("redis://h/db", "must start with shm:// or mongodb://"),
+    ("shm://x\n", "control character"),
+])
+def test_wirehead_store_env_is_checked_like_store(tmp_path, monkeypatch, env, what):
+    p = write(tmp_path, "STORE: shm://fine\nSWAP_CAP: 4\nSAMPLE: [a]\n")
+    monkeypatch.setenv("WIREHEAD_STORE", env)
+    with pytest.raises(wt.ConfigError) as e:
+        wt.load_config(p)
+    msg = str(e.value)
+    assert "WIREHEAD_STORE" in msg and str(p) in msg and what in msg, msg
+
+
+def test_wirehead_store_env_hides_its_secrets_in_errors(tmp_path, monkeypatch):
+    p = write(tmp_path, "SWAP_CAP: 4\nSAMPLE: [a]\n")
+    monkeypatch.setenv("WIREHEAD_STORE", "redis://u:SECRETpw@h/db")
+    with pytest.raises(wt.ConfigError) as e:
+        wt.load_config(p)
+    assert "SECRETpw" not in str(e.value) and "redis://***@h/db" in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "", "1e9", "99999999999999999999999"])
+def test_bad_pool_bytes_is_refused_with_a_message_not_unlimited(value):
+    code = "from wirehead_torch import _C; _C.counters()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=_env(WIREHEAD_POOL_BYTES=value))
+    assert r.returncode == 0, r.stderr
+    assert f"WIREHEAD_POOL_BYTES={value} is not a byte count" in r.stderr
+    assert "using the default 1073741824 bytes" in r.stderr
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=_env(WIREHEAD_POOL_BYTES="1048576"))
+    assert r.returncode == 0 and "WIREHEAD_POOL_BYTES" not in r.stderr, r.stderr
+
+
+def _env(**extra):
+    env = dict(os.environ, **extra)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("WIREHEAD_STORE", None)
+    return env
+
+
+# -- the resolved config --------------------------------------------------------
+
+def test_resolved_config_is_frozen_and_reads_as_a_mapping(tmp_path, monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    cfg = wt.load_config(write(tmp_path, "STORE: shm://x\nSWAP_CAP: '4'\nSAMPLE: [a, b]\n"))
+    assert isinstance(cfg, wt.Config)
+    assert cfg["SWAP_CAP"] == cfg.swap_cap == 4 and cfg.get("SWAP_CAP") == 4
+    assert cfg.get("NOT_A_KEY", "dflt") == "dflt" and "NOT_A_KEY" not in cfg
+    assert cfg.sample == ("a", "b") and cfg.source == str(tmp_path / "config.yaml")
+    with pytest.raises(AttributeError):
+        cfg.swap_cap = 5
+    with pytest.raises(TypeError):
+        cfg["SWAP_CAP"] = 5
+    with pytest.raises(AttributeError):
+        cfg.sample.append("c")
+    new = cfg.replace(SWAP_CAP=8)
+    assert new.swap_cap == 8 and cfg.swap_cap == 4
+    with pytest.raises(wt.ConfigError, match="SWAP_CAP must be in 1..1073741824, got 0"):
+        cfg.replace(SWAP_CAP=0)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert wt.config.resolve(dict(cfg)) == cfg  # a plain copy resolves to the same
+
+
+def test_store_kwargs_passes_zero_for_an_auto_budget(monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    from wirehead_torch import config
+    cfg = config.resolve({"STORE": "shm://x", "SWAP_CAP": 4, "SAMPLE": ["a"]})
+    assert cfg.byte_budget is None and config.store_kwargs(cfg)["byte_budget"] == 0
+    assert config.store_kwargs(cfg.replace(BYTE_BUDGET="1MiB"))["byte_budget"] == 1 << 20
+    assert not hasattr(config, "AUTO_FALLBACK_BUDGET")
+
+
+def test_shm_reserve_bytes_is_the_segment_size(monkeypatch):
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    from wirehead_torch import _C, config
+    for swap_cap, budget in ((1, 4096), (300, 5000), (8, 1 << 20)):
+        cfg = config.resolve({"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
+                              "SAMPLE": ["a"], "BYTE_BUDGET": budget})
+        st = _C.Store(**config.store_kwargs(cfg))
+        try:
+            size = os.stat(f"/dev/shm/wirehead.{cfg.store[len('shm://'):]}").st_size
+            assert config.shm_reserve_bytes(cfg) == size
+        finally:
+            st.close()
+            wt.clean(cfg)
+    auto = config.resolve({"STORE": "shm://x", "SWAP_CAP": 8, "SAMPLE": ["a"]})
+    assert config.shm_reserve_bytes(auto) is None
+    assert config.shm_reserve_bytes(auto, byte_budget=1 << 20) == size
+    assert config.shm_reserve_bytes(auto.replace(STORE="mongodb://h/db")) == 0
+
+
+# -- redaction ------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri, shown", [
+    ("mongodb://user:secret@host:1/db", "mongodb://***@host:1/db"),
+    ("mongodb://h/db?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:tok1",
+     "mongodb://h/db?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:***"),
+    ("mongodb://h/db?AUTHMECHANISMPROPERTIES=AWS_SESSION_TOKEN%3Atok1,SERVICE_NAME:svc",
+     "mongodb://h/db?AUTHMECHANISMPROPERTIES=AWS_SESSION_TOKEN:***,SERVICE_NAME:***"),
+    ("mongodb://h/?tls=true&tlsCertificateKeyFilePassword=pw1;tlsCertificateKeyFile=/k.pem",
+     "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=***;tlsCertificateKeyFile=***"),
+    ("mongodb://h/db?sslclientcertificatekeypassword=pw1&proxyPassword=pw2&appname=a",
+     "mongodb://h/db?sslclientcertificatekeypassword=***&proxyPassword=***&appname=a"),
+    ("mongodb+srv://u:p%40ss@cluster.example/db?retryWrites=true",
+     "mongodb+srv://***@cluster.example/db?retryWrites=true"),
+    ("mongodb://u:pa?ss@h/db", "mongodb://***@h/db"),
+    ("mongodb://u:p@ss@h/db?w=1", "mongodb://***@h/db?w=1"),
+    ("mongodb://h/db?someToken=abc&someSecret=def", "mongodb://h/db?someToken=***&someSecret=***"),
+    ("shm://brains", "shm://brains"),
+])
+def test_redact_by_structure(uri, shown):
+    assert redact(uri) == shown
+
+
+SECRETS = ("SECRETtok1", "SECRETpw2", "SECRETpw3")
+# options a client connecting without TLS or a login accepts (a TLS option
+# would turn TLS on), and so a live store can be opened with
+SECRET_OPTS = (f"authMechanismProperties=AWS_SESSION_TOKEN:{SECRETS[0]}"
+               f"&PROXYPASSWORD={SECRETS[1]}&password={SECRETS[2]}")
+
+
+def test_scrub_hides_secrets_quoted_in_messages():
+    from wirehead_torch.config import scrub, secrets_hidden
+    uri = f"mongodb://u:SECRETpw9@h/db?{SECRET_OPTS}"
+    msg = f"invalid MongoDB URI {uri}: Unsupported value for \"x\": \"{SECRETS[1]}\""
+    out = scrub(msg, uri)
+    assert not any(s in out for s in SECRETS + ("SECRETpw9",)) and redact(uri) in out
+    with pytest.raises(wt.StoreUnavailableError) as e:
+        with secrets_hidden(uri):
+            raise wt.StoreUnavailableError(f"server said {SECRETS[0]}")
+    assert SECRETS[0] not in str(e.value) and e.value.__cause__ is None
+    with pytest.raises(KeyError):  # nothing secret: the original, untouched
+        with secrets_hidden(uri):
+            raise KeyError("plain")
+
+
+def _assert_hidden(text):
+    assert text and not any(s in text for s in SECRETS), text
+    assert "AWS_SESSION_TOKEN:***" in text and "PROXYPASSWORD=***" in text, text
+
+
+def test_no_secret_in_any_output_path(mongo_server, tmp_path, monkeypatch, capsys):
+    from wirehead_torch import _C, cli
+    from wirehead_torch.config import store_kwargs
+    from wirehead_torch.monitor import WireheadLogger
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    store = f"{mongo_server.uri}/{whlib.unique_name('whm')}?{SECRET_OPTS}"
+    cfg = {"STORE": store, "SWAP_CAP": 2, "SAMPLE": ["a"], "CONNECT_TIMEOUT": 10}
+    path = write(tmp_path, "".join(f"{k}: {v!r}\n" for k, v in cfg.items()).replace("'", '"'))
+    _C.Store(**store_kwargs(cfg)).close()
+    try:
+        _assert_hidden(wt.status(cfg)["store"])
+        _assert_hidden(repr(wt.load_config(path)))
+        assert cli.main(["status", "--config", str(path)]) == 0
+        _assert_hidden(capsys.readouterr().out)
+        assert cli.main(["status", "--json", "--config", str(path)]) == 0
+        _assert_hidden(json.loads(capsys.readouterr().out)["store"])
+        out = io.StringIO()
+        log = WireheadLogger(config=cfg, poll_interval=0.01, out=out)
+        log.run(count=1)
+        log.run_daemon(count=1)
+        _assert_hidden(out.getvalue())
+        _assert_hidden(log.snapshot().store)
+    finally:
+        assert cli.main(["clean", "--config", str(path)]) == 0
+    _assert_hidden(capsys.readouterr().out)
+
+
+def test_no_password_in_errors_of_an_unreachable_store(tmp_path, monkeypatch, capsys):
+    from wirehead_torch import cli
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    store = f"mongodb://user:SECRETpw9@127.0.0.1:{whlib.free_port()}/db?{SECRET_OPTS}"
+    path = write(tmp_path, f'STORE: "{store}"\nSWAP_CAP: 2\nSAMPLE: [a]\nCONNECT_TIMEOUT: 0.2\n')
+    for argv in (["status", "--config", str(path)], ["clean", "--config", str(path)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "unreachable" in err and not any(s in err for s in SECRETS + ("SECRETpw9",)), err

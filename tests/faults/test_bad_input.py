@@ -94,7 +94,7 @@ def test_store_too_big_for_dev_shm_fails_at_creation(shm_cfg):
 
 
 def test_bad_store_names(shm_cfg):
-    with pytest.raises(wt.InvalidSampleError, match="shm store name"):
+    with pytest.raises(wt.ConfigError, match="STORE 'shm://a/b': the shm store name 'a/b'"):
         wt.status({"STORE": "shm://a/b", "SWAP_CAP": 1, "SAMPLE": ["x"]})
 
 
