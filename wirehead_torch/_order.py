@@ -128,11 +128,12 @@ PAD_WARN_SHARE = 0.25
 
 def _shape(plan):
     workers = max(plan["workers"], 1)
+    readers = plan['world'] * workers
     return (f"SWAP_CAP {plan['swap_cap']}, world size {plan['world']} x {workers} "
-            f"worker{'s' if workers > 1 else ''} = {plan['world'] * workers} readers")
+            f"worker{'s' if workers > 1 else ''} = {readers} reader{'s' if readers > 1 else ''}")
 
 
-def check_yields(plan, what, batch_size=None):
+def check_yields(plan, what, batch_size=None, drop_last=None):
     """plan_info of plan; a ValueError naming the numbers when it gives a
     worker no item (pad='drop' with fewer samples than readers, or
     drop_last/whole batches with a share smaller than one batch)."""
@@ -147,7 +148,10 @@ def check_yields(plan, what, batch_size=None):
             f"{what}: pad='drop' gives no batch: {_shape(plan)}, so each reader's share of "
             f"a generation is {plan['swap_cap']} // {plan['world'] * max(plan['workers'], 1)}"
             f" = 0 samples; raise SWAP_CAP, use fewer workers or ranks, or pad='repeat'")
-    why = "drop_last=True" if plan["drop_last"] else f"pad={pad!r} (whole batches only)"
+    # drop_last: what the user set (the iterable dataset also keeps whole
+    # batches only for pad='drop')
+    drop_last = plan["drop_last"] if drop_last is None else drop_last
+    why = "drop_last=True" if drop_last else f"pad={pad!r} (whole batches only)"
     raise ValueError(
         f"{what}: {why} gives no batch: {_shape(plan)} leaves each reader {share} samples "
         f"per epoch, fewer than batch_size {batch_size or plan['batch']}; lower batch_size "

@@ -219,7 +219,7 @@ class DataLoader(torch.utils.data.DataLoader):
         epoch = resume["epoch"] if resume else self._epoch
         start = resume["batches_consumed"] if resume else 0
         plan = self._plan()
-        info = check_yields(plan, self._what, self._batch)
+        info = check_yields(plan, self._what, self._batch, self._drop_last)
         warn_padding(plan, info, self._what, epoch, self._pad_memo, self._batch)
         ds = self.dataset
         if self._kind == "iterable":

@@ -215,7 +215,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             plan = self._plan(workers, role)
             gen = sh[_RESUME_GEN]
         what = "WireheadIterableDataset"
-        sizes = check_yields(plan, what, self.batch_size)
+        sizes = check_yields(plan, what, self.batch_size, self.drop_last)
         if worker == 0 and self._pad_warn:
             warn_padding(plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
         steps = sizes["steps"]

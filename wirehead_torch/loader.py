@@ -61,6 +61,7 @@ class WireheadLoader:
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
         self._store = ProcessStore(self.cfg)
+        self._pad_memo = {}  # the epoch whose padding was last reported
 
     def _plan(self):
         # drop_last: whole batches only (never a padded or partial last
