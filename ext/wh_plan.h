@@ -1,8 +1,7 @@
 /* wirehead_torch: sample order for DDP ranks and DataLoader workers.
  *
- * Pure arithmetic (DESIGN.md, "Sample order for DDP and DataLoader
- * workers"): every process computes the same order from the same few
- * numbers, so no coordination is needed. No allocation, no globals; every
+ * Pure arithmetic: every process computes the same order from the same
+ * few numbers, so no coordination is needed. No allocation, no globals; every
  * function is thread-safe.
  *
  *   W = world * max(workers, 1), global worker g = rank * max(workers, 1) + worker.

@@ -276,6 +276,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if not isinstance(state, dict) or "batches_consumed" not in state:
             raise ValueError(f"{self._what}: not a state of this DataLoader (no "
                              f"batches_consumed): {state!r:.200}")
+        if int(state.get("version", 1)) > _STATE_VERSION:
+            raise ValueError(f"{self._what}: state version {state['version']} is newer than "
+                             f"this wirehead_torch reads ({_STATE_VERSION})")
         if state.get("kind") != self._kind:
             raise ValueError(f"{self._what}: state is of a {state.get('kind')} dataset, this "
                              f"DataLoader reads a {self._kind} one")
@@ -295,6 +298,7 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"{state['dataset']['pad']!r}, the dataset pad="
                              f"{self.dataset.order.pad!r}")
         self._resume = copy.deepcopy(state)
-        self._resume.setdefault("dataset", {})
+        if self._kind == "iterable":
+            self._resume.setdefault("dataset", {})
         self._epoch = int(state["epoch"])
         self._current = None

@@ -29,7 +29,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     named by SAMPLE (or ``fields``) plus ``is_pad`` (bool), ``generation``
     and ``position`` (int64). Every worker of every rank yields the same
     number of items; no two get the same sample of the same generation in
-    an epoch (DESIGN.md, "Sample order").
+    an epoch (the rule is in ext/wh_plan.h).
 
     Pass the DataLoader's ``batch_size`` and ``num_workers`` to pad every
     worker to whole batches and make ``len(DataLoader)`` exact, and its

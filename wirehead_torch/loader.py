@@ -23,7 +23,7 @@ class WireheadLoader:
     field name plus ``is_pad`` (bool), ``generation`` and ``position``
     (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
-    ``len(loader)`` batches per epoch (see DESIGN.md, "Sample order").
+    ``len(loader)`` batches per epoch (the rule is in ext/wh_plan.h).
 
     ``device="cuda[:N]"``: batches are assembled in page-locked memory and
     copied ahead on a side stream; the tensors are on the device and your
