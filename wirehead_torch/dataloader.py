@@ -115,6 +115,9 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError(f"{what}: collate_fn= would replace the ring, whose batches "
                              f"arrive already stacked; pass ring=False for a collate_fn (two "
                              f"copies per sample), or change the batch in the training loop")
+        if kwargs.get("in_order") is False:
+            raise ValueError(f"{what}: in_order=False would hand batches out as workers finish "
+                             f"them; the plan's order and resume need in_order=True")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"{what}: shuffle must be True, False or None, got {shuffle!r}")
         ds = dataset._private_copy()
