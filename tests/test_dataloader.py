@@ -273,3 +273,16 @@ def test_dataset_state_under_a_plain_torch_dataloader_keeps_the_order(shm_filled
         ds2, dl2 = loader()
         ds2.load_state_dict(state)
         assert [rows(b, "iterable") for b in dl2] == full[k:], f"after {k} batches"
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+def test_spawned_workers_resume_in_order(shm_filled, kind):
+    ctx = dict(multiprocessing_context="spawn")
+    ref = make(shm_filled, kind, 2, **ctx)
+    full, it = [], iter(ref)
+    full.append(rows(next(it), kind))
+    st = ref.state_dict()
+    full += [rows(b, kind) for b in it]
+    again = make(shm_filled, kind, 2, **ctx)
+    again.load_state_dict(st)
+    assert [rows(b, kind) for b in again] == full[1:]
