@@ -1160,6 +1160,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     lc.plan.shuffle = shuffle;
     lc.plan.seed = seed;
     lc.plan.pad = pad;
+    lc.plan.drop_last = drop_last;
     lc.batch = batch;
     lc.threads = threads;
     lc.prefetch = prefetch;
@@ -1375,24 +1376,25 @@ static PyType_Spec wh__loader_spec = {
 
 /* ---- sample order (wh_plan) ---- */
 
-/* The plan's keywords, then up to 3 optional integers named by extra
- * (NULL-terminated; the plan functions each take their own). */
+/* The plan's keywords (drop_last optional), then up to 3 optional integers
+ * named by extra (NULL-terminated; the plan functions each take their own). */
 static bool wh__parse_plan(wh__state_t *S, PyObject *args, PyObject *kw, wh_plan_t *p, const char *const *extra,
                            unsigned long long *a, unsigned long long *b, unsigned long long *c) {
-    char *kwlist[13] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
-                        "shuffle", "seed", "pad", NULL, NULL, NULL, NULL};
-    char fmt[16] = "IIIIIIpKi|";
+    char *kwlist[14] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
+                        "shuffle", "seed", "pad", "drop_last", NULL, NULL, NULL, NULL};
+    char fmt[16] = "IIIIIIpKi|p";
     for (int i = 0; extra && extra[i] && i < 3; i++) {
-        kwlist[9 + i] = (char *)extra[i];
+        kwlist[10 + i] = (char *)extra[i];
         strcat(fmt, "K");
     }
-    int shuffle = 0;
+    int shuffle = 0, drop_last = 0;
     memset(p, 0, sizeof *p);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &p->swap_cap, &p->world, &p->rank,
                                      &p->workers, &p->worker, &p->batch, &shuffle, &p->seed,
-                                     &p->pad, a, b, c))
+                                     &p->pad, &drop_last, a, b, c))
         return false;
     p->shuffle = shuffle;
+    p->drop_last = drop_last;
     wh_err_t err = {0};
     if (!wh_plan_check(p, &err)) {
         wh__raise(S, &err);
@@ -1401,14 +1403,15 @@ static bool wh__parse_plan(wh__state_t *S, PyObject *args, PyObject *kw, wh_plan
     return true;
 }
 
-/* plan_info(plan...) -> dict of steps, rank_items, rank_batches. */
+/* plan_info(plan...) -> dict of steps, rank_items, rank_batches, rank_pads. */
 static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
     wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
     if (!wh__parse_plan(S, args, kw, &p, NULL, NULL, NULL, NULL)) return NULL;
-    return Py_BuildValue("{sKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
+    return Py_BuildValue("{sKsKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
                          "rank_items", (unsigned long long)wh_plan_rank_items(&p),
-                         "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0));
+                         "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0),
+                         "rank_pads", (unsigned long long)wh_plan_rank_pads(&p));
 }
 
 /* plan_items(plan..., epoch=0, start=0, stop=all) -> (positions bytes int64, is_pad bytes uint8). */
@@ -1443,14 +1446,18 @@ static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
     return Py_BuildValue("(NN)", pos, pad);
 }
 
-/* plan_resume_step(plan..., consumed=batches) -> this worker's first step. */
+/* plan_resume(plan..., consumed=batches) -> (role, step): the plan worker
+ * this DataLoader worker plays for the rest of the epoch and its first step. */
 static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
     wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
     static const char *const names[] = {"consumed", NULL};
     unsigned long long consumed = 0;
     if (!wh__parse_plan(S, args, kw, &p, names, &consumed, NULL, NULL)) return NULL;
-    return PyLong_FromUnsignedLongLong(wh_plan_resume_step(&p, consumed));
+    uint32_t role;
+    uint64_t step;
+    wh_plan_resume(&p, consumed, &role, &step);
+    return Py_BuildValue("(IK)", (unsigned int)role, (unsigned long long)step);
 }
 
 /* ---- module functions ---- */
@@ -1741,8 +1748,9 @@ static PyMethodDef wh__module_methods[] = {
      "steps per worker, items and batches per rank"},
     {"plan_items", (PyCFunction)(void (*)(void))wh__plan_items, METH_VARARGS | METH_KEYWORDS,
      "positions and padding flags of steps [start, stop) of an epoch"},
-    {"plan_resume_step", (PyCFunction)(void (*)(void))wh__plan_resume,
-     METH_VARARGS | METH_KEYWORDS, "first step of this worker after `consumed` batches"},
+    {"plan_resume", (PyCFunction)(void (*)(void))wh__plan_resume,
+     METH_VARARGS | METH_KEYWORDS,
+     "(role, step) of this DataLoader worker after the rank consumed `consumed` batches"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
     {NULL, NULL, 0, NULL},

@@ -132,7 +132,9 @@ uint64_t wh_plan_steps(const wh_plan_t *p)
 {
     uint64_t N = p->swap_cap, W = (uint64_t)p->world * wh__nw(p);
     uint64_t c = p->pad == WH_PAD_DROP ? N / W : (N + W - 1) / W;
-    if (p->batch > 0 && p->pad != WH_PAD_DROP)
+    if (p->batch > 0 && p->drop_last)
+        c = c / p->batch * p->batch;
+    else if (p->batch > 0 && p->pad != WH_PAD_DROP)
         c = (c + p->batch - 1) / p->batch * p->batch;
     return c;
 }
@@ -179,13 +181,26 @@ uint64_t wh_plan_rank_batches(const wh_plan_t *p)
     return (s + p->batch - 1) / p->batch * wh__nw(p);
 }
 
-uint64_t wh_plan_resume_step(const wh_plan_t *p, uint64_t consumed)
+uint64_t wh_plan_rank_pads(const wh_plan_t *p)
+{
+    uint64_t N = p->swap_cap, nw = wh__nw(p), W = (uint64_t)p->world * nw;
+    uint64_t steps = wh_plan_steps(p), pads = 0;
+    for (uint64_t w = 0; w < nw; w++) {
+        /* Worker g's step k is real while g + k*W < N: ceil((N - g) / W) steps. */
+        uint64_t g = (uint64_t)p->rank * nw + w;
+        uint64_t real = g < N ? (N - g + W - 1) / W : 0;
+        pads += steps > real ? steps - real : 0;
+    }
+    return pads;
+}
+
+void wh_plan_resume(const wh_plan_t *p, uint64_t consumed, uint32_t *role, uint64_t *step)
 {
     uint64_t nw = wh__nw(p), b = p->batch ? p->batch : 1;
-    uint64_t mine = consumed / nw + (p->worker < consumed % nw ? 1 : 0);
+    uint64_t r = (p->worker + consumed % nw) % nw;
+    uint64_t mine = consumed / nw + (r < consumed % nw ? 1 : 0);
     uint64_t steps = wh_plan_steps(p);
+    *role = (uint32_t)r;
     /* mine * b can only exceed steps (or overflow) past the epoch's end. */
-    if (mine > steps / b + 1 || mine * b > steps)
-        return steps;
-    return mine * b;
+    *step = (mine > steps / b + 1 || mine * b > steps) ? steps : mine * b;
 }

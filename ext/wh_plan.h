@@ -29,6 +29,7 @@ typedef struct {
     uint32_t worker;   /* < max(workers, 1) */
     uint32_t batch;    /* 0 = no batch padding; else each worker pads to whole batches */
     bool shuffle;
+    bool drop_last;    /* with batch > 0: whole batches only, the partial last one dropped */
     uint64_t seed;
     int pad;           /* wh_pad_t */
 } wh_plan_t;
@@ -38,9 +39,10 @@ typedef struct {
 bool wh_plan_check(const wh_plan_t *p, wh_err_t *err);
 
 /* Items each worker yields per epoch; the same for every rank and worker.
- * c = ceil(N/W) (repeat, ignore) or floor(N/W) (drop); with batch > 0 and
- * pad != drop, rounded up to a whole number of batches. p must pass
- * wh_plan_check. */
+ * c = ceil(N/W) (repeat, ignore) or floor(N/W) (drop); with batch > 0,
+ * rounded down to whole batches when drop_last, else (pad != drop) rounded
+ * up to whole batches. 0 is possible (drop with N < W, drop_last with
+ * c < batch): callers say so. p must pass wh_plan_check. */
 uint64_t wh_plan_steps(const wh_plan_t *p);
 
 /* The item at this worker's step k of the epoch: its position in
@@ -56,13 +58,21 @@ uint64_t wh_plan_rank_batches(const wh_plan_t *p);
 /* Items one rank yields per epoch: steps * max(workers, 1). */
 uint64_t wh_plan_rank_items(const wh_plan_t *p);
 
-/* Resume: the step this worker continues from after the rank has consumed
- * `consumed` batches of the epoch (items when batch == 0). DataLoader hands
- * the rank's batch i out from worker i mod max(workers, 1), and every worker
- * has the same number of batches, so this worker has delivered
- * consumed / nw batches, plus one if worker < consumed % nw. Clamped to
- * wh_plan_steps. */
-uint64_t wh_plan_resume_step(const wh_plan_t *p, uint64_t consumed);
+/* Padding items one rank yields per epoch (is_pad from the plan; corrupt
+ * samples skipped at read time come on top): over all ranks max(0, W*steps - N). */
+uint64_t wh_plan_rank_pads(const wh_plan_t *p);
+
+/* Resume after the rank has consumed `consumed` batches of the epoch (items
+ * when batch == 0). A DataLoader hands the rank's batch i out from worker
+ * i mod nw (nw = max(workers, 1)) and every worker has the same number of
+ * batches, so worker w has delivered consumed / nw batches, plus one if
+ * w < consumed % nw. A resumed DataLoader asks worker 0 first again, so
+ * DataLoader worker p->worker takes the role (the plan worker) of
+ * (p->worker + consumed) mod nw: its first batch is then batch `consumed`
+ * of the uninterrupted run and the rest follow in their original order.
+ * Sets *role to that plan worker and *step to the step it continues from
+ * (clamped to wh_plan_steps); use a plan with worker = *role for the items. */
+void wh_plan_resume(const wh_plan_t *p, uint64_t consumed, uint32_t *role, uint64_t *step);
 
 /* pi(seed, epoch)[i] over 0..n-1, computed without storing the permutation
  * (expected O(1)); the identity when !shuffle. Depends only on

@@ -44,7 +44,7 @@ from .manager import WireheadManager  # noqa: E402
 # imported on first use and `import wirehead_torch` never imports torch.
 _LAZY = {"WireheadIterableDataset": ".iterable", "WireheadLoader": ".loader",
          "MongoheadDataset": ".dataset", "MongoTupleheadDataset": ".dataset",
-         "to_device": ".cuda"}
+         "to_device": ".cuda", "DataLoader": ".dataloader"}
 
 
 def __getattr__(name):
@@ -69,7 +69,8 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = [
-    "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader", "MongoheadDataset", "MongoTupleheadDataset",
+    "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader",
+    "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
     "load_config", "Config", "ConfigError", "status", "clean", "WireheadError", "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",

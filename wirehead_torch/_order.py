@@ -110,13 +110,68 @@ class Order:
         d["_inherited"] = _found_rank_world() or self._inherited
         return d
 
-    def plan(self, workers=0, worker=0, batch=0):
+    def plan(self, workers=0, worker=0, batch=0, drop_last=False):
         """Arguments of the C order functions (pad='drop' never pads; the
-        batch size still counts batches on resume)."""
+        batch size still counts batches on resume; drop_last keeps whole
+        batches only)."""
         rank, world = rank_world(self._rank_arg, self._world_arg, self._inherited)
         return dict(swap_cap=self.swap_cap, world=world, rank=rank,
                     workers=workers, worker=worker, batch=batch, shuffle=self.shuffle,
-                    seed=self.seed, pad=PAD_CODES[self.pad])
+                    seed=self.seed, pad=PAD_CODES[self.pad], drop_last=bool(drop_last))
+
+
+# Padding above this share of a rank's items in an epoch is logged (once
+# per epoch): a batch_size close to or above SWAP_CAP / (world x workers)
+# makes most of every batch repeats.
+PAD_WARN_SHARE = 0.25
+
+
+def _shape(plan):
+    workers = max(plan["workers"], 1)
+    readers = plan['world'] * workers
+    return (f"SWAP_CAP {plan['swap_cap']}, world size {plan['world']} x {workers} "
+            f"worker{'s' if workers > 1 else ''} = {readers} reader{'s' if readers > 1 else ''}")
+
+
+def check_yields(plan, what, batch_size=None, drop_last=None):
+    """plan_info of plan; a ValueError naming the numbers when it gives a
+    worker no item (pad='drop' with fewer samples than readers, or
+    drop_last/whole batches with a share smaller than one batch)."""
+    from . import _C
+    info = _C.plan_info(**plan)
+    if info["steps"] > 0:
+        return info
+    pad = [k for k, v in PAD_CODES.items() if v == plan["pad"]][0]
+    share = _C.plan_info(**dict(plan, batch=0, drop_last=False))["steps"]
+    if share == 0:
+        raise ValueError(
+            f"{what}: pad='drop' gives no batch: {_shape(plan)}, so each reader's share of "
+            f"a generation is {plan['swap_cap']} // {plan['world'] * max(plan['workers'], 1)}"
+            f" = 0 samples; raise SWAP_CAP, use fewer workers or ranks, or pad='repeat'")
+    # drop_last: what the user set (the iterable dataset also keeps whole
+    # batches only for pad='drop')
+    drop_last = plan["drop_last"] if drop_last is None else drop_last
+    why = "drop_last=True" if drop_last else f"pad={pad!r} (whole batches only)"
+    raise ValueError(
+        f"{what}: {why} gives no batch: {_shape(plan)} leaves each reader {share} samples "
+        f"per epoch, fewer than batch_size {batch_size or plan['batch']}; lower batch_size "
+        f"or num_workers, raise SWAP_CAP, or set drop_last=False")
+
+
+def warn_padding(plan, info, what, epoch, memo, batch_size):
+    """Logs, once per epoch (memo: a dict kept by the caller), when padding
+    is more than PAD_WARN_SHARE of the rank's items in an epoch."""
+    items = info["rank_items"]
+    pads = info["rank_pads"]
+    if not items or pads <= PAD_WARN_SHARE * items or memo.get("epoch") == epoch:
+        return False
+    memo["epoch"] = epoch
+    log.warning(
+        "%s: %d of the %d items rank %d reads in epoch %d are padding (%.0f%%; %s, "
+        "batch_size %d): lower batch_size or num_workers, raise SWAP_CAP, or set "
+        "drop_last=True (or pad='drop') to drop them", what, pads, items, plan["rank"], epoch,
+        100.0 * pads / items, _shape(plan), batch_size)
+    return True
 
 
 def check_ignore_fits(dtype, value, name):

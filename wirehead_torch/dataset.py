@@ -1,4 +1,5 @@
 """Map-style readers of the current generation, with the original names."""
+import copy
 import logging
 import os
 import time
@@ -199,12 +200,24 @@ class _CurrentGenerationReader(_Base):
         self.normalize = normalize
         self.keeptrying = keeptrying
         self.id = id
+        self._fresh_state()
+
+    def _fresh_state(self):
+        """Store handle and ring of this object alone."""
         self._store = ProcessStore(self.cfg)
-        self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", ring_slots,
-                                     len(self.cfg["SAMPLE"]), self.fields, names,
-                                     keys=self._KEYS, form=self._FORM, cast=cast,
+        self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", self.ring_slots,
+                                     len(self.cfg["SAMPLE"]), self.fields, self.names,
+                                     keys=self._KEYS, form=self._FORM, cast=self.cast,
                                      timeout=self.timeout)
         self._warned_single = False  # batches=True read one index in a DataLoader worker
+
+    def _private_copy(self):
+        """A copy with store handle and ring of its own (what a
+        wirehead_torch.DataLoader reads: two loaders over one dataset must
+        not share a ring)."""
+        other = copy.copy(self)
+        other._fresh_state()
+        return other
 
     def __len__(self):
         return self.cfg["SWAP_CAP"]

@@ -1,5 +1,6 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
+import copy
 import multiprocessing
 
 import torch
@@ -7,7 +8,7 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._order import Order, check_ignore_fits
+from ._order import Order, check_ignore_fits, check_yields, warn_padding
 from ._store import ProcessStore
 from .config import get_config
 from .dataset import check_views_store, read_sample, view_sample, wait_for_generation
@@ -31,7 +32,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     an epoch (docs/design.md, "Sample order").
 
     Pass the DataLoader's ``batch_size`` and ``num_workers`` to pad every
-    worker to whole batches and make ``len(DataLoader)`` exact.
+    worker to whole batches and make ``len(DataLoader)`` exact, and its
+    ``drop_last`` to drop each worker's partial last batch instead of
+    padding it (``wirehead_torch.DataLoader`` passes all three itself).
 
     The epoch counters are shared with the DataLoader's worker processes
     (fork, spawn or forkserver), so the dataset pickles only while a worker
@@ -57,7 +60,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     def __init__(self, config_path=None, config=None, *, fields=None, batch_size=None,
                  num_workers=None, shuffle=True, seed=0, pad="repeat", ignore_index=-100,
                  label_fields=None, refresh="epoch", transform=None, rank=None,
-                 world_size=None, cast=None, timeout=None, batches=False, ring_slots=4, views=False):
+                 world_size=None, cast=None, timeout=None, batches=False, ring_slots=4, views=False,
+                 drop_last=False):
         super().__init__()
         self.cfg = get_config(config_path, config)
         if views:
@@ -77,13 +81,22 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.batches = bool(batches)
+        self.drop_last = bool(drop_last)
         self.ring_slots = ring_slots
+        self._pad_memo = {}  # the epoch whose padding was last reported
+        self._pad_warn = True  # False: the wirehead_torch.DataLoader reports it
         self.transform = transform
         self.cast = cast
         self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
-        self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", ring_slots,
+        self._fresh_state()
+
+    def _fresh_state(self):
+        """Epoch state, store handle and ring of this object alone (also for
+        the copy a wirehead_torch.DataLoader makes: two loaders over one
+        dataset must not share them)."""
+        self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.order.want,
-                                     self.order.fields, cast=cast, timeout=self.timeout)
+                                     self.order.fields, cast=self.cast, timeout=self.timeout)
         self._store = ProcessStore(self.cfg)
         # Shared with worker processes (fork, spawn, forkserver) so that
         # persistent and fresh workers agree on the epoch.
@@ -100,12 +113,21 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         return memoryview(self._raw).cast("B").cast("q")[start:start + _REGION]
 
     # --- sizes -------------------------------------------------------
+    def _private_copy(self):
+        """A copy with epoch state, store handle and ring of its own."""
+        other = copy.copy(self)
+        other._fresh_state()
+        return other
+
+    def _plan(self, workers, worker=0):
+        """The plan of this worker: with a batch size, workers yield whole
+        batches (pad='drop' and drop_last drop the partial one)."""
+        return self.order.plan(workers, worker, self.batch_size or 0,
+                               bool(self.batch_size) and (self.drop_last
+                                                          or self.order.pad == "drop"))
+
     def _steps(self, workers):
-        info = _C.plan_info(**self.order.plan(workers, 0, self.batch_size or 0))
-        steps = info["steps"]
-        if self.order.pad == "drop" and self.batch_size:
-            steps -= steps % self.batch_size  # whole batches only
-        return steps
+        return _C.plan_info(**self._plan(workers))["steps"]
 
     def __len__(self):
         """Items this rank yields per epoch: exact when batch_size and
@@ -148,7 +170,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         return {"epoch": self._epoch_of_running(), "batches_consumed": int(batches_consumed),
                 "generation": self._shared[_GEN], "seed": self.order.seed,
                 "world_size": self.order.world_size, "num_workers": self.num_workers,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size, "drop_last": self.drop_last}
 
     def load_state_dict(self, state):
         if "step" in state:  # one worker's state (StatefulDataLoader)
@@ -157,7 +179,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             return
         for key, have in (("world_size", self.order.world_size),
                           ("num_workers", self.num_workers), ("batch_size", self.batch_size),
-                          ("seed", self.order.seed)):
+                          ("drop_last", self.drop_last), ("seed", self.order.seed)):
             if key in state and state[key] != have:
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
                                  f"dataset has {have!r} (the worker count, batch size, world "
@@ -180,16 +202,23 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         count = sh[_COUNTS + worker]
         sh[_COUNTS + worker] = count + 1
         epoch, start, gen = sh[_BASE] + count, 0, 0
-        plan = self.order.plan(workers, worker, self.batch_size or 0)
+        plan = self._plan(workers, worker)
         if self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
             # later iterations of this worker go on from the resumed epoch
             sh[_COUNTS + worker] = max(epoch - sh[_BASE] + 1, 1)
         elif count == 0 and sh[_RESUME] >= 0:
-            start = _C.plan_resume_step(**plan, consumed=sh[_RESUME])
+            # a resumed DataLoader asks worker 0 first: this worker plays the
+            # role whose batch comes next, so the order is the original one
+            role, start = _C.plan_resume(**plan, consumed=sh[_RESUME])
+            plan = self._plan(workers, role)
             gen = sh[_RESUME_GEN]
-        steps = self._steps(workers)
+        what = "WireheadIterableDataset"
+        sizes = check_yields(plan, what, self.batch_size, self.drop_last)
+        if worker == 0 and self._pad_warn:
+            warn_padding(plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
+        steps = sizes["steps"]
         if self.batches:
             return self._batches(plan, epoch, start, steps, gen, worker, info is not None)
         return self._items(plan, epoch, start, steps, gen, worker,

@@ -4,7 +4,7 @@ import threading
 
 from . import _C
 from ._arrays import to_output
-from ._order import Order, check_ignore_fits, log_skips
+from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
 from ._store import ProcessStore
 from .config import get_config, secrets_hidden, store_kwargs
 from .dataset import wait_for_generation
@@ -61,11 +61,16 @@ class WireheadLoader:
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
         self._store = ProcessStore(self.cfg)
+        self._pad_memo = {}  # the epoch whose padding was last reported
+
+    def _plan(self):
+        # drop_last: whole batches only (never a padded or partial last
+        # batch); pad='drop' alone may end on a partial batch of real samples
+        return self.order.plan(batch=self.batch_size, drop_last=self.drop_last)
 
     def __len__(self):
         # from the plan each time: the rank may be known only once iterating
-        steps = _C.plan_info(**self.order.plan(batch=self.batch_size))["steps"]
-        return steps // self.batch_size if self.drop_last else -(-steps // self.batch_size)
+        return _C.plan_info(**self._plan())["rank_batches"]
 
     def set_epoch(self, epoch):
         """The next iteration runs this epoch. A state loaded for the same
@@ -89,8 +94,8 @@ class WireheadLoader:
                     store=store_kwargs(self.cfg), batch=self.batch_size,
                     threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
                     world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
-                    pad_batches=o.pad != "drop", want=o.want, refresh=_REFRESH[o.refresh],
-                    timeout_s=self.timeout, **self._cuda_kwargs())
+                    pad_batches=o.pad != "drop" or self.drop_last, want=o.want,
+                    refresh=_REFRESH[o.refresh], timeout_s=self.timeout, **self._cuda_kwargs())
             self._pid = os.getpid()
         return self._ld
 
@@ -119,8 +124,11 @@ class WireheadLoader:
                     self._active = None
 
     def _batches_of(self, token):
-        ld = self._loader()
         epoch, start, gen = self._resume or (self._epoch, 0, 0)
+        plan = self._plan()
+        info = check_yields(plan, "WireheadLoader", self.batch_size)
+        warn_padding(plan, info, "WireheadLoader", epoch, self._pad_memo, self.batch_size)
+        ld = self._loader()
         # wait here, not in C, so Ctrl-C and a server outage are handled
         newest = wait_for_generation(self._store.get(), self.cfg, self.timeout)
         ld.start(epoch, start, gen or newest)

@@ -264,6 +264,21 @@ static void test_examples(void)
     CHECK(wh_plan_steps(&q) == 4, "%llu", (unsigned long long)wh_plan_steps(&q));
     CHECK(wh_plan_rank_batches(&q) == 2, "%llu", (unsigned long long)wh_plan_rank_batches(&q));
     CHECK(wh_plan_rank_items(&q) == 8, "%llu", (unsigned long long)wh_plan_rank_items(&q));
+    /* SWAP_CAP 10, batch 32: one worker pads 22 of 32 items (69%), two
+     * workers 54 of 64 (84%); drop_last keeps no batch at all. */
+    wh_plan_t b32 = {.swap_cap = 10, .world = 1, .workers = 0, .batch = 32, .pad = WH_PAD_REPEAT};
+    CHECK(wh_plan_steps(&b32) == 32 && wh_plan_rank_pads(&b32) == 22, "batch 32: %llu pads",
+          (unsigned long long)wh_plan_rank_pads(&b32));
+    b32.workers = 2;
+    CHECK(wh_plan_rank_items(&b32) == 64 && wh_plan_rank_pads(&b32) == 54, "2 workers: %llu pads",
+          (unsigned long long)wh_plan_rank_pads(&b32));
+    b32.drop_last = true;
+    CHECK(wh_plan_steps(&b32) == 0 && wh_plan_rank_batches(&b32) == 0, "drop_last: %llu steps",
+          (unsigned long long)wh_plan_steps(&b32));
+    b32.workers = 0;
+    b32.batch = 4;
+    CHECK(wh_plan_steps(&b32) == 8 && wh_plan_rank_pads(&b32) == 0, "drop_last batch 4: %llu",
+          (unsigned long long)wh_plan_steps(&b32));
     /* Past the end: a valid position, marked as padding. */
     q.pad = WH_PAD_DROP;
     for (uint64_t k = 2; k < 1000; k += 7) {
@@ -285,7 +300,7 @@ enum { NMAX = 64 };
 
 /* One epoch of one configuration across every rank and worker. */
 static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t batch, int pad,
-                      bool shuffle, uint64_t seed, uint64_t epoch)
+                      bool drop_last, bool shuffle, uint64_t seed, uint64_t epoch)
 {
     uint32_t nw = workers ? workers : 1;
     uint64_t W = (uint64_t)world * nw;
@@ -300,18 +315,19 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
         wh_plan_item(&one, epoch, j, &ref[j], &ip);
     }
 
-    case_begin("N=%u world=%u workers=%u batch=%u pad=%s shuffle=%d seed=%llu epoch=%llu", N, world,
-               workers, batch, pad_name[pad], shuffle, (unsigned long long)seed,
+    case_begin("N=%u world=%u workers=%u batch=%u pad=%s drop_last=%d shuffle=%d seed=%llu epoch=%llu",
+               N, world, workers, batch, pad_name[pad], drop_last, shuffle, (unsigned long long)seed,
                (unsigned long long)epoch);
     uint64_t steps0 = 0;
     wh_plan_perm_t pm;
     wh_plan_perm_init(&pm, N, seed, epoch, shuffle);
     for (uint32_t r = 0; r < world; r++) {
         uint64_t rank_sum_batches = 0, rank_sum_items = 0;
-        uint64_t rb = 0;
+        uint64_t rb = 0, pads_rank = 0;
         for (uint32_t w = 0; w < nw; w++) {
             wh_plan_t p = {.swap_cap = N, .world = world, .rank = r, .workers = workers, .worker = w,
-                           .batch = batch, .shuffle = shuffle, .seed = seed, .pad = pad};
+                           .batch = batch, .shuffle = shuffle, .seed = seed, .pad = pad,
+                           .drop_last = drop_last};
             wh_err_t err = {0};
             CHECK(wh_plan_check(&p, &err), "check: %s", err.message);
             uint64_t steps = wh_plan_steps(&p);
@@ -319,7 +335,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                 steps0 = steps;
             CHECK(steps == steps0, "rank %u worker %u: %llu steps, worker 0 has %llu", r, w,
                   (unsigned long long)steps, (unsigned long long)steps0);
-            if (batch && pad != WH_PAD_DROP)
+            if (batch && (pad != WH_PAD_DROP || drop_last))
                 CHECK(steps % batch == 0, "steps %llu not whole batches", (unsigned long long)steps);
             uint64_t g = (uint64_t)r * nw + w;
             for (uint64_t k = 0; k < steps; k++) {
@@ -336,6 +352,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                     continue;
                 if (is_pad) {
                     pads_n++;
+                    pads_rank++;
                     CHECK(pos == ref[j % N], "pad repeats %u, want %u", pos, ref[j % N]);
                 } else {
                     real++;
@@ -352,20 +369,66 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
             CHECK(wh_plan_rank_items(&p) == steps * nw, "rank_items");
 
             /* Resume: after the rank consumed b batches (round robin over
-             * workers), this worker restarts at the items it has not yet
-             * delivered. */
+             * workers), the resumed DataLoader asks worker 0 first; the
+             * worker that played role (w + b) mod nw before goes on, so
+             * the rank's batches follow in their original order. */
             uint64_t unit = batch ? batch : 1;
             uint64_t my_units = (steps + unit - 1) / unit;
             for (uint64_t b = 0; b <= my_units * nw + 2; b++) {
-                uint64_t mine = 0; /* round-robin slots i < b with i mod nw == w */
-                for (uint64_t i = w; i < b; i += nw)
+                uint32_t role = UINT32_MAX;
+                uint64_t at = UINT64_MAX;
+                wh_plan_resume(&p, b, &role, &at);
+                CHECK(role == (w + b) % nw, "resume after %llu: role %u", (unsigned long long)b,
+                      role);
+                uint64_t mine = 0; /* round-robin slots i < b with i mod nw == role */
+                for (uint64_t i = role; i < b; i += nw)
                     mine++;
                 uint64_t want = mine * unit < steps ? mine * unit : steps;
-                CHECK(wh_plan_resume_step(&p, b) == want, "resume after %llu: %llu, want %llu",
-                      (unsigned long long)b, (unsigned long long)wh_plan_resume_step(&p, b),
-                      (unsigned long long)want);
+                CHECK(at == want, "resume after %llu: %llu, want %llu", (unsigned long long)b,
+                      (unsigned long long)at, (unsigned long long)want);
             }
         }
+        /* A resumed DataLoader: workers asked round robin from worker 0,
+         * one skipped once it has no unit left. Its sequence of (role,
+         * unit) must be the uninterrupted run's units b, b+1, ... (unit i
+         * from role i mod nw, that role's unit i / nw). */
+        {
+            wh_plan_t p0 = {.swap_cap = N, .world = world, .rank = r, .workers = workers,
+                            .batch = batch, .shuffle = shuffle, .seed = seed, .pad = pad,
+                           .drop_last = drop_last};
+            uint64_t unit = batch ? batch : 1, steps = wh_plan_steps(&p0);
+            uint64_t per = (steps + unit - 1) / unit, total = per * nw;
+            for (uint64_t b = 0; b <= total; b++) {
+                uint32_t role[4];
+                uint64_t next[4];
+                for (uint32_t v = 0; v < nw; v++) {
+                    wh_plan_t q = p0;
+                    q.worker = v;
+                    wh_plan_resume(&q, b, &role[v], &next[v]);
+                    next[v] = (next[v] + unit - 1) / unit; /* a clamped partial unit counts as taken */
+                }
+                uint64_t i = b, guard = 0;
+                for (uint32_t v = 0; i < total && guard < 4 * total + 8; v = (v + 1) % nw, guard++) {
+                    if (next[v] >= per)
+                        continue;
+                    CHECK(role[v] == i % nw && next[v] == i / nw,
+                          "resume after %llu: unit %llu came from role %u unit %llu",
+                          (unsigned long long)b, (unsigned long long)i, role[v],
+                          (unsigned long long)next[v]);
+                    next[v]++;
+                    i++;
+                }
+                CHECK(i == total, "resume after %llu: %llu of %llu units", (unsigned long long)b,
+                      (unsigned long long)i, (unsigned long long)total);
+                for (uint32_t v = 0; v < nw; v++)
+                    CHECK(next[v] >= per, "resume after %llu: worker %u has units left",
+                          (unsigned long long)b, v);
+            }
+        }
+        CHECK(wh_plan_rank_pads(&(wh_plan_t){.swap_cap = N, .world = world, .rank = r,
+                                             .workers = workers, .batch = batch, .shuffle = shuffle,
+                                             .seed = seed, .pad = pad, .drop_last = drop_last}) == pads_rank,
+              "rank %u: rank_pads, want %llu", r, (unsigned long long)pads_rank);
         if (batch)
             CHECK(rb == rank_sum_batches, "rank %u: rank_batches %llu, sum over workers %llu", r,
                   (unsigned long long)rb, (unsigned long long)rank_sum_batches);
@@ -373,26 +436,34 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
             CHECK(rb == 0, "rank_batches without batch");
         (void)rank_sum_items;
     }
-    if (pad == WH_PAD_DROP) {
+    uint64_t c = pad == WH_PAD_DROP ? N / W : (N + W - 1) / W;
+    if (batch && drop_last) {
+        /* Whole batches only: each worker keeps floor(c / batch) of them. */
+        for (uint32_t v = 0; v < N; v++)
+            CHECK(count[v] <= 1, "position %u seen %u times", v, count[v]);
+        CHECK(steps0 == c / batch * batch, "drop_last steps %llu, want %llu",
+              (unsigned long long)steps0, (unsigned long long)(c / batch * batch));
+        CHECK(real + pads_n == steps0 * W, "items");
+        if (pad == WH_PAD_DROP)
+            CHECK(pads_n == 0, "drop yields padding");
+    } else if (pad == WH_PAD_DROP) {
         for (uint32_t v = 0; v < N; v++)
             CHECK(count[v] <= 1, "position %u seen %u times", v, count[v]);
         CHECK(real == N / W * W, "drop: %llu real items, want %llu", (unsigned long long)real,
               (unsigned long long)(N / W * W));
         CHECK(pads_n == 0, "drop yields padding");
+        CHECK(steps0 == N / W, "drop steps %llu, want %llu", (unsigned long long)steps0,
+              (unsigned long long)(N / W));
     } else {
         for (uint32_t v = 0; v < N; v++)
             CHECK(count[v] == 1, "position %u seen %u times", v, count[v]);
         CHECK(real == N, "%llu real items", (unsigned long long)real);
         /* Padding only fills the last round (and whole batches). */
-        uint64_t c = (N + W - 1) / W;
         uint64_t steps = batch ? (c + batch - 1) / batch * batch : c;
         CHECK(steps0 == steps, "steps %llu, want %llu", (unsigned long long)steps0, (unsigned long long)steps);
         CHECK(pads_n == steps * W - N, "%llu padding items, want %llu", (unsigned long long)pads_n,
               (unsigned long long)(steps * W - N));
     }
-    if (pad == WH_PAD_DROP)
-        CHECK(steps0 == N / W, "drop steps %llu, want %llu", (unsigned long long)steps0,
-              (unsigned long long)(N / W));
     case_end();
 }
 
@@ -406,10 +477,11 @@ static void test_grid(void)
                 for (uint32_t batch = 0; batch <= 5; batch++)
                     for (size_t pi = 0; pi < WH_ARRAY_LEN(pads); pi++)
                         for (int sh = 0; sh < 2; sh++)
-                            for (size_t s = 0; s < WH_ARRAY_LEN(seeds); s++)
-                                for (size_t e = 0; e < WH_ARRAY_LEN(epochs); e++)
-                                    grid_case(N, world, workers, batch, pads[pi], sh, seeds[s],
-                                              epochs[e]);
+                            for (int dl = 0; dl < 2; dl++)
+                                for (size_t s = 0; s < WH_ARRAY_LEN(seeds); s++)
+                                    for (size_t e = 0; e < WH_ARRAY_LEN(epochs); e++)
+                                        grid_case(N, world, workers, batch, pads[pi], dl, sh,
+                                                  seeds[s], epochs[e]);
 }
 
 int main(void)

@@ -303,7 +303,8 @@ def test_loader_state_saved_right_after_resume_is_the_loaded_state(one_generatio
 def test_dataset_state_saved_right_after_resume_is_the_loaded_state(one_generation):
     cfg, gen = one_generation
     state = {"epoch": RESUME_EPOCH, "batches_consumed": 3, "generation": gen, "seed": SEED,
-             "world_size": WORLD, "num_workers": WORKERS, "batch_size": BATCH}
+             "world_size": WORLD, "num_workers": WORKERS, "batch_size": BATCH,
+             "drop_last": False}
     ds = wt.WireheadIterableDataset(config=cfg, batch_size=BATCH, num_workers=WORKERS,
                                     rank=1, world_size=WORLD, seed=SEED)
     ds.load_state_dict(state)

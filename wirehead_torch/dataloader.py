@@ -1,0 +1,307 @@
+"""wirehead_torch.DataLoader: a torch DataLoader that sets up the one-copy
+batch ring for the wirehead datasets, orders their samples by the plan, and
+resumes mid-epoch (state_dict / load_state_dict)."""
+import copy
+
+import torch
+
+from . import _C
+from ._order import check_yields, rank_world, warn_padding
+from .dataset import _CurrentGenerationReader
+from .iterable import _GEN, WireheadIterableDataset
+
+_STATE_VERSION = 1
+
+
+class _PlanBatchSampler(torch.utils.data.Sampler):
+    """Batches of positions for a map-style reader, in the plan's order: the
+    rank's share of a generation (every rank the same count, a short one
+    repeating samples as torch's DistributedSampler does), shuffled by
+    (seed, epoch), cut into batches; drop_last drops a partial last batch.
+    epoch and start (batches to skip) are set by the DataLoader before each
+    iteration."""
+
+    def __init__(self, swap_cap, batch_size, drop_last, shuffle, seed, rank, world_size):
+        self.swap_cap = swap_cap
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+        self.start = 0
+
+    def plan(self):
+        rank, world = rank_world(self._rank, self._world)
+        # workers 0: a map-style DataLoader hands batches to its workers in
+        # order itself; batch only matters with drop_last (whole batches)
+        return dict(swap_cap=self.swap_cap, world=world, rank=rank, workers=0, worker=0,
+                    batch=self.batch_size if self.drop_last else 0, shuffle=self.shuffle,
+                    seed=self.seed, pad=0, drop_last=self.drop_last)
+
+    def __len__(self):
+        steps = _C.plan_info(**self.plan())["steps"]
+        return -(-steps // self.batch_size)
+
+    def __iter__(self):
+        pos, _ = _C.plan_items(**self.plan(), epoch=self.epoch)
+        pos = memoryview(pos).cast("q").tolist()
+        B, start = self.batch_size, self.start
+        self.start = 0
+        for b in range(start, -(-len(pos) // B)):
+            yield pos[b * B:(b + 1) * B]
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` for the wirehead datasets that reads
+    each sample once, straight into the batch the training loop gets.
+
+    ``dataset`` is a ``WireheadIterableDataset``, ``MongoheadDataset`` or
+    ``MongoTupleheadDataset``; the DataLoader's usual arguments keep their
+    meaning. Underneath, the dataset (a copy: the one passed in is left as
+    it was) is set to ``batches=True``: every DataLoader worker reads the
+    samples of a batch into a slot of a shared-memory ring and only a small
+    handle crosses the worker queue (README, "Copies per read path").
+
+    - ``WireheadIterableDataset``: the dataset is told ``batch_size``,
+      ``num_workers`` and ``drop_last``; batches are dicts of the SAMPLE
+      fields (or ``fields``) plus ``is_pad`` (bool), ``generation`` and
+      ``position`` (int64), each with a leading batch dimension. Order,
+      shuffle, seed and padding are the dataset's (``shuffle=`` here
+      overrides the dataset's).
+    - ``MongoheadDataset`` / ``MongoTupleheadDataset``: positions
+      ``0..SWAP_CAP-1`` of the newest generation, ordered by the same plan
+      (``shuffle``: a permutation fixed by ``(seed, epoch)``; under DDP each
+      rank its own share, every rank the same count); batches are
+      ``{'input': X, 'label': Y}`` or ``[X, Y]`` as default collate makes
+      them.
+
+    ``drop_last=True`` never yields a padded or partial last batch.
+    ``sampler``/``batch_sampler`` (the order is the plan's) and, with the
+    ring, ``collate_fn`` are refused; ``ring=False`` keeps the ordinary
+    collate path (two copies per sample) for datasets with per-sample
+    ``transform=`` and the like. ``set_epoch(e)`` picks the epoch the next
+    iteration runs (later ones count on from it); ``state_dict()`` /
+    ``load_state_dict()`` resume mid-epoch with exactly the remaining
+    batches, in their original order, as torchdata's StatefulDataLoader
+    does (state between batches; load before iterating)."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 seed=0, ring=True, **kwargs):
+        what = "wirehead_torch.DataLoader"
+        if isinstance(dataset, WireheadIterableDataset):
+            kind = "iterable"
+        elif isinstance(dataset, _CurrentGenerationReader):
+            kind = "map"
+        else:
+            raise TypeError(f"{what} reads WireheadIterableDataset, MongoheadDataset or "
+                            f"MongoTupleheadDataset; got {type(dataset).__name__} (use "
+                            f"torch.utils.data.DataLoader for other datasets)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"{what}: batch_size must be a positive integer, got "
+                             f"{batch_size!r} (unbatched items: torch.utils.data.DataLoader)")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"{what}: num_workers must be a non-negative integer, got "
+                             f"{num_workers!r}")
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(
+                    f"{what}: {name}= is not taken: the order is the plan's (shuffle=, seed=, "
+                    f"each DDP rank its share, resume); use torch.utils.data.DataLoader with "
+                    f"the dataset's batches=True for an order of your own")
+        if collate_fn is not None and ring:
+            raise ValueError(f"{what}: collate_fn= would replace the ring, whose batches "
+                             f"arrive already stacked; pass ring=False for a collate_fn (two "
+                             f"copies per sample), or change the batch in the training loop")
+        if kwargs.get("in_order") is False:
+            raise ValueError(f"{what}: in_order=False would hand batches out as workers finish "
+                             f"them; the plan's order and resume need in_order=True")
+        if shuffle is not None and not isinstance(shuffle, bool):
+            raise ValueError(f"{what}: shuffle must be True, False or None, got {shuffle!r}")
+        ds = dataset._private_copy()
+        self._kind = kind
+        self._ring = bool(ring)
+        self._what = what
+        self._epoch = 0           # the epoch the next iteration runs
+        self._resume = None       # a loaded state, applied by the next iteration
+        self._current = None      # (epoch, batches consumed) of the running iteration
+        self._done = False        # the running iteration yielded its last batch
+        self._pad_memo = {}
+        if kind == "iterable":
+            self._setup_iterable(ds, batch_size, num_workers, shuffle, drop_last)
+            super().__init__(ds, batch_size=None if ring else batch_size, shuffle=None,
+                             num_workers=num_workers, collate_fn=collate_fn,
+                             pin_memory=pin_memory, drop_last=False, timeout=timeout,
+                             worker_init_fn=worker_init_fn,
+                             multiprocessing_context=multiprocessing_context,
+                             generator=generator, **kwargs)
+        else:
+            self._setup_map(ds, seed)
+            bs = _PlanBatchSampler(len(ds), batch_size, bool(drop_last), bool(shuffle), seed,
+                                   None, None)
+            self._plan_sampler = bs
+            if ring:
+                super().__init__(ds, batch_size=None, sampler=bs, num_workers=num_workers,
+                                 pin_memory=pin_memory, timeout=timeout,
+                                 worker_init_fn=worker_init_fn,
+                                 multiprocessing_context=multiprocessing_context,
+                                 generator=generator, **kwargs)
+            else:
+                super().__init__(ds, batch_sampler=bs, num_workers=num_workers,
+                                 collate_fn=collate_fn, pin_memory=pin_memory, timeout=timeout,
+                                 worker_init_fn=worker_init_fn,
+                                 multiprocessing_context=multiprocessing_context,
+                                 generator=generator, **kwargs)
+        self._batch = batch_size
+        self._workers = num_workers
+        self._drop_last = bool(drop_last)
+
+    # --- set-up ------------------------------------------------------------
+    def _setup_iterable(self, ds, B, K, shuffle, drop_last):
+        for name, have, want in (("batch_size", ds.batch_size, B),
+                                 ("num_workers", ds.num_workers, K)):
+            if have is not None and have != want:
+                raise ValueError(f"{self._what}: the dataset was given {name}={have} but the "
+                                 f"DataLoader {name}={want}; leave it out of the dataset (the "
+                                 f"DataLoader tells it)")
+        if ds.drop_last and not drop_last:
+            raise ValueError(f"{self._what}: the dataset was given drop_last=True but the "
+                             f"DataLoader drop_last=False; pass drop_last to the DataLoader")
+        if self._ring:
+            self._refuse(ds, views=ds.views, transform=ds.transform is not None)
+        ds.batch_size, ds.num_workers, ds.drop_last = B, K, bool(drop_last)
+        ds.batches = self._ring
+        ds._pad_warn = False  # reported here, in the main process, once per epoch
+        ds._pad_memo = {}
+        if shuffle is not None and shuffle != ds.order.shuffle:
+            ds.order = copy.copy(ds.order)
+            ds.order.shuffle = shuffle
+
+    def _setup_map(self, ds, seed):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"{self._what}: seed must be an integer, got {seed!r}")
+        if self._ring:
+            self._refuse(ds, transform=ds.transform is not None,
+                         normalize=ds.normalize is not None, views=ds.views,
+                         output=ds.output != "torch")
+            if ds.names[0] == ds.names[1]:
+                raise ValueError(f"{self._what}: the ring reads two distinct fields; sample= "
+                                 f"names {ds.names[0]!r} twice (pass ring=False)")
+        ds.batches = self._ring
+
+    def _refuse(self, ds, **given):
+        from ._batch import refuse_with_batches
+        try:
+            refuse_with_batches(**given)
+        except ValueError as e:
+            raise ValueError(f"{self._what}: {type(ds).__name__}({e}; or pass ring=False to "
+                             f"the DataLoader for the ordinary collate path (two copies)") \
+                from None
+
+    # --- epochs ------------------------------------------------------------
+    def set_epoch(self, epoch):
+        """The next iteration runs this epoch. A state loaded for the same
+        epoch still applies (load_state_dict, then the usual set_epoch
+        loop); one for another epoch is dropped."""
+        self._epoch = int(epoch)
+        if self._resume is not None and self._resume["epoch"] != self._epoch:
+            self._resume = None
+
+    def _plan(self):
+        """The plan of worker 0 of this rank (what len(), the padding and
+        the empty-epoch checks ask)."""
+        if self._kind == "iterable":
+            return self.dataset._plan(self._workers)
+        return self._plan_sampler.plan()
+
+    def __iter__(self):
+        resume = self._resume
+        self._resume = None
+        epoch = resume["epoch"] if resume else self._epoch
+        start = resume["batches_consumed"] if resume else 0
+        plan = self._plan()
+        info = check_yields(plan, self._what, self._batch, self._drop_last)
+        warn_padding(plan, info, self._what, epoch, self._pad_memo, self._batch)
+        ds = self.dataset
+        if self._kind == "iterable":
+            # the dataset's epoch state is shared with its workers: set it
+            # before they start (or, persistent, resume) this iteration
+            if resume:
+                ds.load_state_dict(dict(resume["dataset"], epoch=epoch,
+                                        batches_consumed=start))
+            else:
+                ds._set_epoch(epoch)
+        else:
+            self._plan_sampler.epoch, self._plan_sampler.start = epoch, start
+        self._epoch = epoch + 1
+        self._current = [epoch, start]
+        self._done = False
+        it = super().__iter__()
+        return self._counted(it, self._current)
+
+    def _counted(self, it, current):
+        n = len(self)
+        for batch in it:
+            if current is self._current:
+                current[1] += 1
+                self._done = current[1] >= n
+            yield batch
+
+    # --- resume ------------------------------------------------------------
+    def state_dict(self):
+        """Where the training loop is: taken between batches (after the
+        last one of an epoch it names the next epoch's start)."""
+        if self._resume is not None:
+            return copy.deepcopy(self._resume)
+        if self._current is None or self._done:
+            epoch, consumed = (self._epoch, 0)
+        else:
+            epoch, consumed = self._current
+        plan = self._plan()
+        state = {"version": _STATE_VERSION, "kind": self._kind, "epoch": epoch,
+                 "batches_consumed": consumed, "batch_size": self._batch,
+                 "num_workers": self._workers, "drop_last": self._drop_last,
+                 "world_size": plan["world"], "seed": plan["seed"],
+                 "shuffle": plan["shuffle"]}
+        if self._kind == "iterable":
+            ds = self.dataset
+            # the generation the epoch reads: set by worker 0, which yields
+            # the epoch's (and a resumed epoch's) first batch
+            gen = ds._shared[_GEN] if consumed and not self._done else 0
+            state["dataset"] = {"generation": int(gen), "pad": ds.order.pad}
+        return state
+
+    def load_state_dict(self, state):
+        """Applies a state_dict() before the next iteration: it yields the
+        rest of that epoch, from the same generation if it still exists."""
+        if not isinstance(state, dict) or "batches_consumed" not in state:
+            raise ValueError(f"{self._what}: not a state of this DataLoader (no "
+                             f"batches_consumed): {state!r:.200}")
+        if int(state.get("version", 1)) > _STATE_VERSION:
+            raise ValueError(f"{self._what}: state version {state['version']} is newer than "
+                             f"this wirehead_torch reads ({_STATE_VERSION})")
+        if state.get("kind") != self._kind:
+            raise ValueError(f"{self._what}: state is of a {state.get('kind')} dataset, this "
+                             f"DataLoader reads a {self._kind} one")
+        plan = self._plan()
+        for key, have in (("batch_size", self._batch), ("num_workers", self._workers),
+                          ("drop_last", self._drop_last), ("world_size", plan["world"]),
+                          ("seed", plan["seed"]), ("shuffle", plan["shuffle"])):
+            if key in state and state[key] != have:
+                raise ValueError(f"{self._what}: cannot resume: state has {key}={state[key]!r}, "
+                                 f"this DataLoader has {have!r} (batch size, workers, "
+                                 f"drop_last, world size, seed and shuffle must not change "
+                                 f"mid-epoch)")
+        if self._kind == "iterable" and state.get("dataset", {}).get("pad",
+                                                                     self.dataset.order.pad) \
+                != self.dataset.order.pad:
+            raise ValueError(f"{self._what}: cannot resume: state has pad="
+                             f"{state['dataset']['pad']!r}, the dataset pad="
+                             f"{self.dataset.order.pad!r}")
+        self._resume = copy.deepcopy(state)
+        if self._kind == "iterable":
+            self._resume.setdefault("dataset", {})
+        self._epoch = int(state["epoch"])
+        self._current = None
