@@ -173,7 +173,7 @@ test-wheel: wheel
 test: test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
 
 demo: install
-	$(PY) -m wirehead_torch.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
+	$(PY) -m wirehead_torch.apps.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
 
 # Not in CI: generators, manager and a byte-checking reader for SOAK_SECONDS
 # (default 300); fails on any wrong sample (benchmarks/soak.py).

@@ -54,7 +54,7 @@ def counts(n):
 
 
 def cli(*args):
-    return [sys.executable, "-m", "wirehead_torch.cli", *map(str, args)]
+    return [sys.executable, "-m", "wirehead_torch.apps.cli", *map(str, args)]
 
 
 class Feed:

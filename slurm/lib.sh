@@ -16,11 +16,11 @@ wh_log() { echo "[$(date +%H:%M:%S) ${SLURM_JOB_ID:-local}${SLURM_ARRAY_TASK_ID:
 
 wh_die() { wh_log "error: $*" >&2; exit 2; }
 
-wh_cli() { "$WH_PYTHON" -m wirehead_torch.cli "$@"; }
+wh_cli() { "$WH_PYTHON" -m wirehead_torch.apps.cli "$@"; }
 # The same as a plain command, for `cmd &` and wh_run_forwarding: a function
 # run in the background gets a subshell of its own, and a SIGTERM sent to
 # that pid would end the subshell, not python.
-WH_CLI=("$WH_PYTHON" -m wirehead_torch.cli)
+WH_CLI=("$WH_PYTHON" -m wirehead_torch.apps.cli)
 
 # The address of a SLURM node. Node names need not resolve (several slurmd
 # on one host, clusters without DNS for node names): ask slurmctld.
@@ -89,14 +89,14 @@ wh_need_config() {
 wh_torchrun_node() {
     local fix target
     # torch < 2.0 on Python >= 3.11 needs explicit --redirects/--tee (see
-    # wirehead_torch/demo.py); empty elsewhere
-    fix=$("$WH_PYTHON" -c 'import sys; from wirehead_torch.demo import _torchrun_py311_workaround as f
+    # wirehead_torch/apps/demo.py); empty elsewhere
+    fix=$("$WH_PYTHON" -c 'import sys; from wirehead_torch.apps.demo import _torchrun_py311_workaround as f
 print(" ".join(f(int(sys.argv[1]))))' "${WH_NPROC:-1}")
     if [ -n "${WH_TRAIN_SCRIPT:-}" ]; then
         target=("$WH_TRAIN_SCRIPT")
     else
         # shellcheck disable=SC2207
-        target=(-m wirehead_torch.cli train --config "$WH_CONFIG" --out "$WH_RUN_DIR/train"
+        target=(-m wirehead_torch.apps.cli train --config "$WH_CONFIG" --out "$WH_RUN_DIR/train"
                 $(wh_seconds_opt))
     fi
     wh_log "torchrun: node rank $SLURM_NODEID of $SLURM_NNODES, rendezvous $WH_MASTER_ADDR:$WH_MASTER_PORT"

@@ -16,7 +16,7 @@ from wirehead_torch import (  # noqa: E402,F401
     load_config,
     status,
 )
-from wirehead_torch.monitor import SwapLog, WireheadLogger, WireheadSnapshot  # noqa: E402,F401
+from wirehead_torch.apps.monitor import SwapLog, WireheadLogger, WireheadSnapshot  # noqa: E402,F401
 
 _READERS = ("MongoheadDataset", "MongoTupleheadDataset", "WireheadIterableDataset",
             "WireheadLoader")

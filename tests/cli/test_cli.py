@@ -14,10 +14,10 @@ import yaml
 
 import whlib
 import wirehead_torch as wt
-from wirehead_torch.monitor import WireheadLogger, gen_label, human_time, tui_lines
+from wirehead_torch.apps.monitor import WireheadLogger, gen_label, human_time, tui_lines
 
 
-def _cli(*args, cwd, stdout=subprocess.PIPE, module="wirehead_torch.cli"):
+def _cli(*args, cwd, stdout=subprocess.PIPE, module="wirehead_torch.apps.cli"):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, stdout=stdout,
                           stderr=subprocess.PIPE, text=True, timeout=120,
                           env=whlib.env_for_child())
@@ -55,9 +55,9 @@ def test_config_defaults_to_config_yaml(store_cfg, tmp_path):
         assert r.stderr.strip() == (f"wirehead-torch {cmd}: no config.yaml in {empty} "
                                     f"(the default --config); pass --config PATH")
     # the original's command takes the path as its argument, config.yaml by default
-    r = _cli(cwd=d, module="wirehead_torch.monitor")
+    r = _cli(cwd=d, module="wirehead_torch.apps.monitor")
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["swap_count"] == 1
-    r = _cli(cwd=empty, module="wirehead_torch.monitor")
+    r = _cli(cwd=empty, module="wirehead_torch.apps.monitor")
     assert r.returncode == 2 and "no config.yaml in" in r.stderr
     assert "pass the config's path: wirehead PATH" in r.stderr
     # ... which wirehead-torch also serves, as `monitor`
@@ -80,7 +80,7 @@ def test_version(tmp_path):
     assert second.startswith("wirehead: ")
 
 
-def _to_closed_pipe(args, cwd, module="wirehead_torch.cli"):
+def _to_closed_pipe(args, cwd, module="wirehead_torch.apps.cli"):
     """Runs a command whose stdout is a pipe nobody reads any more: every
     write fails with EPIPE, as after `| head` has exited."""
     rfd, wfd = os.pipe()
@@ -97,19 +97,19 @@ def test_closed_pipe_exits_quietly(shm_cfg, tmp_path):
     cfg = shm_cfg(swap_cap=4, SELF_SEAL=True)
     _put(cfg, 1, 9)
     d = _config_dir(tmp_path, cfg)
-    for args, module in ((["status"], "wirehead_torch.cli"),
-                         (["status", "--json"], "wirehead_torch.cli"),
+    for args, module in ((["status"], "wirehead_torch.apps.cli"),
+                         (["status", "--json"], "wirehead_torch.apps.cli"),
                          (["status", "--watch", "--count", "3", "--interval", "0.01"],
-                          "wirehead_torch.cli"),
-                         (["--version"], "wirehead_torch.cli"),
-                         ([], "wirehead_torch.monitor"),
+                          "wirehead_torch.apps.cli"),
+                         (["--version"], "wirehead_torch.apps.cli"),
+                         ([], "wirehead_torch.apps.monitor"),
                          (["--daemon", "--count", "2", "--poll-interval", "0.01"],
-                          "wirehead_torch.monitor")):
+                          "wirehead_torch.apps.monitor")):
         r = _to_closed_pipe(args, d, module)
         # 141 = 128 + SIGPIPE, what a shell reports for `yes | head -1`'s yes
         assert (r.returncode, r.stderr) == (141, ""), (module, args)
     # through a shell and head, as users write it
-    r = subprocess.run(f"{sys.executable} -m wirehead_torch.cli status | head -1", shell=True,
+    r = subprocess.run(f"{sys.executable} -m wirehead_torch.apps.cli status | head -1", shell=True,
                        cwd=d, capture_output=True, text=True, timeout=120,
                        env=whlib.env_for_child())
     assert r.returncode == 0 and r.stderr == ""

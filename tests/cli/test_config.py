@@ -204,7 +204,7 @@ def test_fifo_or_other_non_regular_config_is_refused_without_blocking(tmp_path):
                            text=True, timeout=60, env=_env())
         assert r.returncode == 3, r.stderr
         assert str(path) in r.stdout and f"must be a regular file, this is {kind}" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                         str(fifo)], capture_output=True, text=True, timeout=60, env=_env())
     assert r.returncode == 2 and "a FIFO" in r.stderr and str(fifo) in r.stderr, r.stderr
 
@@ -361,9 +361,10 @@ def _assert_hidden(text):
 
 
 def test_no_secret_in_any_output_path(mongo_server, tmp_path, monkeypatch, capsys):
-    from wirehead_torch import _C, cli
+    from wirehead_torch import _C
+    from wirehead_torch.apps import cli
     from wirehead_torch.config import store_kwargs
-    from wirehead_torch.monitor import WireheadLogger
+    from wirehead_torch.apps.monitor import WireheadLogger
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     store = f"{mongo_server.uri}/{whlib.unique_name('whm')}?{SECRET_OPTS}"
     cfg = {"STORE": store, "SWAP_CAP": 2, "SAMPLE": ["a"], "CONNECT_TIMEOUT": 10}
@@ -388,7 +389,7 @@ def test_no_secret_in_any_output_path(mongo_server, tmp_path, monkeypatch, capsy
 
 
 def test_no_password_in_errors_of_an_unreachable_store(tmp_path, monkeypatch, capsys):
-    from wirehead_torch import cli
+    from wirehead_torch.apps import cli
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     store = f"mongodb://user:SECRETpw9@127.0.0.1:{whlib.free_port()}/db?{SECRET_OPTS}"
     path = write(tmp_path, f'STORE: "{store}"\nSWAP_CAP: 2\nSAMPLE: [a]\nCONNECT_TIMEOUT: 0.2\n')

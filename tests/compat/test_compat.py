@@ -182,7 +182,7 @@ def test_logger_and_wirehead_command_after_three_swaps(original_dir):
     assert isinstance(snap, WireheadSnapshot) and snap.swap_count == 3
     assert snap.fill_pct == 0.0 and snap.read_docs == 4 and len(snap.recent_swaps) == 3
     assert json.loads(snap.to_jsonl())["recent_swaps"][2]["swap_count"] == 3
-    from wirehead_torch.monitor import tui_lines
+    from wirehead_torch.apps.monitor import tui_lines
     text = "\n".join(tui_lines(snap))
     assert "3 total" in text and "#3" in text
 
@@ -204,7 +204,7 @@ def test_logger_and_wirehead_command_after_three_swaps(original_dir):
         r = subprocess.run([exe, "config.yaml"], cwd=d, capture_output=True, text=True,
                            timeout=60, env=whlib.env_for_child())
         assert r.returncode == 0 and len(r.stdout.splitlines()) == 3
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                         "config.yaml", "--watch", "--json", "--count", "2", "--interval",
                         "0.01"], cwd=d, capture_output=True, text=True, timeout=60,
                        env=whlib.env_for_child())

@@ -12,7 +12,7 @@ import whlib
 @pytest.mark.parametrize("ddp", [None, 2])
 def test_demo_runs_and_cleans_up(ddp):
     store = f"shm://{whlib.unique_name('demo')}"
-    cmd = [sys.executable, "-m", "wirehead_torch.demo", "--seconds", "6", "--size", "16",
+    cmd = [sys.executable, "-m", "wirehead_torch.apps.demo", "--seconds", "6", "--size", "16",
            "--store", store, "--json"]
     if ddp:
         cmd += ["--ddp", str(ddp)]

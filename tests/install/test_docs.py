@@ -117,8 +117,8 @@ RUN = [b for b in ALL if b.lang in ("python", "sh") and "not-run" not in b.opts
 _SHIMS = {
     "python": "exec {py} \"$@\"",
     "python3": "exec {py} \"$@\"",
-    "wirehead-torch": "exec {py} -m wirehead_torch.cli \"$@\"",
-    "wirehead": "exec {py} -m wirehead_torch.monitor \"$@\"",
+    "wirehead-torch": "exec {py} -m wirehead_torch.apps.cli \"$@\"",
+    "wirehead": "exec {py} -m wirehead_torch.apps.monitor \"$@\"",
     "torchrun": "exec {py} -m torch.distributed.run \"$@\"",
 }
 
@@ -267,7 +267,7 @@ def _make_targets():
 
 def _subcommands():
     """The wirehead-torch subcommands, from its --help."""
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "--help"],
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "--help"],
                        capture_output=True, text=True, env=whlib.env_for_child(), timeout=60)
     assert r.returncode == 0, r.stderr
     return set(re.findall(r"[a-z]+", r.stdout.split("{", 1)[1].split("}", 1)[0]))

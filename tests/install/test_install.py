@@ -62,7 +62,7 @@ finally:
 
 
 def test_cli_without_torch(tmp_path):
-    r = _run_without_torch("import sys; from wirehead_torch.cli import main; "
+    r = _run_without_torch("import sys; from wirehead_torch.apps.cli import main; "
                            "sys.argv = ['wirehead-torch', '--help']; main()", tmp_path)
     assert r.returncode == 0 and "manager" in r.stdout, r.stderr
 
@@ -116,7 +116,8 @@ def _copy_checkout(dst):
         shutil.copy2(os.path.join(repo, f), dst / f)
     shutil.copytree(os.path.join(repo, "ext"), dst / "ext")
     shutil.copytree(os.path.join(repo, "wirehead_torch"), dst / "wirehead_torch",
-                    ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
+                    ignore=lambda d, names: [n for n in names if n == "__pycache__" or not (
+                        n.endswith(".py") or os.path.isdir(os.path.join(d, n)))])
     shutil.copytree(os.path.join(repo, "compat"), dst / "compat", symlinks=True,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
 
@@ -235,7 +236,7 @@ def test_wheels_keep_their_names_apart(wheels):
         names = z.namelist()
         entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert not [n for n in names if n.startswith("wirehead/")]
-    assert "wirehead-torch = wirehead_torch.cli:main" in entry
+    assert "wirehead-torch = wirehead_torch.apps.cli:main" in entry
     assert not [x for x in entry.splitlines() if x.startswith("wirehead ")]
     with zipfile.ZipFile(wheels["compat"]) as z:
         names = z.namelist()

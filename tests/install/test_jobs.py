@@ -1,4 +1,4 @@
-"""The job commands the SLURM scripts call (wirehead_torch/jobs.py), run
+"""The job commands the SLURM scripts call (wirehead_torch/apps/jobs.py), run
 directly: a user's generator function by module:function with a seed per
 process, and the errors for bad options."""
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import whlib
-from wirehead_torch.jobs import load_generator
+from wirehead_torch.apps.jobs import load_generator
 
 USER_GEN = '''
 import whlib
@@ -27,7 +27,7 @@ def test_generate_runs_a_user_function_with_one_seed_per_process(shm_cfg, tmp_pa
     path = tmp_path / "config.yaml"
     path.write_text(f"STORE: {cfg['STORE']}\nSWAP_CAP: 8\nSAMPLE: [id, data]\nSELF_SEAL: false\n"
                     f"BYTE_BUDGET: {cfg['BYTE_BUDGET']}\n")
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "generate", "--config",
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "generate", "--config",
                         str(path), "--gen-module", "mygen:make", "--procs", "2", "--seed", "40",
                         "--seconds", "1"], cwd=tmp_path, env=whlib.env_for_child(),
                        capture_output=True, text=True, timeout=120)
@@ -52,13 +52,13 @@ def test_bad_gen_module_is_an_error_naming_the_option(spec, text):
 
 
 def test_train_without_config_or_inline_is_refused():
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--seconds", "1"],
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "train", "--seconds", "1"],
                        env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--config is required unless --inline" in r.stderr
 
 
 def test_train_inline_records_per_step_detail_only_up_to_its_limit(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "train", "--inline",
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "train", "--inline",
                         "--size", "16", "--batch-size", "1", "--seconds", "2",
                         "--record-steps", "3", "--out", str(tmp_path)],
                        env=whlib.env_for_child({"OMP_NUM_THREADS": "1"}), capture_output=True,

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from wirehead_torch.synth import synth_generator, synth_sample
+from wirehead_torch.apps.synth import synth_generator, synth_sample
 
 
 @pytest.mark.parametrize("size,n_labels", [(32, 8), (17, 5), (24, 2), (20, 3), (16, 40)])

@@ -176,7 +176,7 @@ def test_segment_mode_and_clean_removes_only_this_store(shm_cfg):
     with open(cfgfile, "w") as f:
         json.dump(a, f)  # JSON is YAML
     try:
-        out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "clean", "--config",
+        out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "clean", "--config",
                               cfgfile], env=whlib.env_for_child(), capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
     finally:
@@ -190,23 +190,23 @@ def test_cli_status_and_manager_json(store_cfg, tmp_path):
     p.write_text(json.dumps(cfg))
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg).run()
     env = whlib.env_for_child()
-    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "manager", "--config",
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "manager", "--config",
                           str(p), "--json", "--max-swaps", "1"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(rec) >= {"time", "generation", "generated", "discarded", "seal_s", "samples_per_s"}
-    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                           str(p), "--json"], env=env, capture_output=True, text=True, timeout=60)
     st = json.loads(out.stdout)
     assert st["read_gen"] == rec["generation"] and st["history"][-1]["generation"] == rec["generation"]
-    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                           str(p)], env=env, capture_output=True, text=True, timeout=60)
     # people read a short label (the store's first generation), --json the full id
     assert "read generation  #1\n" in out.stdout and str(rec["generation"]) not in out.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("SAMPLE: [a]\n")
-    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                           str(bad)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "SWAP_CAP" in out.stderr and str(bad) in out.stderr
 
@@ -218,7 +218,7 @@ def test_status_of_a_missing_store_creates_nothing(shm_cfg, tmp_path):
     assert not os.path.exists(f"/dev/shm/wirehead.{cfg['STORE'][6:]}")
     p = tmp_path / "c.yaml"
     p.write_text(json.dumps(cfg))
-    out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--config",
+    out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--config",
                           str(p)], env=whlib.env_for_child(), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "no shm store" in out.stderr

@@ -169,7 +169,7 @@ def test_clean_drops_only_this_store(mongo_cfg, server):
         rc.command(db, {"insert": "wirehead_not_ours", "documents": [{"x": 1}]})
         rc.command(db, {"insert": "wirehead.notes", "documents": [{"x": 1}]})
         before = rc.collections(db)
-        out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "clean", "--config",
+        out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "clean", "--config",
                               _write_cfg(a)], env=whlib.env_for_child(), capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
@@ -193,7 +193,7 @@ def test_status_cli_against_mongodb(mongo_cfg):
     gen = seal_one(cfg)
     path = _write_cfg(cfg)
     try:
-        out = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status", "--json",
+        out = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status", "--json",
                               "--config", path], env=whlib.env_for_child(),
                              capture_output=True, text=True, timeout=60)
     finally:

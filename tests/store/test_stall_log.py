@@ -9,7 +9,7 @@ import threading
 
 import wirehead_torch as wt
 from wirehead_torch import manager
-from wirehead_torch.cli import _fmt_status
+from wirehead_torch.apps.cli import _fmt_status
 
 import whlib
 

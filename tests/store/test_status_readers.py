@@ -42,7 +42,7 @@ def test_cli_status_shows_readers(shm_cfg, tmp_path):
     for _ in loader:
         pass
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.cli", "status"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "status"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60, env=whlib.env_for_child())
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith(f"  {os.getpid()}"))

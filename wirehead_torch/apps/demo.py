@@ -1,6 +1,6 @@
 """End-to-end demo: synthetic generators -> wirehead cache -> a small 3D U-Net.
 
-    python -m wirehead_torch.demo [--seconds 60] [--size 32] [--generators 2] ...
+    python -m wirehead_torch.apps.demo [--seconds 60] [--size 32] [--generators 2] ...
     wirehead-torch demo ...              (same options)
 
 The demo process starts `--generators` generator processes and one manager
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from .config import ConfigError, check_value, redact
+from ..config import ConfigError, check_value, redact
 
 __all__ = ["main", "demo_config", "tiny_unet"]
 
@@ -115,7 +115,7 @@ def demo_config(store, swap_cap, size):
 
 
 def main(argv=None):
-    """Entry point of `python -m wirehead_torch.demo` and `wirehead-torch demo`.
+    """Entry point of `python -m wirehead_torch.apps.demo` and `wirehead-torch demo`.
 
     Returns the exit status (0 on success, 130 on Ctrl-C).
     """
@@ -158,9 +158,9 @@ def _tail(path, n=20):
 
 
 def _spawn(name, args, logdir, verbose):
-    """Start `python -m wirehead_torch.demo <args>`; output to a log file
+    """Start `python -m wirehead_torch.apps.demo <args>`; output to a log file
     (shown if the child fails) unless verbose."""
-    cmd = [sys.executable, "-m", "wirehead_torch.demo"] + args
+    cmd = [sys.executable, "-m", "wirehead_torch.apps.demo"] + args
     if verbose:
         return _Child(name, subprocess.Popen(cmd), None)
     log_path = os.path.join(logdir, name.replace(" ", "_") + ".log")
@@ -322,7 +322,7 @@ def _run_ddp(args, cfg_json, seconds, children):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(args.ddp)]
     cmd += _torchrun_py311_workaround(args.ddp)
-    cmd += ["-m", "wirehead_torch.demo"] + cmd_args
+    cmd += ["-m", "wirehead_torch.apps.demo"] + cmd_args
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     trainer = _Child("torchrun", subprocess.Popen(cmd, env=env), None)
@@ -380,7 +380,7 @@ def _watch_parent(parent_pid):
 
 
 def _child_parser(prog):
-    p = argparse.ArgumentParser(prog=f"wirehead_torch.demo {prog}")
+    p = argparse.ArgumentParser(prog=f"wirehead_torch.apps.demo {prog}")
     p.add_argument("--config-json", required=True)
     p.add_argument("--parent-pid", type=int, default=0)
     return p
@@ -397,7 +397,7 @@ def _cmd_generator(argv):
         os.nice(a.nice)
     _watch_parent(a.parent_pid)
     import wirehead_torch as wh
-    from wirehead_torch.synth import synth_generator
+    from wirehead_torch.apps.synth import synth_generator
     cfg = json.loads(a.config_json)
     gen = synth_generator(size=a.size, n_labels=a.labels, seed=a.seed)
     n = wh.WireheadGenerator(gen, config=cfg, quiet=True).run()
@@ -414,7 +414,7 @@ def _cmd_manager(argv):
 
 
 def _cmd_train(argv):
-    p = argparse.ArgumentParser(prog="wirehead_torch.demo _train")
+    p = argparse.ArgumentParser(prog="wirehead_torch.apps.demo _train")
     p.add_argument("--config-json", required=True)
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--size", type=int, default=32)

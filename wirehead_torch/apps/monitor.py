@@ -15,9 +15,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import _C
-from ._store import ProcessStore
-from .config import DEFAULT_CONFIG_PATH, get_config, redact
+from .. import _C
+from .._store import ProcessStore
+from ..config import DEFAULT_CONFIG_PATH, get_config, redact
 
 
 def human_time(ts, now):

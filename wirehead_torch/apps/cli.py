@@ -1,5 +1,5 @@
 """The ``wirehead-torch`` command: manager, status, clean, monitor, demo, and
-the batch-job entry points generate and train (wirehead_torch/jobs.py)."""
+the batch-job entry points generate and train (wirehead_torch/apps/jobs.py)."""
 import argparse
 import json
 import logging
@@ -8,13 +8,14 @@ import sys
 import threading
 import time
 
-from . import _C, jobs
-from .config import DEFAULT_CONFIG_PATH
+from .. import _C
+from . import jobs
+from ..config import DEFAULT_CONFIG_PATH
 from .monitor import closed_pipe_exit, gen_label, human_time
 
 
 def _cmd_manager(args):
-    from .manager import WireheadManager
+    from ..manager import WireheadManager
     m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout)
     if args.seconds is not None:
         # a batch job's manager ends by itself, as a SIGTERM would end it
@@ -42,7 +43,7 @@ def _fmt_status(st, now=None):
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
     ]
-    from .manager import stall_text
+    from ..manager import stall_text
     stall = stall_text(st)  # readers' views pin every area a seal could take
     if stall:
         lines.append(f"sealing          {stall}")
@@ -65,7 +66,7 @@ def _fmt_status(st, now=None):
 
 
 def _cmd_status(args):
-    from .admin import status
+    from ..admin import status
     if not args.watch:
         st = status(config_path=args.config)
         print(json.dumps(st) if args.json else _fmt_status(st))
@@ -89,8 +90,8 @@ def _cmd_status(args):
 
 
 def _cmd_clean(args):
-    from .admin import clean
-    from .config import load_config, redact
+    from ..admin import clean
+    from ..config import load_config, redact
     cfg = load_config(args.config)
     if clean(config_path=args.config):
         print(f"removed store {redact(cfg['STORE'])}")
@@ -123,7 +124,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from . import __version__
+        from .. import __version__
         from .monitor import wirehead_package
         print(f"wirehead-torch {__version__}\n{wirehead_package()}")
         sys.stdout.flush()  # a closed pipe raises here, inside main's handler

@@ -71,7 +71,7 @@ def _until(deadline, items):
 
 
 def _generate_one(a):
-    from .generator import WireheadGenerator
+    from ..generator import WireheadGenerator
     seed = None if a.seed is None else a.seed + a.index
     deadline = None if a.seconds is None else time.monotonic() + a.seconds
     gen = WireheadGenerator(_until(deadline, load_generator(a.gen_module, seed, a.size,
@@ -100,7 +100,7 @@ def _generate(a, argv):
         return _generate_one(a)
     # N children of this command; SIGTERM/SIGINT is passed on to each, which
     # finishes its sample and exits 0.
-    base = [sys.executable, "-m", "wirehead_torch.cli", "generate"]
+    base = [sys.executable, "-m", "wirehead_torch.apps.cli", "generate"]
     rest = _drop_opt(argv, "--procs") + ["--procs", "1"]
     kids = [subprocess.Popen(base + rest + ["--index", str(a.index + i)])
             for i in range(a.procs)]
@@ -200,7 +200,7 @@ def _train(a):
     if a.inline:
         source = _inline_batches(a.size, a.labels, a.batch_size, 1000 + rank)
     else:
-        from .loader import WireheadLoader
+        from ..loader import WireheadLoader
         loader = WireheadLoader(config_path=a.config, batch_size=a.batch_size,
                                 num_threads=2, prefetch=2, shuffle=True)
     gpu = _GpuSampler() if cuda else None
