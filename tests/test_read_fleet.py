@@ -120,18 +120,18 @@ def read_kind(kind, cfg, seconds, wt, torch):
     return out
 
 
-def read_all(cfg, seconds):
+def read_all(cfg, seconds, kinds):
     """Child: one starved reader of each kind in turn, `seconds` each;
     prints RESULT {kind: result}. One process: its start is slow under
     load."""
     import faulthandler
-    faulthandler.dump_traceback_later(len(KINDS) * (seconds + 60), exit=True)  # a hang says where
+    faulthandler.dump_traceback_later(len(kinds) * (seconds + 60), exit=True)  # a hang says where
     import torch
     import wirehead_torch as wt
     # after the imports: a starved import would take minutes
     os.sched_setaffinity(0, {one_cpu()})
     os.nice(STARVE_NICE)
-    res = {kind: read_kind(kind, cfg, seconds, wt, torch) for kind in KINDS}
+    res = {kind: read_kind(kind, cfg, seconds, wt, torch) for kind in kinds}
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -141,15 +141,12 @@ def spawn_self(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(scope="module")
-def fleet_reads():
-    """A fleet of GENERATORS, and what one starved reader of each kind got
+def fleet_reads(cfg, generators, fleet_procs, floats, kinds):
+    """A fleet of `generators`, and what one starved reader of each kind got
     meanwhile: ({kind: result}, seals during the reads)."""
-    import wirehead_torch as wt
-    cfg = fleet_cfg()
-    per = GENERATORS // FLEET_PROCS
-    procs = [spawn_self("fleet", json.dumps(cfg), 100 + k * per, per, FLOATS)
-             for k in range(FLEET_PROCS)]
+    per = generators // fleet_procs
+    procs = [spawn_self("fleet", json.dumps(cfg), 100 + k * per, per, floats)
+             for k in range(fleet_procs)]
     try:
         for p in procs:
             whlib.wait_line(p.stderr, "STARTED", 120)
@@ -157,9 +154,9 @@ def fleet_reads():
         seals0 = store.status()["seals"]
         whlib.until(lambda: store.status()["seals"] >= seals0 + 3, 120, "the fleet's first seals")
         seals0 = store.status()["seals"]
-        r = spawn_self("read", json.dumps(cfg), SECONDS)
+        r = spawn_self("read", json.dumps(cfg), SECONDS, ",".join(kinds))
         try:
-            out, err = r.communicate(timeout=len(KINDS) * (SECONDS + 60) + 60)
+            out, err = r.communicate(timeout=len(kinds) * (SECONDS + 60) + 60)
         except subprocess.TimeoutExpired:
             whlib.stop(r)
             raise
@@ -168,7 +165,7 @@ def fleet_reads():
             if line.startswith("RESULT "):
                 res = json.loads(line[len("RESULT "):])
         assert res is not None, f"the reader died: {err[-2000:]}"
-        yield res, store.status()["seals"] - seals0
+        return res, store.status()["seals"] - seals0
     finally:
         for p in procs:
             p.stdin.close()
@@ -177,17 +174,50 @@ def fleet_reads():
                 p.wait(60)
             except subprocess.TimeoutExpired:
                 whlib.stop(p)
+
+
+@pytest.fixture(scope="module")
+def shm_fleet():
+    import wirehead_torch as wt
+    cfg = fleet_cfg()
+    try:
+        yield fleet_reads(cfg, GENERATORS, FLEET_PROCS, FLOATS, KINDS)
+    finally:
         wt.clean(cfg)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_starved_reader_outlasts_32_generators(fleet_reads, kind):
-    res, seals = fleet_reads
+MONGO_KINDS = ["map", "iterable", "dataloader", "loader"]  # no views on MongoDB
+MONGO_GENERATORS = 8  # the test server shares the CPUs
+
+
+@pytest.fixture(scope="module")
+def mongo_fleet(mongo_server):
+    import wirehead_torch as wt
+    cfg = {**fleet_cfg(), "STORE": f"{mongo_server.uri}/{whlib.unique_name('whm')}",
+           "CONNECT_TIMEOUT": 10}
+    cfg.pop("BYTE_BUDGET")
+    try:
+        yield fleet_reads(cfg, MONGO_GENERATORS, 2, 4096, MONGO_KINDS)
+    finally:
+        wt.clean(cfg)
+
+
+def check_reads(res, seals, kind):
     print(f"{kind}: {res[kind]}, {seals} seals during all reads")
     assert res[kind]["error"] is None, f"reader {kind}: {res[kind]['error']}"
     assert res[kind]["items"] > 0
     # the fleet kept sealing while the readers read: there were races to lose
-    assert seals > 2 * len(KINDS)
+    assert seals > 2 * len(res)
+
+
+@pytest.mark.parametrize("kind", MONGO_KINDS)
+def test_mongo_reader_outlasts_a_fleet(mongo_fleet, kind):
+    check_reads(*mongo_fleet, kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_starved_reader_outlasts_32_generators(shm_fleet, kind):
+    check_reads(*shm_fleet, kind)
 
 
 if __name__ == "__main__":
@@ -196,4 +226,4 @@ if __name__ == "__main__":
         run_fleet(json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                   int(sys.argv[5]))
     elif role == "read":
-        read_all(json.loads(sys.argv[2]), float(sys.argv[3]))
+        read_all(json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4].split(","))
