@@ -141,4 +141,3 @@ def test_views_reader_holding_a_view_reads_copies_flat(corrupt_cfg):
             assert not torch.equal(a, held[0])
             whlib.check_sample(a.numpy(), b.numpy())
     flat(one_round)
-    del held
