@@ -28,6 +28,11 @@ typedef struct {
     /* store-backed view; NULL where the backend has none (mongo) */
     bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
                  wh_sample_meta_t *meta, wh_err_t *);
+    /* read holding gen for the copy (a transient pin), so a slow copy
+     * cannot lose the race with reclamation; NULL where the backend has
+     * no pins (mongo) */
+    bool (*read_held)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                      wh_sample_meta_t *meta, wh_err_t *);
     /* a reader's heartbeat (see wh_reader_beat_t); NULL: none kept */
     bool (*beat)(wh_store_t *, const wh_reader_beat_t *, wh_err_t *);
     double beat_every_s;

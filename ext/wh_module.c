@@ -437,10 +437,23 @@ typedef struct {
     wh_buf_t *bufs[WH_MAX_FIELDS];
 } wh__readctx_t;
 
+/* Called once per attempt of the read policy: a retry (a generation
+ * reclaimed mid-copy, a corrupt sample skipped) reuses the last attempt's
+ * buffer of a field when its size fits, else returns it to the pool first,
+ * so a read holds one buffer per field whatever it retried. */
 static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
     wh__readctx_t *c = ctx;
-    for (int i = 0; i < meta->nfields; i++) {
-        if (!(c->want & (1u << i))) continue;
+    for (int i = 0; i < WH_MAX_FIELDS; i++) {
+        bool want = i < meta->nfields && (c->want & (1u << i));
+        if (c->bufs[i] && (!want || c->bufs[i]->size != meta->f[i].nbytes)) {
+            wh_buf_unref(c->bufs[i]);
+            c->bufs[i] = NULL;
+        }
+        if (!want) continue;
+        if (c->bufs[i]) {
+            dst[i] = c->bufs[i]->data;
+            continue;
+        }
         c->bufs[i] = wh_buf_new(meta->f[i].nbytes);
         if (!c->bufs[i]) return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte field",
                                            (unsigned long long)meta->f[i].nbytes);

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1136,10 +1137,19 @@ static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_
     return *slot >= 0 || wh__gone(gen, err);
 }
 
+/* A read of an attached handle (wh__ready done by the caller). */
+static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
+                              void *ctx, wh_sample_meta_t *meta_out, wh_err_t *err);
+
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
+    if (!wh__ready((wh__shm_t *)st, NULL, 0, err)) return false;
+    return wh__read_attached(st, gen, pos, fn, ctx, meta_out, err);
+}
+
+static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
+                              void *ctx, wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
-    if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
     int slot;
@@ -1179,7 +1189,8 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
  * pinning two different old generations can delay seals until they drop
  * those views, and the seal reports the pid it waits for. */
 
-/* Serialises this process's pin checks (one slot per process). */
+/* Serialises this process's pin checks (one slot per process) and its
+ * table of live views; held across a fork (wh__fork_prepare). */
 static pthread_mutex_t wh__pin_mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct {
@@ -1187,8 +1198,46 @@ typedef struct {
     wh__map_t *map;
     int slot;
     uint64_t gen;
-    pid_t pid;
 } wh__view_t;
+
+/* This process's live views per (segment, area, generation): what a forked
+ * child pins for itself. Guarded by wh__pin_mu; each entry's views hold
+ * references to map, so map stays valid while it is listed. */
+typedef struct {
+    wh__map_t *map;
+    int slot;
+    uint64_t gen;
+    uint32_t views;
+} wh__held_t;
+static wh__held_t *wh__held;
+static size_t wh__nheld, wh__held_cap;
+
+/* Counts one more live view (pin_mu held); false on OOM. */
+static bool wh__held_add(wh__map_t *map, int slot, uint64_t gen) {
+    for (size_t i = 0; i < wh__nheld; i++)
+        if (wh__held[i].map == map && wh__held[i].slot == slot && wh__held[i].gen == gen) {
+            wh__held[i].views++;
+            return true;
+        }
+    if (wh__nheld == wh__held_cap) {
+        size_t cap = wh__held_cap ? 2 * wh__held_cap : 8;
+        wh__held_t *p = realloc(wh__held, cap * sizeof *p);
+        if (!p) return false;
+        wh__held = p;
+        wh__held_cap = cap;
+    }
+    wh__held[wh__nheld++] = (wh__held_t){map, slot, gen, 1};
+    return true;
+}
+
+/* One view fewer (pin_mu held). */
+static void wh__held_drop(wh__map_t *map, int slot, uint64_t gen) {
+    for (size_t i = 0; i < wh__nheld; i++)
+        if (wh__held[i].map == map && wh__held[i].slot == slot && wh__held[i].gen == gen) {
+            if (--wh__held[i].views == 0) wh__held[i] = wh__held[--wh__nheld];
+            return;
+        }
+}
 
 /* Generation of another slot this pid pins, or 0. */
 static uint64_t wh__pinned_elsewhere(wh__hdr_t *h, int slot, pid_t pid) {
@@ -1202,13 +1251,13 @@ static uint64_t wh__pinned_elsewhere(wh__hdr_t *h, int slot, pid_t pid) {
     return 0;
 }
 
-/* Adds one pin of pid to slot (slot lock held). */
-static bool wh__pin_add(wh__slot_t *sl, pid_t pid, wh_err_t *err) {
+/* Adds n pins of pid to slot (slot lock held). */
+static bool wh__pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err) {
     int free_i = -1;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < WH__MAX_PINNERS; i++) {
             if (sl->pins[i].pid == pid) {
-                __atomic_store_n(&sl->pins[i].count, sl->pins[i].count + 1, __ATOMIC_RELAXED);
+                __atomic_store_n(&sl->pins[i].count, sl->pins[i].count + n, __ATOMIC_RELAXED);
                 return true;
             }
             if (!sl->pins[i].pid && free_i < 0) free_i = i;
@@ -1219,7 +1268,7 @@ static bool wh__pin_add(wh__slot_t *sl, pid_t pid, wh_err_t *err) {
     if (free_i < 0)
         return wh_err_set(err, WH_E_PINNED, "%d reader processes already hold views of this "
                           "generation; read copies instead", WH__MAX_PINNERS);
-    __atomic_store_n(&sl->pins[free_i].count, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->pins[free_i].count, n, __ATOMIC_RELAXED);
     __atomic_store_n(&sl->pins[free_i].pid, pid, __ATOMIC_RELAXED);
     sl->npinners++;
     return true;
@@ -1242,16 +1291,120 @@ static void wh__pin_drop(wh__hdr_t *h, int slot, uint64_t gen, pid_t pid) {
 }
 
 /* The view's release (its last DLPack reference): from any thread, no GIL.
- * A forked child that inherited a view leaves the parent's pin alone. */
+ * It drops a pin of the process it runs in: a forked child pinned the views
+ * it inherited for itself (wh__fork_child) and leaves the parent's pins
+ * alone. */
 static void wh__view_release(wh_buf_t *b) {
     wh__view_t *v = b->owner;
-    if (getpid() == v->pid) {
-        pthread_mutex_lock(&wh__pin_mu);
-        wh__pin_drop(v->map->rw, v->slot, v->gen, v->pid);
-        pthread_mutex_unlock(&wh__pin_mu);
-    }
+    pthread_mutex_lock(&wh__pin_mu);
+    wh__pin_drop(v->map->rw, v->slot, v->gen, getpid());
+    wh__held_drop(v->map, v->slot, v->gen);
+    pthread_mutex_unlock(&wh__pin_mu);
     wh__map_unref(v->map);
     free(v);
+}
+
+/* ---- fork: a child pins what it inherits ----
+ * pthread_atfork handlers, so they run inside fork() itself, after the
+ * interpreter's own fork hooks, where no other thread can take the GIL and
+ * block on wh__pin_mu while holding it (a pin_mu holder never needs the
+ * GIL). The parent keeps wh__pin_mu from prepare until the child has taken
+ * its pins (it says so on a pipe, or the pipe closes: the child died or fork
+ * failed), so no view of the parent is released meanwhile and every area
+ * the child's inherited views show still holds their generation. vfork
+ * (subprocess's usual way) runs no handlers: such a child execs and shows
+ * no views. */
+#define WH__FORK_WAIT_MS 10000
+static int wh__fork_pipe[2] = {-1, -1};
+static pthread_once_t wh__fork_once = PTHREAD_ONCE_INIT;
+
+static void wh__fork_prepare(void) {
+    pthread_mutex_lock(&wh__pin_mu);
+    if (wh__nheld && pipe2(wh__fork_pipe, O_CLOEXEC) != 0)
+        wh__fork_pipe[0] = wh__fork_pipe[1] = -1; /* no pipe: the parent waits for nobody */
+}
+
+static void wh__fork_parent(void) {
+    if (wh__fork_pipe[1] >= 0) {
+        close(wh__fork_pipe[1]);
+        struct pollfd p = {wh__fork_pipe[0], POLLIN, 0};
+        uint64_t deadline = wh_now_mono_ns() + (uint64_t)WH__FORK_WAIT_MS * 1000000u;
+        for (;;) { /* a byte or EOF ends it; a signal does not */
+            uint64_t now = wh_now_mono_ns();
+            if (now >= deadline) break;
+            int r = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
+            if (r > 0 || (r < 0 && errno != EINTR)) break;
+        }
+        close(wh__fork_pipe[0]);
+        wh__fork_pipe[0] = wh__fork_pipe[1] = -1;
+    }
+    pthread_mutex_unlock(&wh__pin_mu);
+}
+
+static void wh__fork_child(void) {
+    pid_t me = getpid();
+    if (wh__fork_pipe[0] >= 0) close(wh__fork_pipe[0]);
+    for (size_t i = 0; i < wh__nheld; i++) {
+        wh__held_t *e = &wh__held[i];
+        wh__slot_t *sl = &((wh__hdr_t *)e->map->rw)->slots[e->slot];
+        wh_err_t err = {0};
+        bool ok = wh__lock(&sl->lock, WH__PIN_LOCK_WAIT_S, &err);
+        if (ok) {
+            ok = wh__ld(&sl->gen) == e->gen
+                     ? wh__pin_add(sl, me, e->views, &err)
+                     : wh_err_set(&err, WH_E_GONE, "its area was reused before the child ran");
+            wh__unlock(&sl->lock);
+        }
+        if (!ok) { /* the child's views of e->gen may show other bytes: say so */
+            char msg[WH_ERR_LEN + 200]; /* no stdio: a parent thread may hold its locks */
+            int n = snprintf(msg, sizeof msg, "wirehead_torch: forked process %d could not "
+                             "pin generation %llu for the %u store-backed views it inherited "
+                             "(%s); do not use them\n", (int)me, (unsigned long long)e->gen,
+                             e->views, err.message);
+            if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0)
+                n = 0; /* nowhere to say it */
+        }
+    }
+    if (wh__fork_pipe[1] >= 0) {
+        char one = 1;
+        ssize_t n;
+        do n = write(wh__fork_pipe[1], &one, 1);
+        while (n < 0 && errno == EINTR);
+        close(wh__fork_pipe[1]);
+    }
+    wh__fork_pipe[0] = wh__fork_pipe[1] = -1;
+    pthread_mutex_unlock(&wh__pin_mu); /* locked by this thread in prepare */
+}
+
+static void wh__fork_register(void) {
+    pthread_atfork(wh__fork_prepare, wh__fork_parent, wh__fork_child);
+}
+
+/* A copy holding its generation: a pin of this process keeps the area
+ * from reuse for the length of the copy, so a slow reader cannot lose the
+ * race with reclamation. Outside the one-generation policy of views: it
+ * lasts one copy, so a seal it blocks waits only that long. */
+static bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
+                              void *ctx, wh_sample_meta_t *meta, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__ready(s, NULL, 0, err)) return false;
+    wh__hdr_t *h = s->hdr;
+    int slot;
+    if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
+    wh__slot_t *sl = &h->slots[slot];
+    pthread_mutex_lock(&wh__pin_mu);
+    bool ok = wh__lock(&sl->lock, st->cfg.lease_s, err);
+    if (ok) {
+        ok = wh__ld(&sl->gen) == gen ? wh__pin_add(sl, s->pid, 1, err) : wh__gone(gen, err);
+        wh__unlock(&sl->lock);
+    }
+    pthread_mutex_unlock(&wh__pin_mu);
+    if (!ok) return false;
+    ok = wh__read_attached(st, gen, pos, fn, ctx, meta, err); /* h stays mapped */
+    pthread_mutex_lock(&wh__pin_mu);
+    wh__pin_drop(h, slot, gen, s->pid);
+    pthread_mutex_unlock(&wh__pin_mu);
+    return ok;
 }
 
 static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
@@ -1264,6 +1417,7 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     wh__slot_t *sl = &h->slots[slot];
     wh__view_t *v = calloc(1, sizeof *v);
     if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
+    pthread_once(&wh__fork_once, wh__fork_register);
     pthread_mutex_lock(&wh__pin_mu);
     bool locked = wh__lock(&sl->lock, st->cfg.lease_s, err), ok = locked;
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
@@ -1273,8 +1427,12 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
                         "%llu; a process pins one generation at a time, so drop those views "
                         "(del the tensors) before viewing generation %llu, or read a copy",
                         (int)s->pid, (unsigned long long)other, (unsigned long long)gen);
-    if (ok) ok = wh__pin_add(sl, s->pid, err);
+    if (ok) ok = wh__pin_add(sl, s->pid, 1, err);
     if (locked) wh__unlock(&sl->lock);
+    if (ok && !wh__held_add(s->map, slot, gen)) {
+        wh__pin_drop(h, slot, gen, s->pid);
+        ok = wh_err_set(err, WH_E_SYS, "out of memory");
+    }
     pthread_mutex_unlock(&wh__pin_mu);
     if (!ok) {
         free(v);
@@ -1298,6 +1456,7 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     if (!ok) {
         pthread_mutex_lock(&wh__pin_mu);
         wh__pin_drop(h, slot, gen, s->pid);
+        wh__held_drop(s->map, slot, gen);
         pthread_mutex_unlock(&wh__pin_mu);
         free(v);
         return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
@@ -1306,7 +1465,6 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     v->map = s->map;
     v->slot = slot;
     v->gen = gen;
-    v->pid = s->pid;
     v->buf.refs = 1;
     v->buf.data = (void *)src;
     v->buf.size = e.size;
@@ -1449,5 +1607,6 @@ static const wh_store_ops_t wh__shm_ops = {
     .view = wh__shm_view,
     .beat = wh__shm_beat,
     .beat_every_s = WH_READER_BEAT_S,
+    .read_held = wh__shm_read_held,
     .destroy = wh__shm_destroy,
 };

@@ -173,9 +173,21 @@ typedef struct {
     wh_buf_t **view; /* non-NULL: take a view instead of copying */
 } wh__attempt_t;
 
-static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint64_t gen, uint32_t pos,
-                        wh_sample_meta_t *meta, wh_err_t *err) {
+/* A copy after WH_READ_HOLD_AFTER lost races holds its generation where the
+ * backend can (a view pins for itself); one the pin policy refuses (the
+ * area's pinner table is full) is an ordinary copy. */
+static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint32_t lost, uint64_t gen,
+                        uint32_t pos, wh_sample_meta_t *meta, wh_err_t *err) {
     if (a->view) return wh_store_view(st, gen, pos, a->view, meta, err);
+    if (lost >= WH_READ_HOLD_AFTER && st->ops->read_held) {
+        if (!wh__here(st, err)) return false;
+        wh_err_t e = {0};
+        if (st->ops->read_held(st, gen, pos, a->fn, a->ctx, meta, &e)) return true;
+        if (e.code != WH_E_PINNED) {
+            if (err) *err = e;
+            return false;
+        }
+    }
     return wh_store_read(st, gen, pos, a->fn, a->ctx, meta, err);
 }
 
@@ -223,21 +235,25 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
         return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u",
                           at->pos, cap);
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
+    /* Ends: each lost race waits (up to timeout_s) for a generation other
+     * than the lost one, so the loop goes on only while the store keeps
+     * sealing new ones; a held copy cannot lose. */
+    uint32_t lost = 0; /* in a row, for this position */
     for (;;) {
         wh_err_t e = {0};
-        if (wh__attempt(st, a, at->gen, at->pos, meta, &e)) {
+        if (wh__attempt(st, a, lost, at->gen, at->pos, meta, &e)) {
             wh__count_read(st, at->gen);
             return true;
         }
         if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_NOSTORE ||
             e.code == WH_E_UNAVAIL) {
-            if (++at->gone > WH_READ_GONE_RETRIES) {
-                if (err) *err = e;
-                return wh_err_prefix(err, "position %u: generations were reclaimed %d times "
-                                     "in a row while reading; is the reader starved of CPU?",
-                                     at->pos, WH_READ_GONE_RETRIES);
+            at->gone++;
+            lost++;
+            if (!wh_store_wait_gen(st, at->gen, timeout_s, stop, &at->gen, err)) {
+                if (err && err->code == WH_E_TIMEOUT)
+                    wh_err_prefix(err, "position %u (%s)", at->pos, e.message);
+                return false;
             }
-            if (!wh_store_wait_gen(st, at->gen, timeout_s, stop, &at->gen, err)) return false;
             continue;
         }
         if (e.code == WH_E_CORRUPT && !at->strict) {
@@ -249,6 +265,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
             }
             at->pad = true;
             at->pos = (at->pos + 1) % cap;
+            lost = 0;
             continue;
         }
         if (err) *err = e;

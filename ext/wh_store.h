@@ -145,9 +145,14 @@ bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err);
 /* The one read policy every reader uses (loader threads, map-style and
  * iterable datasets): a reclaimed generation (GONE, or NOTFOUND/UNAVAIL
  * after a server lost it) moves the read to the newest generation, waiting
- * with bounded backoff up to timeout_s; a CORRUPT sample is skipped, counted,
- * and its next neighbour stands in marked as padding. */
-#define WH_READ_GONE_RETRIES 32   /* reclaims in a row before giving up */
+ * with bounded backoff up to timeout_s for one; a CORRUPT sample is skipped,
+ * counted, and its next neighbour stands in marked as padding. A reader that
+ * keeps losing the race never gives up while newer generations appear:
+ * after WH_READ_HOLD_AFTER lost races its copies hold the generation
+ * (read_held, shm), which cannot lose; on mongodb each loss moves on to the
+ * generation the state document names. Only timeout_s without a newer
+ * generation (or *stop) ends it. */
+#define WH_READ_HOLD_AFTER 2      /* lost races before a copy holds its generation */
 #define WH_READ_BACKOFF_MIN_MS 2  /* first wait for a newer generation */
 #define WH_READ_BACKOFF_MAX_MS 100
 
