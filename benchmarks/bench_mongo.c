@@ -113,8 +113,8 @@ fail:
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7 || (strcmp(argv[1], "raw") && strcmp(argv[1], "raw-index") &&
-                      strcmp(argv[1], "store"))) {
+    if (argc != 7 ||
+        (strcmp(argv[1], "raw") && strcmp(argv[1], "raw-index") && strcmp(argv[1], "store"))) {
         fprintf(stderr, "usage: %s raw|raw-index|store URI DB SAMPLE_BYTES CHUNK_BYTES N_SAMPLES\n",
                 argv[0]);
         return 2;

@@ -81,8 +81,8 @@ static double gbps(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes / (d
 
 /* Page-aligned, pre-faulted (every page written) private buffer. */
 static unsigned char *warm_buffer(size_t n, int fill) {
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    void *p =
+        mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) die("mmap", NULL);
     memset(p, fill, n);
     return p;
@@ -320,9 +320,14 @@ static void bench_size(size_t size, const opts_t *o) {
     op_fn rops[] = {op_memcpy_touch, op_read_on_touch, op_read_off_touch};
     uint64_t rmed[3];
     run_interleaved(&c, rops, 3, o->reps, rmed);
-    op_fn bops[] = {op_memcpy, op_touch, op_xxh3, op_read_on, op_read_off,
+    op_fn bops[] = {
+        op_memcpy,
+        op_touch,
+        op_xxh3,
+        op_read_on,
+        op_read_off,
 #if WH_BENCH_DISPATCH
-                    op_xxh3_dispatch
+        op_xxh3_dispatch
 #endif
     };
     int nb = (int)(sizeof bops / sizeof bops[0]);
@@ -347,9 +352,11 @@ static void bench_size(size_t size, const opts_t *o) {
     add_row("breakdown: store read, verify off, no touch", mib, gbps(size, bmed[4]), bmemcpy,
             "memcpy");
     add_row("breakdown: touch alone", mib, gbps(size, bmed[1]), 0, "");
-    add_row("breakdown: XXH3 of cached 128 KiB blocks, libxxhash default", mib, gbps(size, bmed[2]), 0, "");
+    add_row("breakdown: XXH3 of cached 128 KiB blocks, libxxhash default", mib, gbps(size, bmed[2]),
+            0, "");
 #if WH_BENCH_DISPATCH
-    add_row("breakdown: XXH3 of cached 128 KiB blocks, libxxhash dispatch", mib, gbps(size, bmed[5]), 0, "");
+    add_row("breakdown: XXH3 of cached 128 KiB blocks, libxxhash dispatch", mib,
+            gbps(size, bmed[5]), 0, "");
 #endif
     munmap(src_map, size + 4096);
     munmap(c.dst, size);
@@ -461,6 +468,7 @@ int main(int argc, char **argv) {
     char load1[64] = "?";
     read_loadavg(load1, sizeof load1);
     printf("\nGB/s = 10^9 bytes per second. Whole run: %.1f s; load average %s at the start, "
-           "%s at the end.\n", (double)(now_ns() - t_start) / 1e9, load0, load1);
+           "%s at the end.\n",
+           (double)(now_ns() - t_start) / 1e9, load0, load1);
     return 0;
 }

@@ -54,13 +54,13 @@ static const struct {
     const char *name;
     size_t size;
 } wh__dtypes[WH_DT_MAX_] = {
-    [WH_DT_BOOL] = {"bool", 1},     [WH_DT_U8] = {"uint8", 1},
-    [WH_DT_U16] = {"uint16", 2},    [WH_DT_U32] = {"uint32", 4},
-    [WH_DT_U64] = {"uint64", 8},    [WH_DT_I8] = {"int8", 1},
-    [WH_DT_I16] = {"int16", 2},     [WH_DT_I32] = {"int32", 4},
-    [WH_DT_I64] = {"int64", 8},     [WH_DT_F16] = {"float16", 2},
-    [WH_DT_F32] = {"float32", 4},   [WH_DT_F64] = {"float64", 8},
-    [WH_DT_BF16] = {"bfloat16", 2}, [WH_DT_C64] = {"complex64", 8},
+    [WH_DT_BOOL] = {"bool", 1},        [WH_DT_U8] = {"uint8", 1},
+    [WH_DT_U16] = {"uint16", 2},       [WH_DT_U32] = {"uint32", 4},
+    [WH_DT_U64] = {"uint64", 8},       [WH_DT_I8] = {"int8", 1},
+    [WH_DT_I16] = {"int16", 2},        [WH_DT_I32] = {"int32", 4},
+    [WH_DT_I64] = {"int64", 8},        [WH_DT_F16] = {"float16", 2},
+    [WH_DT_F32] = {"float32", 4},      [WH_DT_F64] = {"float64", 8},
+    [WH_DT_BF16] = {"bfloat16", 2},    [WH_DT_C64] = {"complex64", 8},
     [WH_DT_C128] = {"complex128", 16},
 };
 
@@ -122,16 +122,16 @@ void wh_sleep_ms(unsigned ms) {
 #define WH__HUGE (2u << 20)
 
 typedef struct wh__pooled {
-    wh_buf_t buf; /* first member: the release callback casts back */
-    size_t cap;   /* bytes mapped */
+    wh_buf_t buf;            /* first member: the release callback casts back */
+    size_t cap;              /* bytes mapped */
     struct wh__pooled *next; /* while idle */
 } wh__pooled_t;
 
 static pthread_mutex_t wh__pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t wh__pool_once = PTHREAD_ONCE_INIT;
-static wh__pooled_t *wh__pool_free; /* idle buffers, most recently used first */
-static size_t wh__pool_idle;        /* bytes idle in the pool */
-static size_t wh__pool_keep;        /* most bytes kept idle */
+static wh__pooled_t *wh__pool_free;             /* idle buffers, most recently used first */
+static size_t wh__pool_idle;                    /* bytes idle in the pool */
+static size_t wh__pool_keep;                    /* most bytes kept idle */
 static uint64_t wh__pool_hits, wh__pool_misses; /* atomic */
 
 /* A child must not wait on a lock a parent thread held across fork. */
@@ -152,8 +152,10 @@ static size_t wh__pool_env(void) {
     for (const char *p = e; ok && *p; p++, n++)
         ok = *p >= '0' && *p <= '9' && n < 20 && (v = v * 10 + (size_t)(*p - '0')) <= most;
     if (ok) return v;
-    fprintf(stderr, "wirehead: WIREHEAD_POOL_BYTES=%.40s is not a byte count in 0..%zu "
-                    "(decimal digits); using the default %zu bytes\n", e, most, dflt);
+    fprintf(stderr,
+            "wirehead: WIREHEAD_POOL_BYTES=%.40s is not a byte count in 0..%zu "
+            "(decimal digits); using the default %zu bytes\n",
+            e, most, dflt);
     return dflt;
 }
 

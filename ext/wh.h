@@ -18,21 +18,21 @@
 /* Error codes; the module glue maps each to a Python exception class. */
 typedef enum {
     WH_OK = 0,
-    WH_E_INVALID,   /* bad argument or bad sample from the caller */
-    WH_E_SCHEMA,    /* store made with another format/SAMPLE/SWAP_CAP */
-    WH_E_GONE,      /* generation reclaimed while reading: move to newest */
-    WH_E_CORRUPT,   /* stored bytes fail validation or checksum: skip */
-    WH_E_NOSPACE,   /* store cannot be created in the space available */
-    WH_E_TOOBIG,    /* one sample larger than a generation's byte budget */
-    WH_E_TIMEOUT,   /* bounded wait ran out */
-    WH_E_UNAVAIL,   /* server unreachable / connection lost */
-    WH_E_NOTFOUND,  /* no such generation/position/store */
-    WH_E_SYS,       /* OS call failed */
-    WH_E_LEASE,     /* this manager does not hold the lease (lost or expired) */
-    WH_E_PINNED,    /* a view would break the pin policy: read a copy instead */
+    WH_E_INVALID,  /* bad argument or bad sample from the caller */
+    WH_E_SCHEMA,   /* store made with another format/SAMPLE/SWAP_CAP */
+    WH_E_GONE,     /* generation reclaimed while reading: move to newest */
+    WH_E_CORRUPT,  /* stored bytes fail validation or checksum: skip */
+    WH_E_NOSPACE,  /* store cannot be created in the space available */
+    WH_E_TOOBIG,   /* one sample larger than a generation's byte budget */
+    WH_E_TIMEOUT,  /* bounded wait ran out */
+    WH_E_UNAVAIL,  /* server unreachable / connection lost */
+    WH_E_NOTFOUND, /* no such generation/position/store */
+    WH_E_SYS,      /* OS call failed */
+    WH_E_LEASE,    /* this manager does not hold the lease (lost or expired) */
+    WH_E_PINNED,   /* a view would break the pin policy: read a copy instead */
     WH_E_INTERNAL,
-    WH_E_CUDA,      /* CUDA runtime missing or failing (wh_cuda.c) */
-    WH_E_NOSTORE    /* the store does not exist yet (shm, BYTE_BUDGET auto: the first
+    WH_E_CUDA,   /* CUDA runtime missing or failing (wh_cuda.c) */
+    WH_E_NOSTORE /* the store does not exist yet (shm, BYTE_BUDGET auto: the first
                        put creates it); a kind of NOTFOUND */
 } wh_code_t;
 
@@ -46,17 +46,26 @@ typedef struct {
 bool wh_err_set(wh_err_t *err, wh_code_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prepends context: "ctx: <old message>". Keeps the code. Returns false. */
-bool wh_err_prefix(wh_err_t *err, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+bool wh_err_prefix(wh_err_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void wh_err_clear(wh_err_t *err);
 
 /* Element types. Codes are stored on disk/shm: never renumber. */
 typedef enum {
     WH_DT_BOOL = 1,
-    WH_DT_U8, WH_DT_U16, WH_DT_U32, WH_DT_U64,
-    WH_DT_I8, WH_DT_I16, WH_DT_I32, WH_DT_I64,
-    WH_DT_F16, WH_DT_F32, WH_DT_F64,
-    WH_DT_BF16, WH_DT_C64, WH_DT_C128,
+    WH_DT_U8,
+    WH_DT_U16,
+    WH_DT_U32,
+    WH_DT_U64,
+    WH_DT_I8,
+    WH_DT_I16,
+    WH_DT_I32,
+    WH_DT_I64,
+    WH_DT_F16,
+    WH_DT_F32,
+    WH_DT_F64,
+    WH_DT_BF16,
+    WH_DT_C64,
+    WH_DT_C128,
     WH_DT_MAX_
 } wh_dtype_t;
 
@@ -90,9 +99,9 @@ static inline bool wh_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
 
 /* Process-wide counters (atomics) that tests and benchmarks read. */
 typedef struct {
-    uint64_t bytes_copied_out;  /* bytes copied from a store into a caller buffer */
-    uint64_t bytes_copied_in;   /* bytes copied from caller arrays into a store */
-    uint64_t copies_out;        /* number of such copies (one per field read) */
+    uint64_t bytes_copied_out; /* bytes copied from a store into a caller buffer */
+    uint64_t bytes_copied_in;  /* bytes copied from caller arrays into a store */
+    uint64_t copies_out;       /* number of such copies (one per field read) */
 } wh_counters_t;
 void wh_counters_get(wh_counters_t *out);
 void wh_counters_reset(void);

@@ -16,8 +16,8 @@ typedef struct {
 
 typedef struct {
     const char *scheme;
-    bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms,
-                wh_put_status_t *st, uint64_t *gen, wh_err_t *);
+    bool (*put)(wh_store_t *, const wh_array_t *arr, int n, unsigned wait_ms, wh_put_status_t *st,
+                uint64_t *gen, wh_err_t *);
     bool (*lead)(wh_store_t *, bool *leader, wh_err_t *);
     bool (*resign)(wh_store_t *, wh_err_t *);
     bool (*seal)(wh_store_t *, bool *sealed, wh_seal_info_t *info, wh_err_t *);
@@ -26,8 +26,8 @@ typedef struct {
                  wh_sample_meta_t *meta, wh_err_t *);
     bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
     /* store-backed view; NULL where the backend has none (mongo) */
-    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out,
-                 wh_sample_meta_t *meta, wh_err_t *);
+    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out, wh_sample_meta_t *meta,
+                 wh_err_t *);
     /* read holding gen for the copy (a transient pin), so a slow copy
      * cannot lose the race with reclamation; NULL where the backend has
      * no pins (mongo) */
@@ -48,8 +48,8 @@ void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char 
 struct wh_store {
     const wh_store_ops_t *ops;
     wh_store_config_t cfg;
-    char *uri;  /* owned copy of cfg.uri */
-    int pid;    /* process that opened it: the fork guard */
+    char *uri;             /* owned copy of cfg.uri */
+    int pid;               /* process that opened it: the fork guard */
     wh_reader_beat_t beat; /* this handle's reads (the read policy counts them) */
 };
 
@@ -66,8 +66,7 @@ bool wh_shm_clean(const char *name, wh_err_t *err);
  * damage (the layout is private to wh_shm.c). */
 typedef struct {
     size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
-    size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes,
-        slot_holes;
+    size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes, slot_holes;
     size_t hdr_size; /* the header, before page rounding (the /dev/shm a store reserves) */
 } wh_shm_layout_t;
 void wh_shm_layout(wh_shm_layout_t *l);

@@ -10,7 +10,9 @@
 
 /* ---- the GPU stage ---- */
 
-enum { WH__MAX_CONSUMERS = 8 };
+enum {
+    WH__MAX_CONSUMERS = 8
+};
 
 /* What the pools' buffers share: a buffer whose last reference returns it
  * to its stage's pool. */
@@ -22,9 +24,9 @@ typedef struct {
 } wh__gbuf_t;
 
 typedef struct wh__dbuf {
-    wh__gbuf_t p; /* first member */
+    wh__gbuf_t p;                  /* first member */
     wh_cevent_t start_ev, copy_ev; /* around the copy into this buffer */
-    int ncons;                      /* consumers' release events, one per stream */
+    int ncons;                     /* consumers' release events, one per stream */
     intptr_t cons_stream[WH__MAX_CONSUMERS];
     wh_cevent_t cons_ev[WH__MAX_CONSUMERS];
     struct wh__dbuf *next;
@@ -129,10 +131,12 @@ void wh_gpu_destroy(wh_gpu_t *g) {
 /* Retires completed copies in order; mutex held, device entered. */
 static void wh__poll_locked(wh_gpu_t *g, wh_buf_t **drop, size_t *ndrop) {
     size_t k = 0;
-    while (k < g->ninflight && wh_cudart.EventQuery(g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS) {
+    while (k < g->ninflight &&
+           wh_cudart.EventQuery(g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS) {
         float ms = 0;
         if (wh_cudart.EventElapsedTime(&ms, g->inflight[k].dev->start_ev,
-                                    g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS && ms > 0)
+                                       g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS &&
+            ms > 0)
             g->stats.copy_ns += (uint64_t)(ms * 1e6);
         drop[(*ndrop)++] = g->inflight[k].host;
         drop[(*ndrop)++] = &g->inflight[k].dev->p.buf;
@@ -185,8 +189,11 @@ wh_buf_t *wh_gpu_pinned(wh_gpu_t *g, size_t size, wh_err_t *err) {
         if (!p) {
             free(h);
             pthread_mutex_unlock(&g->mu);
-            return wh_err_set(err, WH_E_CUDA, "CUDA: cannot allocate %zu bytes of page-locked "
-                                              "host memory (cudaHostAlloc)", size), NULL;
+            return wh_err_set(err, WH_E_CUDA,
+                              "CUDA: cannot allocate %zu bytes of page-locked "
+                              "host memory (cudaHostAlloc)",
+                              size),
+                   NULL;
         }
         h->p.g = g;
         h->p.cap = WH_ALIGN_UP(size);
@@ -211,20 +218,25 @@ wh_buf_t *wh_gpu_pinned(wh_gpu_t *g, size_t size, wh_err_t *err) {
 static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
     wh__dbuf_t *d = NULL;
     for (wh__dbuf_t *x = g->dbufs; x; x = x->next)
-        if (!x->p.busy && x->p.cap >= size && x->p.cap <= 2 * size + 4096 && (!d || x->p.cap < d->p.cap))
+        if (!x->p.busy && x->p.cap >= size && x->p.cap <= 2 * size + 4096 &&
+            (!d || x->p.cap < d->p.cap))
             d = x;
     if (!d) {
         d = calloc(1, sizeof *d);
         if (!d) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
         int rc = wh_cudart.Malloc(&d->p.buf.data, WH_ALIGN_UP(size ? size : 1));
-        if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventCreateWithFlags(&d->start_ev, WH_CUDA_EVENT_DEFAULT);
-        if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventCreateWithFlags(&d->copy_ev, WH_CUDA_EVENT_DEFAULT);
+        if (rc == WH_CUDA_SUCCESS)
+            rc = wh_cudart.EventCreateWithFlags(&d->start_ev, WH_CUDA_EVENT_DEFAULT);
+        if (rc == WH_CUDA_SUCCESS)
+            rc = wh_cudart.EventCreateWithFlags(&d->copy_ev, WH_CUDA_EVENT_DEFAULT);
         if (rc != WH_CUDA_SUCCESS) {
             if (d->start_ev) wh_cudart.EventDestroy(d->start_ev);
             if (d->p.buf.data) wh_cudart.Free(d->p.buf.data);
             free(d);
-            wh_err_set(err, WH_E_CUDA, "CUDA: cannot allocate a %zu-byte device buffer on "
-                                       "device %d: %s", size, g->device, wh_cudart_str(rc));
+            wh_err_set(err, WH_E_CUDA,
+                       "CUDA: cannot allocate a %zu-byte device buffer on "
+                       "device %d: %s",
+                       size, g->device, wh_cudart_str(rc));
             return NULL;
         }
         d->p.g = g;
@@ -244,7 +256,8 @@ static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
 wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
     if (size > host->size)
         return wh_err_set(err, WH_E_INVALID, "copy of %zu bytes from a %zu-byte buffer", size,
-                          host->size), NULL;
+                          host->size),
+               NULL;
     wh_gpu_poll(g);
     pthread_mutex_lock(&g->mu);
     int prev = wh_cudart_enter(g->device);
@@ -253,7 +266,8 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
     if (g->ninflight == g->capinflight) {
         size_t nc = g->capinflight ? 2 * g->capinflight : 8;
         wh__inflight_t *ni = realloc(g->inflight, nc * sizeof *ni);
-        if (!ni) ok = wh_err_set(err, WH_E_SYS, "out of memory");
+        if (!ni)
+            ok = wh_err_set(err, WH_E_SYS, "out of memory");
         else {
             g->inflight = ni;
             g->capinflight = nc;
@@ -267,7 +281,8 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
             rc = wh_cudart.StreamWaitEvent(g->stream, d->cons_ev[i], 0);
         if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventRecord(d->start_ev, g->stream);
         if (rc == WH_CUDA_SUCCESS)
-            rc = wh_cudart.MemcpyAsync(d->p.buf.data, host->data, size, WH_CUDA_MEMCPY_H2D, g->stream);
+            rc = wh_cudart.MemcpyAsync(d->p.buf.data, host->data, size, WH_CUDA_MEMCPY_H2D,
+                                       g->stream);
         if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventRecord(d->copy_ev, g->stream);
         if (rc != WH_CUDA_SUCCESS) {
             ok = wh_cudart_fail(err, rc, "the host-to-device copy (cudaMemcpyAsync)");
@@ -316,7 +331,8 @@ bool wh_gpu_export(wh_buf_t *b, intptr_t stream, wh_err_t *err) {
     int prev = wh_cudart_enter(g->device);
     int rc = wh_cudart.StreamWaitEvent((wh_cstream_t)stream, d->copy_ev, 0);
     wh_cudart_leave(g->device, prev);
-    if (rc != WH_CUDA_SUCCESS) return wh_cudart_fail(err, rc, "cudaStreamWaitEvent on the consumer's stream");
+    if (rc != WH_CUDA_SUCCESS)
+        return wh_cudart_fail(err, rc, "cudaStreamWaitEvent on the consumer's stream");
     pthread_mutex_lock(&g->mu);
     g->stats.stream_waits++;
     pthread_mutex_unlock(&g->mu);
@@ -338,7 +354,8 @@ void wh_gpu_exported_done(wh_buf_t *b, intptr_t stream) {
         g->stats.host_wait_ns += wh_now_mono_ns() - t0;
         wh_cudart.EventDestroy(d->cons_ev[0]);
         memmove(d->cons_ev, d->cons_ev + 1, (WH__MAX_CONSUMERS - 1) * sizeof *d->cons_ev);
-        memmove(d->cons_stream, d->cons_stream + 1, (WH__MAX_CONSUMERS - 1) * sizeof *d->cons_stream);
+        memmove(d->cons_stream, d->cons_stream + 1,
+                (WH__MAX_CONSUMERS - 1) * sizeof *d->cons_stream);
         i = --d->ncons;
         g->stats.host_waits++;
     }

@@ -16,15 +16,15 @@ typedef uintptr_t wh_stream_t;
 typedef struct wh_gpu wh_gpu_t;
 
 typedef struct {
-    uint64_t copies;         /* host-to-device copies issued */
-    uint64_t h2d_bytes;      /* bytes they carried */
-    uint64_t copy_ns;        /* copy time measured by events (completed copies) */
-    uint64_t host_waits;     /* times a host thread had to wait on an event */
-    uint64_t host_wait_ns;   /* time spent there */
-    uint64_t stream_waits;   /* cudaStreamWaitEvent calls for consumers */
-    uint32_t device_bufs;    /* device buffers in the pool */
-    uint32_t pinned_bufs;    /* page-locked host buffers in the pool */
-    uint64_t device_bytes;   /* device memory held by the pool */
+    uint64_t copies;       /* host-to-device copies issued */
+    uint64_t h2d_bytes;    /* bytes they carried */
+    uint64_t copy_ns;      /* copy time measured by events (completed copies) */
+    uint64_t host_waits;   /* times a host thread had to wait on an event */
+    uint64_t host_wait_ns; /* time spent there */
+    uint64_t stream_waits; /* cudaStreamWaitEvent calls for consumers */
+    uint32_t device_bufs;  /* device buffers in the pool */
+    uint32_t pinned_bufs;  /* page-locked host buffers in the pool */
+    uint64_t device_bytes; /* device memory held by the pool */
 } wh_gpu_stats_t;
 
 /* A stage for one device: its own non-blocking copy stream. Open it in the

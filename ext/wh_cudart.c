@@ -22,15 +22,18 @@ const char *wh_cudart_str(int rc) {
 }
 
 bool wh_cudart_fail(wh_err_t *err, int rc, const char *what) {
-    return wh_err_set(err, WH_E_CUDA, "CUDA: %s failed: %s (error %d)", what, wh_cudart_str(rc), rc);
+    return wh_err_set(err, WH_E_CUDA, "CUDA: %s failed: %s (error %d)", what, wh_cudart_str(rc),
+                      rc);
 }
 
 static void *wh__open_lib(char *tried, size_t cap) {
     const char *env = getenv("WIREHEAD_CUDA_LIB");
     if (env && *env) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        if (!h) snprintf(tried, cap, "WIREHEAD_CUDA_LIB=%s cannot be loaded: %s", env, dlerror());
-        else snprintf(wh__cu_name, sizeof wh__cu_name, "%s", env);
+        if (!h)
+            snprintf(tried, cap, "WIREHEAD_CUDA_LIB=%s cannot be loaded: %s", env, dlerror());
+        else
+            snprintf(wh__cu_name, sizeof wh__cu_name, "%s", env);
         return h;
     }
     static const char *names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
@@ -61,13 +64,17 @@ static bool wh__load(wh_err_t *err) {
         const char *name;
     } syms[] = {
 #define WH__SYM(f) {(void **)&api.f, "cuda" #f}
-        WH__SYM(GetDeviceCount), WH__SYM(GetDevice), WH__SYM(SetDevice),
-        WH__SYM(RuntimeGetVersion), WH__SYM(DriverGetVersion), WH__SYM(GetErrorString),
-        WH__SYM(HostAlloc), WH__SYM(FreeHost), WH__SYM(Malloc), WH__SYM(Free),
-        WH__SYM(MemcpyAsync), WH__SYM(StreamCreateWithFlags), WH__SYM(StreamDestroy),
-        WH__SYM(StreamSynchronize), WH__SYM(StreamWaitEvent), WH__SYM(EventCreateWithFlags),
-        WH__SYM(EventDestroy), WH__SYM(EventRecord), WH__SYM(EventQuery),
-        WH__SYM(EventSynchronize), WH__SYM(EventElapsedTime),
+        WH__SYM(GetDeviceCount),   WH__SYM(GetDevice),
+        WH__SYM(SetDevice),        WH__SYM(RuntimeGetVersion),
+        WH__SYM(DriverGetVersion), WH__SYM(GetErrorString),
+        WH__SYM(HostAlloc),        WH__SYM(FreeHost),
+        WH__SYM(Malloc),           WH__SYM(Free),
+        WH__SYM(MemcpyAsync),      WH__SYM(StreamCreateWithFlags),
+        WH__SYM(StreamDestroy),    WH__SYM(StreamSynchronize),
+        WH__SYM(StreamWaitEvent),  WH__SYM(EventCreateWithFlags),
+        WH__SYM(EventDestroy),     WH__SYM(EventRecord),
+        WH__SYM(EventQuery),       WH__SYM(EventSynchronize),
+        WH__SYM(EventElapsedTime),
 #undef WH__SYM
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(syms); i++) {
@@ -102,7 +109,8 @@ bool wh_cuda_init(int device, wh_err_t *err) {
                           "CUDA: this process was forked after CUDA was initialised in its "
                           "parent; CUDA cannot be used here (DataLoader workers must not "
                           "create CUDA state: move batches to the GPU in the main process)");
-    if (device < 0) return wh_err_set(err, WH_E_CUDA, "CUDA: device %d is not a device number", device);
+    if (device < 0)
+        return wh_err_set(err, WH_E_CUDA, "CUDA: device %d is not a device number", device);
     int drv = 0, n = 0;
     wh_cudart.DriverGetVersion(&drv);
     if (drv == 0)
@@ -116,8 +124,10 @@ bool wh_cuda_init(int device, wh_err_t *err) {
                           "(CUDA %d.%d): %s",
                           drv / 1000, (drv % 1000) / 10, wh__cu_name, wh__cu_version / 1000,
                           (wh__cu_version % 1000) / 10, wh_cudart_str(rc));
-    if (rc == WH_CUDA_ERR_NO_DEVICE) n = 0;
-    else if (rc != WH_CUDA_SUCCESS) return wh_cudart_fail(err, rc, "cudaGetDeviceCount");
+    if (rc == WH_CUDA_ERR_NO_DEVICE)
+        n = 0;
+    else if (rc != WH_CUDA_SUCCESS)
+        return wh_cudart_fail(err, rc, "cudaGetDeviceCount");
     if (device >= n)
         return wh_err_set(err, WH_E_CUDA, "CUDA: no device %d: this machine has %d CUDA device%s",
                           device, n, n == 1 ? "" : "s");

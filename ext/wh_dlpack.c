@@ -25,7 +25,7 @@ typedef struct wh__mtv {
     DLTensor dl_tensor;
 } wh__managed_versioned_t;
 
-#define WH__DL_BOOL 6 /* kDLBool, DLPack >= 0.8 */
+#define WH__DL_BOOL 6                     /* kDLBool, DLPack >= 0.8 */
 #define WH__DL_FLAG_IS_COPIED (1ULL << 1) /* DLPACK_FLAG_BITMASK_IS_COPIED, DLPack 1.0 */
 
 PyObject *wh_array_new(PyTypeObject *type, wh_buf_t *buf, size_t offset, int dtype, int ndim,
@@ -57,9 +57,17 @@ static DLDataType wh__dl_dtype(int dtype, bool versioned) {
     t.bits = (uint8_t)bits;
     switch (dtype) {
     case WH_DT_BOOL: t.code = versioned ? WH__DL_BOOL : kDLUInt; break;
-    case WH_DT_U8: case WH_DT_U16: case WH_DT_U32: case WH_DT_U64: t.code = kDLUInt; break;
-    case WH_DT_I8: case WH_DT_I16: case WH_DT_I32: case WH_DT_I64: t.code = kDLInt; break;
-    case WH_DT_F16: case WH_DT_F32: case WH_DT_F64: t.code = kDLFloat; break;
+    case WH_DT_U8:
+    case WH_DT_U16:
+    case WH_DT_U32:
+    case WH_DT_U64: t.code = kDLUInt; break;
+    case WH_DT_I8:
+    case WH_DT_I16:
+    case WH_DT_I32:
+    case WH_DT_I64: t.code = kDLInt; break;
+    case WH_DT_F16:
+    case WH_DT_F32:
+    case WH_DT_F64: t.code = kDLFloat; break;
     case WH_DT_BF16: t.code = kDLBfloat; break;
     default: t.code = kDLComplex; break;
     }
@@ -109,26 +117,27 @@ static bool wh__cuda_stream(wh_buf_t *buf, PyObject *stream, intptr_t *out) {
     long long v = 1;
     if (stream != Py_None) {
         if (!PyLong_Check(stream) || PyBool_Check(stream)) {
-            PyErr_Format(PyExc_TypeError, "wirehead_torch.Array.__dlpack__: stream must be None "
-                                          "or an int for a CUDA array, got %s",
+            PyErr_Format(PyExc_TypeError,
+                         "wirehead_torch.Array.__dlpack__: stream must be None "
+                         "or an int for a CUDA array, got %s",
                          Py_TYPE(stream)->tp_name);
             return false;
         }
         int overflow = 0;
         v = PyLong_AsLongLongAndOverflow(stream, &overflow);
-        if (overflow > 0) v = (long long)PyLong_AsUnsignedLongLong(stream); /* a pointer above 2^63 */
+        if (overflow > 0)
+            v = (long long)PyLong_AsUnsignedLongLong(stream); /* a pointer above 2^63 */
         if (PyErr_Occurred() || overflow < 0) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "wirehead_torch.Array.__dlpack__: stream out of range");
+                PyErr_SetString(PyExc_ValueError,
+                                "wirehead_torch.Array.__dlpack__: stream out of range");
             return false;
         }
     }
     wh_err_t err = {0};
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_gpu_export(buf, (intptr_t)v, &err);
-    Py_END_ALLOW_THREADS
-    if (!ok) {
+    Py_BEGIN_ALLOW_THREADS ok = wh_gpu_export(buf, (intptr_t)v, &err);
+    Py_END_ALLOW_THREADS if (!ok) {
         PyErr_Format(err.code == WH_E_INVALID ? PyExc_ValueError : PyExc_BufferError, "%s",
                      err.message);
         return false;
@@ -141,8 +150,8 @@ PyObject *wh_array_dlpack(PyObject *self, PyObject *args, PyObject *kw) {
     wh_array_obj_t *a = (wh_array_obj_t *)self;
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kwlist, &stream, &max_version,
-                                     &dl_device, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kwlist, &stream, &max_version, &dl_device,
+                                     &copy))
         return NULL;
     bool versioned = false;
     if (max_version != Py_None) {
@@ -153,7 +162,8 @@ PyObject *wh_array_dlpack(PyObject *self, PyObject *args, PyObject *kw) {
         versioned = major >= 1;
     }
     if (copy != Py_None && !PyBool_Check(copy)) {
-        PyErr_SetString(PyExc_TypeError, "wirehead_torch.Array.__dlpack__: copy must be None or a bool");
+        PyErr_SetString(PyExc_TypeError,
+                        "wirehead_torch.Array.__dlpack__: copy must be None or a bool");
         return NULL;
     }
     if (dl_device != Py_None) {
@@ -169,8 +179,7 @@ PyObject *wh_array_dlpack(PyObject *self, PyObject *args, PyObject *kw) {
         }
     }
     intptr_t cstream = 0;
-    if (a->buf->device_type == kDLCUDA && !wh__cuda_stream(a->buf, stream, &cstream))
-        return NULL;
+    if (a->buf->device_type == kDLCUDA && !wh__cuda_stream(a->buf, stream, &cstream)) return NULL;
     wh_buf_t *src = a->buf;
     size_t src_off = a->offset;
     if (copy == Py_True) {
@@ -184,10 +193,8 @@ PyObject *wh_array_dlpack(PyObject *self, PyObject *args, PyObject *kw) {
         for (int d = 0; d < a->ndim; d++) n *= (size_t)a->shape[d];
         src = wh_buf_new(n);
         if (!src) return PyErr_NoMemory();
-        Py_BEGIN_ALLOW_THREADS
-        memcpy(src->data, (char *)a->buf->data + a->offset, n);
-        Py_END_ALLOW_THREADS
-        src_off = 0;
+        Py_BEGIN_ALLOW_THREADS memcpy(src->data, (char *)a->buf->data + a->offset, n);
+        Py_END_ALLOW_THREADS src_off = 0;
     } else {
         wh_buf_ref(src);
     }

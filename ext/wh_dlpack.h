@@ -10,8 +10,7 @@
 
 /* An Array: a view of a C buffer, kept alive by its reference. */
 typedef struct {
-    PyObject_HEAD
-    wh_buf_t *buf;
+    PyObject_HEAD wh_buf_t *buf;
     size_t offset;
     int dtype;
     int ndim;

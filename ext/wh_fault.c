@@ -11,10 +11,10 @@
 #ifdef WH_FAULTS
 
 typedef struct {
-    const char *env;   /* variable naming the pause in seconds */
-    const char *what;  /* printed so a test can synchronise on it */
-    double secs;       /* < 0: no fault point */
-    int pid;           /* process that read env: a forked child reads again */
+    const char *env;  /* variable naming the pause in seconds */
+    const char *what; /* printed so a test can synchronise on it */
+    double secs;      /* < 0: no fault point */
+    int pid;          /* process that read env: a forked child reads again */
 } wh__fault_t;
 
 static wh__fault_t wh__put = {"WIREHEAD_FAULT_PUT_PAUSE", "put", -1, 0};

@@ -23,7 +23,12 @@
 
 #include "wh_shmfile.h"
 
-enum { WH__FREE, WH__FILLING, WH__READY, WH__OUT };
+enum {
+    WH__FREE,
+    WH__FILLING,
+    WH__READY,
+    WH__OUT
+};
 
 typedef struct wh__lslot {
     wh_buf_t buf; /* first member: the release callback casts back */
@@ -204,8 +209,8 @@ static bool wh__dest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t 
     return true;
 }
 
-static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t index,
-                     uint64_t gen, const wh_plan_perm_t *perm, wh_err_t *err) {
+static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t index, uint64_t gen,
+                     const wh_plan_perm_t *perm, wh_err_t *err) {
     uint64_t first = index * ld->cfg.batch;
     uint32_t n = (uint32_t)(ld->steps - first < ld->cfg.batch ? ld->steps - first : ld->cfg.batch);
     s->b.index = index;
@@ -222,8 +227,8 @@ static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t i
         at.gen = gen;
         wh_plan_item_at(&ld->cfg.plan, perm, first + i, &at.pos, &pad);
         c.i = i;
-        bool ok = wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c,
-                                       NULL, err);
+        bool ok =
+            wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c, NULL, err);
         if (at.gone) __atomic_fetch_add(&ld->stats.gone, at.gone, __ATOMIC_RELAXED);
         if (at.corrupt || at.gen > gen) {
             pthread_mutex_lock(&ld->mu);
@@ -293,8 +298,10 @@ static char *wh__dup(const char *s) { return s ? strdup(s) : NULL; }
 
 wh_loader_t *wh_loader_new(const wh_loader_config_t *cfg, wh_err_t *err) {
     if (cfg->batch < 1 || cfg->threads < 1 || cfg->prefetch < 1 || cfg->threads > 256)
-        return wh_err_set(err, WH_E_INVALID, "batch_size, num_threads (1..256) and prefetch must "
-                                             "be at least 1"), NULL;
+        return wh_err_set(err, WH_E_INVALID,
+                          "batch_size, num_threads (1..256) and prefetch must "
+                          "be at least 1"),
+               NULL;
     if (!cfg->want) return wh_err_set(err, WH_E_INVALID, "no fields selected"), NULL;
     wh_plan_t plan = cfg->plan;
     plan.workers = 0;
@@ -323,8 +330,8 @@ wh_loader_t *wh_loader_new(const wh_loader_config_t *cfg, wh_err_t *err) {
     pthread_cond_init(&ld->ready_cv, &ca);
     pthread_condattr_destroy(&ca);
     ld->steps = wh_plan_steps(&ld->cfg.plan);
-    ld->nbatches = cfg->drop_last ? ld->steps / cfg->batch
-                                  : (ld->steps + cfg->batch - 1) / cfg->batch;
+    ld->nbatches =
+        cfg->drop_last ? ld->steps / cfg->batch : (ld->steps + cfg->batch - 1) / cfg->batch;
     ld->main_store = wh_store_open(&ld->cfg.store, err);
     if (!ld->main_store) {
         wh__loader_free(ld);
@@ -394,8 +401,7 @@ bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint
     return true;
 }
 
-bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *done,
-                    wh_err_t *err) {
+bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *done, wh_err_t *err) {
     *done = false;
     out->buf = NULL;
     uint64_t t0 = wh_now_mono_ns();
@@ -481,8 +487,8 @@ void wh_loader_destroy(wh_loader_t *ld) {
 
 /* ---- the DataLoader workers' batch ring: shared maps, control words ---- */
 
-bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate,
-                 bool hugepage, bool *busy, wh_err_t *err) {
+bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
+                 bool *busy, wh_err_t *err) {
     m->base = NULL;
     m->size = 0;
     m->fd = -1;
@@ -522,8 +528,8 @@ bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool popul
         close(fd);
         return false;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0),
-                   fd, 0);
+    void *p =
+        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         close(fd);

@@ -14,7 +14,10 @@
 
 typedef struct wh_loader wh_loader_t;
 
-enum { WH_REFRESH_EPOCH = 0, WH_REFRESH_STEP = 1 };
+enum {
+    WH_REFRESH_EPOCH = 0,
+    WH_REFRESH_STEP = 1
+};
 
 /* Where batch memory comes from (the CUDA path supplies pinned memory). */
 typedef struct {
@@ -30,30 +33,30 @@ typedef struct {
     uint32_t threads;        /* reader threads >= 1 */
     uint32_t prefetch;       /* batches read ahead >= 1 */
     bool drop_last;
-    uint32_t want;           /* bit i: deliver field i */
-    int refresh;             /* WH_REFRESH_* */
-    double timeout_s;        /* wait for the first generation */
-    wh_allocator_t alloc;    /* zero: aligned heap memory */
+    uint32_t want;        /* bit i: deliver field i */
+    int refresh;          /* WH_REFRESH_* */
+    double timeout_s;     /* wait for the first generation */
+    wh_allocator_t alloc; /* zero: aligned heap memory */
 } wh_loader_config_t;
 
 /* One delivered batch. buf holds one reference for the caller, who must
  * wh_buf_unref it (exported arrays take their own references). */
 typedef struct {
     wh_buf_t *buf;
-    uint64_t index; /* batch index within the epoch */
-    uint32_t n;     /* items in this batch */
+    uint64_t index;                      /* batch index within the epoch */
+    uint32_t n;                          /* items in this batch */
     wh_field_meta_t meta[WH_MAX_FIELDS]; /* per-item shape and dtype; nbytes per item */
     uint64_t off[WH_MAX_FIELDS];         /* byte offset of each field's [n, ...] block */
     uint64_t pad_off, gen_off, pos_off;  /* uint8[n], int64[n], int64[n] */
 } wh_batch_t;
 
 typedef struct {
-    uint64_t batches;       /* delivered */
-    uint64_t items;         /* samples read */
-    uint64_t corrupt;       /* samples skipped as corrupt (replaced by padding) */
-    uint64_t gone;          /* reads retried on a newer generation */
-    uint64_t wait_ns;       /* time the consumer waited for a batch */
-    uint32_t ring;          /* ring buffers allocated */
+    uint64_t batches; /* delivered */
+    uint64_t items;   /* samples read */
+    uint64_t corrupt; /* samples skipped as corrupt (replaced by padding) */
+    uint64_t gone;    /* reads retried on a newer generation */
+    uint64_t wait_ns; /* time the consumer waited for a batch */
+    uint32_t ring;    /* ring buffers allocated */
     char last_skip[WH_ERR_LEN];
 } wh_loader_stats_t;
 
@@ -72,8 +75,7 @@ bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint
 /* Next batch in order: true with *out filled, or true with *done at the end
  * of the epoch, or true with neither after wait_ms (call again), or false
  * on an error (the epoch cannot go on). */
-bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *done,
-                    wh_err_t *err);
+bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *done, wh_err_t *err);
 /* The generation the epoch started on. */
 uint64_t wh_loader_generation(const wh_loader_t *ld);
 void wh_loader_stats(wh_loader_t *ld, wh_loader_stats_t *out);
@@ -113,8 +115,8 @@ enum {
  * refused, never written. populate: fault every page in now (a slot mapped
  * once per process is then reused without faults). hugepage: advise
  * transparent huge pages. */
-bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate,
-                 bool hugepage, bool *busy, wh_err_t *err);
+bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
+                 bool *busy, wh_err_t *err);
 /* Releases a region's lock (the mapping stays). */
 void wh_map_unlock(wh_map_t *m);
 /* The file still holds every mapped byte and is still ours: call before the

@@ -21,14 +21,17 @@
  * instance raises that instance's exceptions, and the module lives as long
  * as any of its objects. */
 typedef struct {
-    PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout,
-        *unavail, *notfound, *nostore, *lease, *pinned, *cuda;
+    PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout, *unavail,
+        *notfound, *nostore, *lease, *pinned, *cuda;
     PyTypeObject *array, *store, *loader, *map, *stage;
 } wh__state_t;
 
-#define WH__STATE_FIELDS(X)                                                                   \
-    X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
-    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+/* clang-format off: one X() per field, laid out by hand */
+#define WH__STATE_FIELDS(X)                                                                        \
+    X(base)                                                                                        \
+    X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) X(notfound)   \
+        X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+/* clang-format on */
 #define WH__ONE(f) +1
 _Static_assert(sizeof(wh__state_t) == (0 WH__STATE_FIELDS(WH__ONE)) * sizeof(void *),
                "WH__STATE_FIELDS names every field of the module state");
@@ -70,16 +73,20 @@ static PyObject *wh__shape_tuple(int ndim, const int64_t *shape) {
     PyObject *t = PyTuple_New(ndim);
     for (int d = 0; t && d < ndim; d++) {
         PyObject *v = PyLong_FromLongLong(shape[d]);
-        if (!v) Py_CLEAR(t);
-        else PyTuple_SET_ITEM(t, d, v);
+        if (!v)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, d, v);
     }
     return t;
 }
 
 /* Item i of *list (a new list) is item; a failed item (NULL) drops the list. */
 static void wh__list_put(PyObject **list, Py_ssize_t i, PyObject *item) {
-    if (!item) Py_CLEAR(*list);
-    else PyList_SET_ITEM(*list, i, item);
+    if (!item)
+        Py_CLEAR(*list);
+    else
+        PyList_SET_ITEM(*list, i, item);
 }
 
 /* ---- Array (wh_dlpack.c): a C buffer exported through DLPack ---- */
@@ -167,9 +174,9 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
 }
 
 static bool wh__parse_cfg(wh__state_t *S, PyObject *args, PyObject *kw, wh__cfgbuf_t *out) {
-    static char *kwlist[] = {"uri", "swap_cap", "fields", "byte_budget", "chunk_bytes",
-                             "dbname", "prefix", "lease_s", "connect_timeout_s",
-                             "verify_reads", "create", NULL};
+    static char *kwlist[] = {"uri",    "swap_cap", "fields",  "byte_budget",       "chunk_bytes",
+                             "dbname", "prefix",   "lease_s", "connect_timeout_s", "verify_reads",
+                             "create", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
@@ -193,7 +200,7 @@ static bool wh__parse_cfg(wh__state_t *S, PyObject *args, PyObject *kw, wh__cfgb
     }
     if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {
         PyErr_SetString(S->value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
-                                       "numbers of seconds below 10^6");
+                                  "numbers of seconds below 10^6");
         goto fail;
     }
     c->swap_cap = (uint32_t)swap_cap;
@@ -231,11 +238,10 @@ fail:
 /* ---- Store ---- */
 
 typedef struct {
-    PyObject_HEAD
-    wh_store_t *st;
+    PyObject_HEAD wh_store_t *st;
     pthread_mutex_t mu; /* one C call at a time per handle; lives until dealloc */
     bool inited;
-    int nfields;       /* copies, readable after close */
+    int nfields; /* copies, readable after close */
     uint32_t swap_cap;
 } wh__pystore_t;
 
@@ -248,10 +254,8 @@ static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     if (!wh__parse_cfg(wh__tstate(self), args, kw, &cb)) return -1;
     wh_err_t err = {0};
     wh_store_t *st;
-    Py_BEGIN_ALLOW_THREADS
-    st = wh_store_open(&cb.cfg, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(cb.keep);
+    Py_BEGIN_ALLOW_THREADS st = wh_store_open(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
     if (!st) {
         wh__raise(wh__tstate(self), &err);
         return -1;
@@ -282,24 +286,23 @@ static bool wh__open(wh__pystore_t *self) {
 /* Runs expr with the GIL released and the handle's mutex held. handle is
  * the field (st or ld) checked under the mutex: a close() from another
  * thread may have detached it meanwhile, which reads as "closed". */
-#define WH__CALL(self, handle, ok, err, expr)                                   \
-    do {                                                                      \
-        Py_BEGIN_ALLOW_THREADS                                                \
-        pthread_mutex_lock(&(self)->mu);                                      \
-        if ((self)->handle)                                                   \
-            ok = (expr);                                                      \
-        else                                                                  \
-            ok = wh_err_set(err, WH_E_INVALID, "the handle was closed");      \
-        pthread_mutex_unlock(&(self)->mu);                                    \
-        Py_END_ALLOW_THREADS                                                  \
+#define WH__CALL(self, handle, ok, err, expr)                                                      \
+    do {                                                                                           \
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&(self)->mu);                                    \
+        if ((self)->handle)                                                                        \
+            ok = (expr);                                                                           \
+        else                                                                                       \
+            ok = wh_err_set(err, WH_E_INVALID, "the handle was closed");                           \
+        pthread_mutex_unlock(&(self)->mu);                                                         \
+        Py_END_ALLOW_THREADS                                                                       \
     } while (0)
 
 static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
     (void)unused;
     if (self->inited) {
         wh_store_t *st;
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&self->mu); /* waits for a call in another thread */
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(
+            &self->mu); /* waits for a call in another thread */
         st = self->st;
         self->st = NULL;
         pthread_mutex_unlock(&self->mu);
@@ -342,8 +345,8 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
         if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto out;
         Py_buffer *v = &views[got];
         if ((size_t)v->itemsize != isz || v->ndim > WH_MAX_NDIM) {
-            PyErr_Format(S->value, "field %d: itemsize %zd or ndim %d does not fit dtype %s",
-                         got, v->itemsize, v->ndim, wh_dtype_name(code));
+            PyErr_Format(S->value, "field %d: itemsize %zd or ndim %d does not fit dtype %s", got,
+                         v->itemsize, v->ndim, wh_dtype_name(code));
             PyBuffer_Release(v);
             goto out;
         }
@@ -367,9 +370,9 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
         wh_put_status_t status = WH_PUT_WAIT;
         uint64_t gen = 0;
         bool ok;
-        WH__CALL(self, st, ok, &err, wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
-        res = ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen)
-                 : wh__raise(S, &err);
+        WH__CALL(self, st, ok, &err,
+                 wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
+        res = ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen) : wh__raise(S, &err);
     }
 out:
     for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
@@ -455,8 +458,9 @@ static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
             continue;
         }
         c->bufs[i] = wh_buf_new(meta->f[i].nbytes);
-        if (!c->bufs[i]) return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte field",
-                                           (unsigned long long)meta->f[i].nbytes);
+        if (!c->bufs[i])
+            return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte field",
+                              (unsigned long long)meta->f[i].nbytes);
         dst[i] = c->bufs[i]->data;
     }
     return true;
@@ -493,8 +497,8 @@ static PyObject *wh__array_list(wh__state_t *S, int nf, wh_buf_t *const *bufs, b
     for (int i = 0; out && i < nf; i++) {
         PyObject *a = Py_None;
         if (bufs[i]) {
-            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0,
-                             meta->f[i].dtype, meta->f[i].ndim, meta->f[i].shape);
+            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
+                             meta->f[i].ndim, meta->f[i].shape);
         } else {
             Py_INCREF(a);
         }
@@ -518,7 +522,8 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     wh_err_t err = {0};
     wh_sample_meta_t meta;
     bool ok;
-    WH__CALL(self, st, ok, &err, wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
+    WH__CALL(self, st, ok, &err,
+             wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
     PyObject *out =
         ok ? wh__array_list(S, self->nfields, ctx.bufs, false, &meta) : wh__raise(S, &err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
@@ -550,9 +555,9 @@ static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_r
 /* (gen, pos, is_pad, arrays, skipped) of a policy read; steals arrs. */
 static PyObject *wh__at_result(const wh_read_at_t *at, PyObject *arrs) {
     if (!arrs) return NULL;
-    PyObject *out = Py_BuildValue("KIOOs", (unsigned long long)at->gen, at->pos,
-                                  at->pad ? Py_True : Py_False, arrs,
-                                  at->corrupt ? at->last_skip : NULL);
+    PyObject *out =
+        Py_BuildValue("KIOOs", (unsigned long long)at->gen, at->pos, at->pad ? Py_True : Py_False,
+                      arrs, at->corrupt ? at->last_skip : NULL);
     Py_DECREF(arrs);
     return out;
 }
@@ -573,8 +578,9 @@ static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyOb
     bool ok;
     WH__CALL(self, st, ok, &err,
              wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out = ok ? wh__at_result(&at, wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
-                       : wh__raise(S, &err);
+    PyObject *out =
+        ok ? wh__at_result(&at, wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
+           : wh__raise(S, &err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -630,9 +636,10 @@ static bool wh__into_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, w
     for (int i = 0; i < meta->nfields && i < c->n; i++) {
         if (!c->views[i].buf) continue;
         if ((uint64_t)c->views[i].len != meta->f[i].nbytes)
-            return wh_err_set(err, WH_E_INVALID, "field %d: buffer has %zd bytes, the sample's "
-                              "field has %llu", i, c->views[i].len,
-                              (unsigned long long)meta->f[i].nbytes);
+            return wh_err_set(err, WH_E_INVALID,
+                              "field %d: buffer has %zd bytes, the sample's "
+                              "field has %llu",
+                              i, c->views[i].len, (unsigned long long)meta->f[i].nbytes);
         dst[i] = c->views[i].buf;
     }
     return true;
@@ -763,40 +770,35 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
         wh__list_put(&areas, i,
                      Py_BuildValue("{sKsIsIsL}", "generation",
                                    (unsigned long long)s->areas[i].generation, "pins",
-                                   s->areas[i].pins, "pinners", s->areas[i].pinners,
-                                   "pin_pid", (long long)s->areas[i].pin_pid));
+                                   s->areas[i].pins, "pinners", s->areas[i].pinners, "pin_pid",
+                                   (long long)s->areas[i].pin_pid));
     PyObject *readers = areas ? PyList_New(s->nreaders) : NULL;
     for (int i = 0; readers && i < s->nreaders; i++) {
         const typeof(s->readers[0]) *r = &s->readers[i];
         double cap = s->swap_cap ? (double)s->swap_cap : 1.0;
         wh__list_put(&readers, i,
                      Py_BuildValue("{sKsssKsKsKsdsdsdsd}", "pid", (unsigned long long)r->pid,
-                                   "host", r->host, "generation",
-                                   (unsigned long long)r->generation, "reads",
-                                   (unsigned long long)r->reads, "gen_reads",
+                                   "host", r->host, "generation", (unsigned long long)r->generation,
+                                   "reads", (unsigned long long)r->reads, "gen_reads",
                                    (unsigned long long)r->gen_reads, "reuse",
                                    (double)r->gen_reads / cap, "samples_per_s",
-                                   r->up_s > 0 ? (double)r->reads / r->up_s : 0.0, "up_s",
-                                   r->up_s, "age_s", r->age_s));
+                                   r->up_s > 0 ? (double)r->reads / r->up_s : 0.0, "up_s", r->up_s,
+                                   "age_s", r->age_s));
     }
     if (!readers) {
         Py_XDECREF(areas);
         Py_DECREF(hist);
         return NULL;
     }
-    return Py_BuildValue("{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsN}", "read_gen",
-                         (unsigned long long)s->read_gen, "write_gen",
-                         (unsigned long long)s->write_gen, "write_fill", s->write_fill,
-                         "swap_cap", s->swap_cap, "write_bytes",
-                         (unsigned long long)s->write_bytes, "byte_budget",
-                         (unsigned long long)s->byte_budget, "store_bytes",
-                         (unsigned long long)s->store_bytes, "creator_pid",
-                         (unsigned long long)s->creator_pid, "generated",
-                         (unsigned long long)s->generated, "discarded",
-                         (unsigned long long)s->discarded, "seals", (unsigned long long)s->seals,
-                         "leader_pid", (unsigned long long)s->leader_pid, "lease_left_s",
-                         s->lease_left_s, "history", hist, "areas", areas, "readers",
-                         readers);
+    return Py_BuildValue(
+        "{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsN}", "read_gen", (unsigned long long)s->read_gen,
+        "write_gen", (unsigned long long)s->write_gen, "write_fill", s->write_fill, "swap_cap",
+        s->swap_cap, "write_bytes", (unsigned long long)s->write_bytes, "byte_budget",
+        (unsigned long long)s->byte_budget, "store_bytes", (unsigned long long)s->store_bytes,
+        "creator_pid", (unsigned long long)s->creator_pid, "generated",
+        (unsigned long long)s->generated, "discarded", (unsigned long long)s->discarded, "seals",
+        (unsigned long long)s->seals, "leader_pid", (unsigned long long)s->leader_pid,
+        "lease_left_s", s->lease_left_s, "history", hist, "areas", areas, "readers", readers);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
@@ -822,13 +824,16 @@ static PyMethodDef wh__store_methods[] = {
      "put(arrays, wait_ms=100) -> (status, generation)"},
     {"lead", (PyCFunction)wh__store_lead, METH_NOARGS, "acquire or renew the manager lease"},
     {"resign", (PyCFunction)wh__store_resign, METH_NOARGS, "give the manager lease up"},
-    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS, "seal if full: info dict; {'blocked_pid': P} while a live writer holds the next area; else None"},
+    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS,
+     "seal if full: info dict; {'blocked_pid': P} while a live writer holds the next area; else "
+     "None"},
     {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
     {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
      "read(gen, pos, want=None) -> list of Array"},
     {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
      METH_VARARGS | METH_KEYWORDS,
-     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, skipped)"},
+     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, "
+     "skipped)"},
     {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
      METH_VARARGS | METH_KEYWORDS,
      "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
@@ -841,7 +846,8 @@ static PyMethodDef wh__store_methods[] = {
      "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
     {"read_sample_into", (PyCFunction)(void (*)(void))wh__store_read_sample_into,
      METH_VARARGS | METH_KEYWORDS,
-     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos, is_pad, layouts, skipped)"},
+     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos, is_pad, layouts, "
+     "skipped)"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
     {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
     {NULL, NULL, 0, NULL},
@@ -866,7 +872,6 @@ static PyType_Spec wh__store_spec = {
     "wirehead_torch._C.Store", sizeof(wh__pystore_t), 0, Py_TPFLAGS_DEFAULT, wh__store_slots,
 };
 
-
 /* ---- CUDA (wh_cuda.c): the runtime probe and the GPU stage ---- */
 
 static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
@@ -875,20 +880,16 @@ static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "|i", &device)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_cuda_init(device, &err);
-    Py_END_ALLOW_THREADS
-    if (!ok) return wh__raise(S, &err);
+    Py_BEGIN_ALLOW_THREADS ok = wh_cuda_init(device, &err);
+    Py_END_ALLOW_THREADS if (!ok) return wh__raise(S, &err);
     return Py_BuildValue("{sssi}", "lib", wh_cuda_lib_name(), "runtime_version",
                          wh_cuda_runtime_version());
 }
 
 static int wh__gpu_stats_into(PyObject *d, wh_gpu_t *g) {
     wh_gpu_stats_t st;
-    Py_BEGIN_ALLOW_THREADS
-    wh_gpu_stats(g, &st);
-    Py_END_ALLOW_THREADS
-    PyObject *x = Py_BuildValue(
+    Py_BEGIN_ALLOW_THREADS wh_gpu_stats(g, &st);
+    Py_END_ALLOW_THREADS PyObject *x = Py_BuildValue(
         "{sKsKsdsKsdsKsIsIsK}", "copies", (unsigned long long)st.copies, "h2d_bytes",
         (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
         (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
@@ -901,8 +902,7 @@ static int wh__gpu_stats_into(PyObject *d, wh_gpu_t *g) {
 }
 
 typedef struct {
-    PyObject_HEAD
-    wh_gpu_t *g;
+    PyObject_HEAD wh_gpu_t *g;
     long pid;
     pthread_mutex_t mu;
     bool inited;
@@ -918,10 +918,8 @@ static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
     }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i", kwlist, &device)) return -1;
     wh_err_t err = {0};
-    Py_BEGIN_ALLOW_THREADS
-    self->g = wh_gpu_new(device, &err);
-    Py_END_ALLOW_THREADS
-    if (!self->g) {
+    Py_BEGIN_ALLOW_THREADS self->g = wh_gpu_new(device, &err);
+    Py_END_ALLOW_THREADS if (!self->g) {
         wh__raise(S, &err);
         return -1;
     }
@@ -934,8 +932,7 @@ static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
 static void wh__stage_close_g(wh__pystage_t *self) {
     if (!self->inited) return;
     wh_gpu_t *g;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
     g = self->g;
     self->g = NULL;
     pthread_mutex_unlock(&self->mu);
@@ -959,7 +956,7 @@ static bool wh__stage_ok(wh__pystage_t *self) {
     }
     if ((long)getpid() != self->pid) {
         PyErr_SetString(S->cuda, "CUDA: a CudaStage cannot be used after fork (DataLoader "
-                                      "workers must not create CUDA state)");
+                                 "workers must not create CUDA state)");
         return false;
     }
     return true;
@@ -988,7 +985,8 @@ static bool wh__stage_copy_c(wh_gpu_t *g, wh__stage_item_t *it, Py_ssize_t k, si
 static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
     wh__state_t *S = wh__tstate(self);
     if (!wh__stage_ok(self)) return NULL;
-    PyObject *seq = PySequence_Fast(items, "copy() takes a sequence of (ptr, nbytes, dtype, shape)");
+    PyObject *seq =
+        PySequence_Fast(items, "copy() takes a sequence of (ptr, nbytes, dtype, shape)");
     if (!seq) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     wh__stage_item_t *it = PyMem_Calloc(k ? (size_t)k : 1, sizeof *it);
@@ -1001,8 +999,10 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *ptr, *shape;
         unsigned long long n;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "OKiO;copy() items are (ptr, "
-                              "nbytes, dtype, shape)", &ptr, &n, &it[i].dtype, &shape))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i),
+                              "OKiO;copy() items are (ptr, "
+                              "nbytes, dtype, shape)",
+                              &ptr, &n, &it[i].dtype, &shape))
             goto out;
         it[i].src = PyLong_AsVoidPtr(ptr);
         if (PyErr_Occurred()) goto out;
@@ -1019,8 +1019,9 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
         Py_DECREF(sh);
         if (PyErr_Occurred()) goto out;
         if (bad || want != n) {
-            PyErr_Format(S->value, "copy() item %zd: %llu bytes do not match dtype %d and "
-                                        "its shape (at most %d dims)",
+            PyErr_Format(S->value,
+                         "copy() item %zd: %llu bytes do not match dtype %d and "
+                         "its shape (at most %d dims)",
                          i, n, it[i].dtype, WH_MAX_NDIM + 1);
             goto out;
         }
@@ -1032,13 +1033,11 @@ static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
     wh_err_t err = {0};
     wh_buf_t *dev = NULL;
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
     ok = self->g ? wh__stage_copy_c(self->g, it, k, total, &dev, &err)
                  : wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
     pthread_mutex_unlock(&self->mu);
-    Py_END_ALLOW_THREADS
-    if (!ok) {
+    Py_END_ALLOW_THREADS if (!ok) {
         wh__raise(S, &err);
         goto out;
     }
@@ -1101,8 +1100,8 @@ static int wh__add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec);
 
 static int wh__cuda_exec(PyObject *m, wh__state_t *S) {
     PyObject *b = PyTuple_Pack(2, S->base, PyExc_RuntimeError);
-    int r = b ? wh__add_exc(m, &S->cuda, "CudaError", b, "The CUDA runtime is missing or failed.")
-              : -1;
+    int r =
+        b ? wh__add_exc(m, &S->cuda, "CudaError", b, "The CUDA runtime is missing or failed.") : -1;
     Py_XDECREF(b);
     if (r < 0 || wh__add_type(m, &S->stage, &wh__stage_spec) < 0) return -1;
     return PyModule_AddFunctions(m, wh__cuda_methods);
@@ -1111,8 +1110,7 @@ static int wh__cuda_exec(PyObject *m, wh__state_t *S) {
 /* ---- Loader ---- */
 
 typedef struct {
-    PyObject_HEAD
-    wh_loader_t *ld;
+    PyObject_HEAD wh_loader_t *ld;
     pthread_mutex_t mu;
     long pid;
     uint32_t want;
@@ -1134,9 +1132,9 @@ static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     wh__state_t *S = wh__tstate(self);
-    static char *kwlist[] = {"store", "batch", "threads", "prefetch", "drop_last", "world",
-                             "rank", "shuffle", "seed", "pad", "pad_batches", "want",
-                             "refresh", "timeout_s", "device", NULL};
+    static char *kwlist[] = {"store",   "batch",     "threads", "prefetch", "drop_last",   "world",
+                             "rank",    "shuffle",   "seed",    "pad",      "pad_batches", "want",
+                             "refresh", "timeout_s", "device",  NULL};
     PyObject *store, *want;
     unsigned int batch, threads, prefetch, world, rank;
     int drop_last, shuffle, pad, pad_batches, refresh;
@@ -1154,7 +1152,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
         return -1;
     if (!(timeout_s > 0 && timeout_s < 1e6)) {
         PyErr_SetString(S->value, "READ_TIMEOUT must be a positive number of seconds below "
-                                       "10^6");
+                                  "10^6");
         return -1;
     }
     PyObject *empty = PyTuple_New(0);
@@ -1198,8 +1196,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     Py_DECREF(seq);
     wh_err_t err = {0};
     wh_loader_t *ld = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    if (device >= 0) wh__loader_gpu_new(self, &lc, device, &err);
+    Py_BEGIN_ALLOW_THREADS if (device >= 0) wh__loader_gpu_new(self, &lc, device, &err);
     if (device < 0 || self->gpu) ld = wh_loader_new(&lc, &err);
     if (ld && self->gpu && !(self->feed = wh_gpu_feed_new(self->gpu, ld, prefetch, &err))) {
         wh_loader_destroy(ld);
@@ -1209,8 +1206,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
         wh_gpu_destroy(self->gpu);
         self->gpu = NULL;
     }
-    Py_END_ALLOW_THREADS
-    Py_DECREF(cb.keep);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
     if (!ld) {
         wh__raise(S, &err);
         return -1;
@@ -1233,8 +1229,7 @@ static void wh__loader_close_ld(wh__pyloader_t *self) {
         return;
     }
     wh_loader_t *ld;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu); /* waits for a call in another thread */
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu); /* waits for a call in another thread */
     ld = self->ld;
     self->ld = NULL;
     pthread_mutex_unlock(&self->mu);
@@ -1262,7 +1257,7 @@ static bool wh__loader_ok(wh__pyloader_t *self) {
     }
     if ((long)getpid() != self->pid) {
         PyErr_SetString(S->value, "a WireheadLoader cannot be used after fork; make it "
-                                       "in the process that iterates");
+                                  "in the process that iterates");
         return false;
     }
     return true;
@@ -1274,8 +1269,9 @@ static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    WH__CALL(self, ld, ok, &err, (self->feed ? wh_gpu_feed_reset(self->feed) : (void)0,
-                                  wh_loader_start(self->ld, epoch, start, gen, &err)));
+    WH__CALL(self, ld, ok, &err,
+             (self->feed ? wh_gpu_feed_reset(self->feed) : (void)0,
+              wh_loader_start(self->ld, epoch, start, gen, &err)));
     if (!ok) return wh__raise(S, &err);
     Py_RETURN_NONE;
 }
@@ -1303,8 +1299,7 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
             int64_t shape[WH_MAX_NDIM + 1];
             shape[0] = b.n;
             for (int d = 0; d < b.meta[f].ndim; d++) shape[d + 1] = b.meta[f].shape[d];
-            a = wh_array_new(S->array, b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1,
-                             shape);
+            a = wh_array_new(S->array, b.buf, b.off[f], b.meta[f].dtype, b.meta[f].ndim + 1, shape);
         } else {
             Py_INCREF(a);
         }
@@ -1317,7 +1312,8 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     if (pos && self->feed) /* device batches: whether padding is in, known on the host */
         res = Py_BuildValue("(NNNNKO)", fields, pad, gen, pos, (unsigned long long)b.index,
                             any_pad ? Py_True : Py_False);
-    else if (pos) res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
+    else if (pos)
+        res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
     if (!res) {
         Py_XDECREF(fields);
         Py_XDECREF(pad);
@@ -1347,13 +1343,12 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     bool ok;
     WH__CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, &st, sz));
     if (!ok) return wh__raise(S, &err);
-    PyObject *d = Py_BuildValue("{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0],
-                         "items_per_epoch", (unsigned long long)sz[1], "batches",
-                         (unsigned long long)st.batches, "items", (unsigned long long)st.items,
-                         "corrupt", (unsigned long long)st.corrupt, "gone",
-                         (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9,
-                         "ring", st.ring, "generation", (unsigned long long)sz[2], "last_skip",
-                         st.last_skip);
+    PyObject *d = Py_BuildValue(
+        "{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0], "items_per_epoch",
+        (unsigned long long)sz[1], "batches", (unsigned long long)st.batches, "items",
+        (unsigned long long)st.items, "corrupt", (unsigned long long)st.corrupt, "gone",
+        (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9, "ring", st.ring,
+        "generation", (unsigned long long)sz[2], "last_skip", st.last_skip);
     if (d && self->gpu && wh__gpu_stats_into(d, self->gpu) < 0) Py_CLEAR(d);
     return d;
 }
@@ -1391,10 +1386,11 @@ static PyType_Spec wh__loader_spec = {
 
 /* The plan's keywords (drop_last optional), then up to 3 optional integers
  * named by extra (NULL-terminated; the plan functions each take their own). */
-static bool wh__parse_plan(wh__state_t *S, PyObject *args, PyObject *kw, wh_plan_t *p, const char *const *extra,
-                           unsigned long long *a, unsigned long long *b, unsigned long long *c) {
-    char *kwlist[14] = {"swap_cap", "world", "rank", "workers", "worker", "batch",
-                        "shuffle", "seed", "pad", "drop_last", NULL, NULL, NULL, NULL};
+static bool wh__parse_plan(wh__state_t *S, PyObject *args, PyObject *kw, wh_plan_t *p,
+                           const char *const *extra, unsigned long long *a, unsigned long long *b,
+                           unsigned long long *c) {
+    char *kwlist[14] = {"swap_cap", "world", "rank",      "workers", "worker", "batch", "shuffle",
+                        "seed",     "pad",   "drop_last", NULL,      NULL,     NULL,    NULL};
     char fmt[16] = "IIIIIIpKi|p";
     for (int i = 0; extra && extra[i] && i < 3; i++) {
         kwlist[10 + i] = (char *)extra[i];
@@ -1421,10 +1417,10 @@ static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
     wh__state_t *S = wh__mstate(m);
     wh_plan_t p;
     if (!wh__parse_plan(S, args, kw, &p, NULL, NULL, NULL, NULL)) return NULL;
-    return Py_BuildValue("{sKsKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p),
-                         "rank_items", (unsigned long long)wh_plan_rank_items(&p),
-                         "rank_batches", (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0),
-                         "rank_pads", (unsigned long long)wh_plan_rank_pads(&p));
+    return Py_BuildValue("{sKsKsKsK}", "steps", (unsigned long long)wh_plan_steps(&p), "rank_items",
+                         (unsigned long long)wh_plan_rank_items(&p), "rank_batches",
+                         (unsigned long long)(p.batch ? wh_plan_rank_batches(&p) : 0), "rank_pads",
+                         (unsigned long long)wh_plan_rank_pads(&p));
 }
 
 /* plan_items(plan..., epoch=0, start=0, stop=all) -> (positions bytes int64, is_pad bytes uint8). */
@@ -1481,10 +1477,8 @@ static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
     if (!wh__parse_cfg(S, args, kw, &cb)) return NULL;
     wh_err_t err = {0};
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_store_clean(&cb.cfg, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(cb.keep);
+    Py_BEGIN_ALLOW_THREADS ok = wh_store_clean(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
     if (!ok) return wh__raise(S, &err);
     Py_RETURN_NONE;
 }
@@ -1498,10 +1492,8 @@ static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw
     wh_err_t err = {0};
     char **names = NULL;
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_store_collections(&cb.cfg, &names, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(cb.keep);
+    Py_BEGIN_ALLOW_THREADS ok = wh_store_collections(&cb.cfg, &names, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
     if (!ok) return wh__raise(S, &err);
     PyObject *list = PyList_New(0);
     for (char **p = names; list && *p; p++) {
@@ -1520,12 +1512,11 @@ static PyObject *wh__counters(PyObject *m, PyObject *unused) {
     wh_counters_get(&c);
     uint64_t hits, misses, idle;
     wh_pool_stats(&hits, &misses, &idle);
-    return Py_BuildValue("{sKsKsKsKsKsK}", "bytes_copied_out",
-                         (unsigned long long)c.bytes_copied_out, "bytes_copied_in",
-                         (unsigned long long)c.bytes_copied_in, "copies_out",
-                         (unsigned long long)c.copies_out, "pool_hits",
-                         (unsigned long long)hits, "pool_misses", (unsigned long long)misses,
-                         "pool_idle_bytes", (unsigned long long)idle);
+    return Py_BuildValue(
+        "{sKsKsKsKsKsK}", "bytes_copied_out", (unsigned long long)c.bytes_copied_out,
+        "bytes_copied_in", (unsigned long long)c.bytes_copied_in, "copies_out",
+        (unsigned long long)c.copies_out, "pool_hits", (unsigned long long)hits, "pool_misses",
+        (unsigned long long)misses, "pool_idle_bytes", (unsigned long long)idle);
 }
 
 /* shm_layout() -> byte offsets inside an shm segment (tests that forge
@@ -1537,13 +1528,13 @@ static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
     wh_shm_layout(&l);
     return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
                          "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token",
-                         (Py_ssize_t)l.leader_token, "lease_expiry_ns", (Py_ssize_t)l.lease_expiry_ns,
-                         "lease_ns", (Py_ssize_t)l.lease_ns, "slots", (Py_ssize_t)l.slots,
-                         "slot_size", (Py_ssize_t)l.slot_size, "slot_lock", (Py_ssize_t)l.slot_lock,
-                         "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used", (Py_ssize_t)l.slot_used,
-                         "slot_count", (Py_ssize_t)l.slot_count, "slot_nholes",
-                         (Py_ssize_t)l.slot_nholes, "slot_holes", (Py_ssize_t)l.slot_holes,
-                         "hdr_size", (Py_ssize_t)l.hdr_size);
+                         (Py_ssize_t)l.leader_token, "lease_expiry_ns",
+                         (Py_ssize_t)l.lease_expiry_ns, "lease_ns", (Py_ssize_t)l.lease_ns, "slots",
+                         (Py_ssize_t)l.slots, "slot_size", (Py_ssize_t)l.slot_size, "slot_lock",
+                         (Py_ssize_t)l.slot_lock, "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used",
+                         (Py_ssize_t)l.slot_used, "slot_count", (Py_ssize_t)l.slot_count,
+                         "slot_nholes", (Py_ssize_t)l.slot_nholes, "slot_holes",
+                         (Py_ssize_t)l.slot_holes, "hdr_size", (Py_ssize_t)l.hdr_size);
 }
 
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
@@ -1556,8 +1547,8 @@ static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
 /* ---- SharedMap: a mapped ring file with atomic control words ---- */
 
 typedef struct {
-    PyObject_HEAD
-    wh_map_t map; /* a buffer on it holds a reference: unmapped only when all are gone */
+    PyObject_HEAD wh_map_t
+        map; /* a buffer on it holds a reference: unmapped only when all are gone */
 } wh__map_obj;
 
 /* SharedMap errors: BlockingIOError for a region another process holds,
@@ -1588,20 +1579,24 @@ static int wh__map_init(wh__map_obj *self, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "SharedMap: size must be > 0, got %zd", size);
         return -1;
     }
-    if (!strcmp(how_s, "open")) how = WH_MAP_OPEN;
-    else if (!strcmp(how_s, "create")) how = WH_MAP_CREATE;
-    else if (!strcmp(how_s, "region")) how = WH_MAP_REGION;
+    if (!strcmp(how_s, "open"))
+        how = WH_MAP_OPEN;
+    else if (!strcmp(how_s, "create"))
+        how = WH_MAP_CREATE;
+    else if (!strcmp(how_s, "region"))
+        how = WH_MAP_REGION;
     else {
-        PyErr_Format(PyExc_ValueError, "SharedMap: how must be 'open', 'create' or 'region', "
-                     "got '%s'", how_s);
+        PyErr_Format(PyExc_ValueError,
+                     "SharedMap: how must be 'open', 'create' or 'region', "
+                     "got '%s'",
+                     how_s);
         return -1;
     }
     wh_err_t err = {0};
     bool ok, busy = false;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_map_file(&self->map, path, (size_t)size, how, populate, hugepage, &busy, &err);
-    Py_END_ALLOW_THREADS
-    if (!ok) {
+    Py_BEGIN_ALLOW_THREADS ok =
+        wh_map_file(&self->map, path, (size_t)size, how, populate, hugepage, &busy, &err);
+    Py_END_ALLOW_THREADS if (!ok) {
         wh__map_raise(&err, busy);
         return -1;
     }
@@ -1620,8 +1615,8 @@ static int wh__map_getbuffer(wh__map_obj *self, Py_buffer *view, int flags) {
         PyErr_SetString(PyExc_ValueError, "SharedMap: not mapped");
         return -1;
     }
-    return PyBuffer_FillInfo(view, (PyObject *)self, self->map.base, (Py_ssize_t)self->map.size,
-                             0, flags);
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->map.base, (Py_ssize_t)self->map.size, 0,
+                             flags);
 }
 
 /* Word index from a Python int, checked against the mapping's size; the
@@ -1633,8 +1628,7 @@ static int wh__map_index(wh__map_obj *self, Py_ssize_t i, size_t *out) {
         return -1;
     }
     if (i < 0 || (size_t)i >= self->map.size / 8) {
-        PyErr_Format(PyExc_IndexError, "SharedMap: word %zd outside 0..%zu", i,
-                     self->map.size / 8);
+        PyErr_Format(PyExc_IndexError, "SharedMap: word %zd outside 0..%zu", i, self->map.size / 8);
         return -1;
     }
     *out = (size_t)i;
@@ -1688,10 +1682,8 @@ static PyObject *wh__map_hash(wh__map_obj *self, PyObject *arg) {
     wh_err_t err = {0};
     uint64_t h = 0;
     bool ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = wh_map_hash(&self->map, (size_t)n, &h, &err);
-    Py_END_ALLOW_THREADS
-    if (!ok) return wh__map_raise(&err, false), NULL;
+    Py_BEGIN_ALLOW_THREADS ok = wh_map_hash(&self->map, (size_t)n, &h, &err);
+    Py_END_ALLOW_THREADS if (!ok) return wh__map_raise(&err, false), NULL;
     return PyLong_FromUnsignedLongLong(h);
 }
 
@@ -1761,8 +1753,7 @@ static PyMethodDef wh__module_methods[] = {
      "steps per worker, items and batches per rank"},
     {"plan_items", (PyCFunction)(void (*)(void))wh__plan_items, METH_VARARGS | METH_KEYWORDS,
      "positions and padding flags of steps [start, stop) of an epoch"},
-    {"plan_resume", (PyCFunction)(void (*)(void))wh__plan_resume,
-     METH_VARARGS | METH_KEYWORDS,
+    {"plan_resume", (PyCFunction)(void (*)(void))wh__plan_resume, METH_VARARGS | METH_KEYWORDS,
      "(role, step) of this DataLoader worker after the rank consumed `consumed` batches"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
@@ -1794,13 +1785,12 @@ static int wh__add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec) {
 static int wh__add_excs(PyObject *m, wh__state_t *S) {
     if (wh__add_exc(m, &S->base, "WireheadError", NULL, "Base of wirehead_torch errors."))
         return -1;
-#define WH__SUB(slot, name, extra, doc)                                               \
-    do {                                                                              \
-        PyObject *b = (extra) ? PyTuple_Pack(2, S->base, (extra))                \
-                              : PyTuple_Pack(1, S->base);                        \
-        int r = b ? wh__add_exc(m, &S->slot, name, b, doc) : -1;                \
-        Py_XDECREF(b);                                                                \
-        if (r) return -1;                                                             \
+#define WH__SUB(slot, name, extra, doc)                                                            \
+    do {                                                                                           \
+        PyObject *b = (extra) ? PyTuple_Pack(2, S->base, (extra)) : PyTuple_Pack(1, S->base);      \
+        int r = b ? wh__add_exc(m, &S->slot, name, b, doc) : -1;                                   \
+        Py_XDECREF(b);                                                                             \
+        if (r) return -1;                                                                          \
     } while (0)
     WH__SUB(value, "InvalidSampleError", PyExc_ValueError, "Bad input (sample, argument).");
     WH__SUB(schema, "SchemaMismatchError", PyExc_ValueError,
@@ -1879,9 +1869,7 @@ static int wh__clear(PyObject *m) {
     return 0;
 }
 
-static void wh__free(void *m) {
-    wh__clear((PyObject *)m);
-}
+static void wh__free(void *m) { wh__clear((PyObject *)m); }
 
 static PyModuleDef_Slot wh__slots[] = {
     {Py_mod_exec, (void *)wh__exec},
@@ -1900,6 +1888,4 @@ static struct PyModuleDef wh__module = {
     .m_free = wh__free,
 };
 
-PyMODINIT_FUNC PyInit__C(void) {
-    return PyModuleDef_Init(&wh__module);
-}
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&wh__module); }

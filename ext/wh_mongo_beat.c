@@ -68,8 +68,13 @@ bool wh__readers_status(wh__mongo_t *m, wh_status_t *o, wh_err_t *err) {
         bson_iter_t it;
         if (bson_iter_init_find(&it, doc, "host") && BSON_ITER_HOLDS_UTF8(&it))
             snprintf(host, sizeof host, "%s", bson_iter_utf8(&it, NULL));
-        wh_reader_beat_t b = {0, pid, (uint64_t)gen, (uint64_t)reads, (uint64_t)gen_reads,
-                              (uint64_t)start, (uint64_t)beat};
+        wh_reader_beat_t b = {0,
+                              pid,
+                              (uint64_t)gen,
+                              (uint64_t)reads,
+                              (uint64_t)gen_reads,
+                              (uint64_t)start,
+                              (uint64_t)beat};
         wh_status_add_reader(o, &b, host, now);
     }
     bson_error_t e;

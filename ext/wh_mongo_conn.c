@@ -10,8 +10,7 @@
 static pthread_once_t wh__once = PTHREAD_ONCE_INIT;
 
 /* libmongoc warnings go to stderr; URIs in them lose their credentials. */
-static void wh__log(mongoc_log_level_t level, const char *domain, const char *message,
-                    void *data) {
+static void wh__log(mongoc_log_level_t level, const char *domain, const char *message, void *data) {
     WH_UNUSED(data);
     if (level > MONGOC_LOG_LEVEL_WARNING) return;
     char out[1024];
@@ -46,8 +45,8 @@ static void wh__log(mongoc_log_level_t level, const char *domain, const char *me
  * other allocation, and any pointer this cache did not hand out, goes to
  * the system allocator unchanged. */
 #define WH__BIG (1u << 20)
-#define WH__BIG_SLOTS 32                    /* big blocks tracked (live + idle) */
-#define WH__BIG_KEEP ((size_t)256 << 20)    /* most bytes kept idle */
+#define WH__BIG_SLOTS 32                 /* big blocks tracked (live + idle) */
+#define WH__BIG_KEEP ((size_t)256 << 20) /* most bytes kept idle */
 
 typedef struct {
     void *p;     /* NULL: free entry */
@@ -166,8 +165,8 @@ static void *wh__mem_aligned(size_t align, size_t n) {
 
 static void wh__init_once(void) {
     /* before mongoc_init: every libbson allocation from here on is ours */
-    static const bson_mem_vtable_t vt = {wh__mem_malloc, wh__mem_calloc, wh__mem_realloc,
-                                         wh__mem_free, wh__mem_aligned, {NULL, NULL, NULL}};
+    static const bson_mem_vtable_t vt = {wh__mem_malloc, wh__mem_calloc,  wh__mem_realloc,
+                                         wh__mem_free,   wh__mem_aligned, {NULL, NULL, NULL}};
     bson_mem_set_vtable(&vt);
     pthread_atfork(NULL, NULL, wh__big_atfork_child);
     mongoc_init();
@@ -195,8 +194,7 @@ static void wh__scrub(const wh__mongo_t *m, char *msg) {
 }
 
 bool wh__is_unavail(const bson_error_t *e) {
-    if (e->domain == MONGOC_ERROR_SERVER_SELECTION || e->domain == MONGOC_ERROR_STREAM)
-        return true;
+    if (e->domain == MONGOC_ERROR_SERVER_SELECTION || e->domain == MONGOC_ERROR_STREAM) return true;
     /* of the client's own errors only "no server yet" is an outage; a failed
      * login or an oversized command is the caller's to fix */
     if (e->domain == MONGOC_ERROR_CLIENT)
@@ -217,18 +215,14 @@ bool wh__is_unavail(const bson_error_t *e) {
     case 13436: /* NotPrimaryOrSecondary */
         return e->domain == MONGOC_ERROR_SERVER || e->domain == MONGOC_ERROR_QUERY ||
                e->domain == MONGOC_ERROR_COMMAND || e->domain == MONGOC_ERROR_WRITE_CONCERN;
-    default:
-        return false;
+    default: return false;
     }
 }
 
-bool wh__is_dup(const bson_error_t *e) {
-    return e->code == 11000 || e->code == 11001;
-}
+bool wh__is_dup(const bson_error_t *e) { return e->code == 11000 || e->code == 11001; }
 
 /* Sets err from a libmongoc error: "<what>: <libmongoc message> (<where>)". */
-bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e,
-              const char *fmt, ...) {
+bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e, const char *fmt, ...) {
     if (!err) return false;
     char what[256];
     va_list ap;
@@ -269,8 +263,7 @@ uint64_t wh__rand64(void) {
 
 static void wh__coll_name(char *out, size_t cap, const wh__mongo_t *m, uint64_t gen,
                           bool manifests) {
-    snprintf(out, cap, "%s.gen.%llu%s", m->prefix, (unsigned long long)gen,
-             manifests ? ".m" : "");
+    snprintf(out, cap, "%s.gen.%llu%s", m->prefix, (unsigned long long)gen, manifests ? ".m" : "");
 }
 
 mongoc_collection_t *wh__coll(wh__mongo_t *m, const char *name) {
@@ -294,20 +287,15 @@ bool wh__get_int(const bson_t *doc, const char *key, int64_t *out) {
     bson_iter_t it;
     if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, key, &it)) return false;
     switch (bson_iter_type(&it)) {
-    case BSON_TYPE_INT32:
-        *out = bson_iter_int32(&it);
-        return true;
-    case BSON_TYPE_INT64:
-        *out = bson_iter_int64(&it);
-        return true;
+    case BSON_TYPE_INT32: *out = bson_iter_int32(&it); return true;
+    case BSON_TYPE_INT64: *out = bson_iter_int64(&it); return true;
     case BSON_TYPE_DOUBLE: {
         double d = bson_iter_double(&it);
         if (d != d || d < -9.2e18 || d > 9.2e18 || (double)(int64_t)d != d) return false;
         *out = (int64_t)d;
         return true;
     }
-    default:
-        return false;
+    default: return false;
     }
 }
 
@@ -318,8 +306,8 @@ uint64_t wh__get_u64_or0(const bson_t *doc, const char *key) {
 
 /* First document matching filter into *out (bson_init'ed by the caller,
  * caller destroys); *found false when none. */
-bool wh__find_one(wh__mongo_t *m, mongoc_collection_t *c, const bson_t *filter,
-                  bson_t *out, bool *found, const char *what, wh_err_t *err) {
+bool wh__find_one(wh__mongo_t *m, mongoc_collection_t *c, const bson_t *filter, bson_t *out,
+                  bool *found, const char *what, wh_err_t *err) {
     bson_t opts = BSON_INITIALIZER;
     BSON_APPEND_INT64(&opts, "limit", 1);
     BSON_APPEND_INT32(&opts, "batchSize", 1);
@@ -403,7 +391,8 @@ bool wh__mongo_connect(wh__mongo_t *m, const wh_store_config_t *cfg, wh_err_t *e
     if (ms < 1) ms = 1;
     if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
         mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms);
-    m->wait_s = mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms) / 1000.0;
+    m->wait_s =
+        mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, ms) / 1000.0;
     if (!mongoc_uri_has_option(uri, MONGOC_URI_CONNECTTIMEOUTMS))
         mongoc_uri_set_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, ms < 10000 ? ms : 10000);
     if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTRYONCE))

@@ -28,7 +28,7 @@
  * the 16 MiB BSON limit (about 30 bytes per chunk). */
 #define WH__MAX_CHUNKS (1u << 18)
 #define WH__DEFAULT_CHUNK (4u * 1024 * 1024)
-#define WH__BATCH_BYTES (32u * 1000 * 1000) /* per reply; libmongoc refuses 48 MB */
+#define WH__BATCH_BYTES (32u * 1000 * 1000)  /* per reply; libmongoc refuses 48 MB */
 #define WH__INSERT_BYTES (32u * 1000 * 1000) /* chunk bytes per insert_many call */
 #define WH__REPAIR_TRIES 32
 #define WH__NAME_MAX 256

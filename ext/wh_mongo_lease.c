@@ -45,9 +45,9 @@ bool wh__mongo_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
     mongoc_collection_t *c = wh__state_coll(m);
     /* ours, or expired, or absent (the upsert inserts it); a live lease of
      * another owner makes the upsert collide on _id */
-    bson_t *sel = BCON_NEW("_id", BCON_UTF8("lease"), "$or", "[", "{", "owner",
-                           BCON_INT64((int64_t)m->token), "}", "{", "expires", "{", "$lt",
-                           BCON_INT64(now), "}", "}", "]");
+    bson_t *sel =
+        BCON_NEW("_id", BCON_UTF8("lease"), "$or", "[", "{", "owner", BCON_INT64((int64_t)m->token),
+                 "}", "{", "expires", "{", "$lt", BCON_INT64(now), "}", "}", "]");
     bson_t *upd = BCON_NEW("$set", "{", "owner", BCON_INT64((int64_t)m->token), "expires",
                            BCON_INT64(exp), "lease_ms", BCON_INT64(len), "pid",
                            BCON_INT64((int64_t)m->pid), "host", BCON_UTF8(m->host), "}");
@@ -99,8 +99,8 @@ bool wh__mongo_resign(wh_store_t *st, wh_err_t *err) {
 }
 
 /* The lease document; *live false when absent or expired. */
-bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_t *left_ms,
-                   bool *live, wh_err_t *err) {
+bool wh__lease_get(wh__mongo_t *m, uint64_t *owner, uint64_t *pid, int64_t *left_ms, bool *live,
+                   wh_err_t *err) {
     mongoc_collection_t *c = wh__state_coll(m);
     bson_t *filter = BCON_NEW("_id", BCON_UTF8("lease"));
     bson_t doc = BSON_INITIALIZER;
@@ -187,20 +187,20 @@ bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t
     bson_t *sel = BCON_NEW("_id", BCON_UTF8("state"), "write_gen", BCON_INT64((int64_t)w));
     bson_t *upd = BCON_NEW(
         "$set", "{", "read_gen", BCON_INT64((int64_t)w), "write_gen", BCON_INT64((int64_t)w + 1),
-        "retiring", BCON_INT64((int64_t)s.read_gen), "}",
-        "$inc", "{", "seals", BCON_INT64(1), "generated", BCON_INT64((int64_t)cap), "}",
-        "$push", "{", "history", "{", "$each", "[", "{",
+        "retiring", BCON_INT64((int64_t)s.read_gen), "}", "$inc", "{", "seals", BCON_INT64(1),
+        "generated", BCON_INT64((int64_t)cap), "}", "$push", "{", "history", "{", "$each", "[", "{",
         "generation", BCON_INT64((int64_t)w), "time_ns", BCON_INT64((int64_t)wh_now_real_ns()),
-        "generated", BCON_INT64((int64_t)generated),
-        "discarded", BCON_INT64((int64_t)s.discarded),
-        "seal_ns", BCON_INT64((int64_t)seal_ns), "}", "]",
-        "$slice", BCON_INT32(-WH__HIST), "}", "}");
+        "generated", BCON_INT64((int64_t)generated), "discarded", BCON_INT64((int64_t)s.discarded),
+        "seal_ns", BCON_INT64((int64_t)seal_ns), "}", "]", "$slice", BCON_INT32(-WH__HIST), "}",
+        "}");
     bson_t reply;
     bson_error_t e;
     bool ok = mongoc_collection_update_one(c, sel, upd, NULL, &reply, &e);
     int64_t matched = 0;
-    if (ok) wh__get_int(&reply, "matchedCount", &matched);
-    else wh__merr(m, err, &e, "seal generation %llu", (unsigned long long)w);
+    if (ok)
+        wh__get_int(&reply, "matchedCount", &matched);
+    else
+        wh__merr(m, err, &e, "seal generation %llu", (unsigned long long)w);
     bson_destroy(&reply);
     bson_destroy(sel);
     bson_destroy(upd);

@@ -25,8 +25,8 @@ void wh__chunk_filter(bson_t *q, int64_t sid, uint64_t nchunks) {
     bson_append_document_end(q, &id);
 }
 
-static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid,
-                              uint64_t nchunks, wh_err_t *err) {
+static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid, uint64_t nchunks,
+                              wh_err_t *err) {
     if (!nchunks) return true;
     bson_t sel = BSON_INITIALIZER;
     wh__chunk_filter(&sel, sid, nchunks);
@@ -40,8 +40,8 @@ static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t si
 /* Inserts chunks [from, to) of the sample's data (buf + header_size, len
  * bytes) as {_id:{s,c}, d}, in insert_many calls of bounded size. */
 static bool wh__insert_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid,
-                              const unsigned char *data, uint64_t len, uint64_t cb,
-                              uint64_t from, uint64_t to, bool *dup, wh_err_t *err) {
+                              const unsigned char *data, uint64_t len, uint64_t cb, uint64_t from,
+                              uint64_t to, bool *dup, wh_err_t *err) {
     uint64_t per = WH__INSERT_BYTES / cb;
     if (per < 1) per = 1;
     if (per > 1000) per = 1000;
@@ -76,10 +76,9 @@ static bool wh__insert_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t si
     return ok;
 }
 
-static bool wh__insert_manifest(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t pos,
-                                int64_t sid, uint64_t nchunks, uint64_t data_len, uint64_t cb,
-                                const unsigned char *hdr, uint64_t hlen, bool *won,
-                                wh_err_t *err) {
+static bool wh__insert_manifest(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t pos, int64_t sid,
+                                uint64_t nchunks, uint64_t data_len, uint64_t cb,
+                                const unsigned char *hdr, uint64_t hlen, bool *won, wh_err_t *err) {
     bson_t d = BSON_INITIALIZER;
     BSON_APPEND_INT32(&d, "_id", (int32_t)pos);
     BSON_APPEND_INT64(&d, "s", sid);
@@ -101,8 +100,8 @@ static bool wh__claim(wh__mongo_t *m, mongoc_collection_t *c, uint64_t *pos, wh_
     bson_t *upd = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}");
     mongoc_find_and_modify_opts_t *o = mongoc_find_and_modify_opts_new();
     mongoc_find_and_modify_opts_set_update(o, upd);
-    mongoc_find_and_modify_opts_set_flags(
-        o, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+    mongoc_find_and_modify_opts_set_flags(o, MONGOC_FIND_AND_MODIFY_UPSERT |
+                                                 MONGOC_FIND_AND_MODIFY_RETURN_NEW);
     bool ok = false;
     for (int attempt = 0; attempt < 3 && !ok; attempt++) {
         bson_t reply;
@@ -134,14 +133,14 @@ static bool wh__claim(wh__mongo_t *m, mongoc_collection_t *c, uint64_t *pos, wh_
 
 /* Positions 0..swap_cap-1 without a manifest: picks one at random into
  * *hole; *nholes 0 when the generation is full. */
-static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hole,
-                          uint64_t *nholes, wh_err_t *err) {
+static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hole, uint64_t *nholes,
+                          wh_err_t *err) {
     uint32_t cap = m->base.cfg.swap_cap;
     unsigned char *have = calloc(cap, 1);
     if (!have) return wh_err_set(err, WH_E_SYS, "out of memory");
     bson_t *filter = BCON_NEW("_id", "{", "$gte", BCON_INT32(0), "$lt", BCON_INT64(cap), "}");
-    bson_t *opts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}", "batchSize",
-                            BCON_INT32(100000));
+    bson_t *opts =
+        BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}", "batchSize", BCON_INT32(100000));
     mongoc_cursor_t *cur = mongoc_collection_find_with_opts(mc, filter, opts, NULL);
     const bson_t *doc;
     while (mongoc_cursor_next(cur, &doc)) {
@@ -175,8 +174,8 @@ static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hol
 bool wh__grow(unsigned char **buf, uint64_t *cap, uint64_t need, wh_err_t *err) {
     if (*cap >= need) return true;
     unsigned char *p = realloc(*buf, need);
-    if (!p) return wh_err_set(err, WH_E_SYS, "out of memory for %llu bytes",
-                              (unsigned long long)need);
+    if (!p)
+        return wh_err_set(err, WH_E_SYS, "out of memory for %llu bytes", (unsigned long long)need);
     *buf = p;
     *cap = need;
     return true;
@@ -248,8 +247,7 @@ bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_m
         ok = wh__find_hole(m, mc, &hole, &nholes, err);
         if (!ok || nholes == 0) break;
         wh_sample_set_place(m->buf, &meta, w, hole);
-        ok = wh__insert_manifest(m, mc, hole, sid, nchunks, len, cb, m->buf, hlen, &accepted,
-                                 err);
+        ok = wh__insert_manifest(m, mc, hole, sid, nchunks, len, cb, m->buf, hlen, &accepted, err);
     }
     if (ok && accepted) {
         /* A put that outlived two seals may have committed into a generation

@@ -23,10 +23,9 @@ static bool wh__missing(wh__mongo_t *m, uint64_t gen, uint32_t pos, const char *
     wh__state_t s;
     bool exists = false;
     if (!wh__state_get(m, false, &s, &exists, err)) return false;
-    if (!exists || (gen != s.read_gen && gen != s.retiring))
-        return wh_store_err_gone(err, gen);
-    return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s",
-                      (unsigned long long)gen, pos, what);
+    if (!exists || (gen != s.read_gen && gen != s.retiring)) return wh_store_err_gone(err, gen);
+    return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s", (unsigned long long)gen,
+                      pos, what);
 }
 
 static bool wh__corrupt(uint64_t gen, uint32_t pos, wh_err_t *err, const char *fmt, ...)
@@ -37,8 +36,8 @@ static bool wh__corrupt(uint64_t gen, uint32_t pos, wh_err_t *err, const char *f
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s",
-                      (unsigned long long)gen, pos, what);
+    return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s", (unsigned long long)gen,
+                      pos, what);
 }
 
 /* Copies one chunk's bytes (sample offsets [start, start+len)) into the
@@ -56,8 +55,8 @@ static void wh__scatter(const wh_sample_meta_t *meta, void *const *dst, uint64_t
 }
 
 typedef struct {
-    int64_t sid;                 /* the sample's chunk id */
-    uint64_t cb, nchunks, dlen;  /* chunk size, chunk count, data bytes */
+    int64_t sid;                /* the sample's chunk id */
+    uint64_t cb, nchunks, dlen; /* chunk size, chunk count, data bytes */
 } wh__manifest_t;
 
 /* A manifest document checked against the schema, the place it was read
@@ -72,15 +71,15 @@ static bool wh__parse_manifest(const bson_t *man, const wh_schema_t *schema, uin
     bson_iter_t it;
     if (bson_iter_init_find(&it, man, "h") && BSON_ITER_HOLDS_BINARY(&it))
         bson_iter_binary(&it, NULL, &hlen, &hdr);
-    if (!wh__get_int(man, "s", &sid) || !wh__get_int(man, "k", &k) ||
-        !wh__get_int(man, "z", &z) || !wh__get_int(man, "b", &b) || !hdr)
+    if (!wh__get_int(man, "s", &sid) || !wh__get_int(man, "k", &k) || !wh__get_int(man, "z", &z) ||
+        !wh__get_int(man, "b", &b) || !hdr)
         return wh__corrupt(gen, pos, err, "manifest lacks s, k, z, b or h");
     if (!wh_sample_decode_meta(hdr, hlen, schema, gen, pos, meta, err))
         return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
     uint64_t dlen = meta->total_size - meta->header_size;
     if (hlen != meta->header_size)
-        return wh__corrupt(gen, pos, err, "manifest header is %u bytes, its layout says %llu",
-                           hlen, (unsigned long long)meta->header_size);
+        return wh__corrupt(gen, pos, err, "manifest header is %u bytes, its layout says %llu", hlen,
+                           (unsigned long long)meta->header_size);
     if (z < 0 || (uint64_t)z != dlen)
         return wh__corrupt(gen, pos, err, "manifest says %lld data bytes, header says %llu",
                            (long long)z, (unsigned long long)dlen);
@@ -110,8 +109,8 @@ static bool wh__parse_chunk(const bson_t *doc, const wh__manifest_t *mf, const u
     if (!wh__get_int(doc, "_id.s", &ds) || !wh__get_int(doc, "_id.c", dc) || ds != mf->sid)
         return wh__corrupt(gen, pos, err, "chunk document with a malformed _id");
     if (*dc < 0 || (uint64_t)*dc >= mf->nchunks || seen[*dc])
-        return wh__corrupt(gen, pos, err, "unexpected chunk %lld (sample has %llu)",
-                           (long long)*dc, (unsigned long long)mf->nchunks);
+        return wh__corrupt(gen, pos, err, "unexpected chunk %lld (sample has %llu)", (long long)*dc,
+                           (unsigned long long)mf->nchunks);
     bson_iter_t it;
     if (bson_iter_init_find(&it, doc, "d") && BSON_ITER_HOLDS_BINARY(&it))
         bson_iter_binary(&it, NULL, blen, bytes);
@@ -175,8 +174,8 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
         mongoc_collection_destroy(c);
         bson_destroy(&q);
         if (have < 0)
-            return wh__merr(m, err, &e, "read generation %llu position %u",
-                            (unsigned long long)gen, pos);
+            return wh__merr(m, err, &e, "read generation %llu position %u", (unsigned long long)gen,
+                            pos);
         if ((uint64_t)have != nchunks) {
             char what[160];
             snprintf(what, sizeof what, "manifest claims %llu bytes in %llu chunks, %lld exist",
@@ -233,8 +232,8 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
                 *err = tmp;
                 return false;
             }
-            return wh__merr(m, err, &e, "read generation %llu position %u",
-                            (unsigned long long)gen, pos);
+            return wh__merr(m, err, &e, "read generation %llu position %u", (unsigned long long)gen,
+                            pos);
         }
         if (got != nchunks) {
             char what[128];

@@ -92,8 +92,7 @@ static void wh__parse_state(const bson_t *doc, wh__state_t *s) {
 
 /* Reads the state document, creating it when missing (first use, or a wiped
  * database) if create is set; *exists false when missing and not created. */
-bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists,
-                   wh_err_t *err) {
+bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh_err_t *err) {
     mongoc_collection_t *c = wh__state_coll(m);
     bson_t filter = BSON_INITIALIZER, doc = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&filter, "_id", "state");
@@ -127,12 +126,16 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists,
                         m->where);
     if (ok && found) ok = wh__check_schema(m, &doc, err);
     if (ok) {
-        if (found) wh__parse_state(&doc, s);
-        else memset(s, 0, sizeof *s);
+        if (found)
+            wh__parse_state(&doc, s);
+        else
+            memset(s, 0, sizeof *s);
         if (found && (s->write_gen == 0 || s->read_gen >= s->write_gen))
-            ok = wh_err_set(err, WH_E_CORRUPT, "collection prefix '%s' at %s: state document "
-                            "is inconsistent (read %llu, write %llu)", m->prefix, m->where,
-                            (unsigned long long)s->read_gen, (unsigned long long)s->write_gen);
+            ok = wh_err_set(err, WH_E_CORRUPT,
+                            "collection prefix '%s' at %s: state document "
+                            "is inconsistent (read %llu, write %llu)",
+                            m->prefix, m->where, (unsigned long long)s->read_gen,
+                            (unsigned long long)s->write_gen);
         if (ok && found && s->read_gen > m->known_read) m->known_read = s->read_gen;
     }
     if (exists) *exists = found;
@@ -166,8 +169,8 @@ static bool wh__count_manifests(wh__mongo_t *m, uint64_t gen, uint64_t *n, wh_er
     int64_t k = mongoc_collection_count_documents(c, filter, NULL, NULL, NULL, &e);
     bson_destroy(filter);
     mongoc_collection_destroy(c);
-    if (k < 0) return wh__merr(m, err, &e, "count samples of generation %llu",
-                               (unsigned long long)gen);
+    if (k < 0)
+        return wh__merr(m, err, &e, "count samples of generation %llu", (unsigned long long)gen);
     *n = (uint64_t)k;
     return true;
 }
@@ -188,8 +191,7 @@ static bool wh__counter(wh__mongo_t *m, uint64_t gen, uint64_t *n, wh_err_t *err
 
 /* Full when every position has its manifest. The counter is read first so
  * that the common not-full case costs one lookup by _id. */
-bool wh__gen_full(wh__mongo_t *m, uint64_t gen, bool *full, uint64_t *fill,
-                  wh_err_t *err) {
+bool wh__gen_full(wh__mongo_t *m, uint64_t gen, bool *full, uint64_t *fill, wh_err_t *err) {
     uint64_t ctr = 0, n = 0;
     *full = false;
     if (!wh__counter(m, gen, &ctr, err)) return false;

@@ -18,8 +18,7 @@
  * - Keys come from (seed, epoch) alone through splitmix64, never from W, so
  *   the order is the same in every process, generation and world size. */
 
-static inline uint64_t wh__mix64(uint64_t z)
-{
+static inline uint64_t wh__mix64(uint64_t z) {
     /* splitmix64 finaliser */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -28,18 +27,14 @@ static inline uint64_t wh__mix64(uint64_t z)
 
 #define WH__GOLDEN 0x9e3779b97f4a7c15ULL
 
-static inline uint64_t wh__nw(const wh_plan_t *p)
-{
-    return p->workers ? p->workers : 1;
-}
+static inline uint64_t wh__nw(const wh_plan_t *p) { return p->workers ? p->workers : 1; }
 
-void wh_plan_perm_init(wh_plan_perm_t *pm, uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle)
-{
+void wh_plan_perm_init(wh_plan_perm_t *pm, uint32_t n, uint64_t seed, uint64_t epoch,
+                       bool shuffle) {
     pm->n = n;
     pm->shuffle = shuffle;
     uint32_t bits = 0;
-    while (bits < 32 && ((uint64_t)1 << bits) < n)
-        bits++;
+    while (bits < 32 && ((uint64_t)1 << bits) < n) bits++;
     pm->bits = bits;
     /* splitmix64 stream seeded by (seed, epoch): epoch is mixed on its own
      * first so that (seed, epoch) and (seed + 1, epoch - 1) do not share keys. */
@@ -54,8 +49,7 @@ void wh_plan_perm_init(wh_plan_perm_t *pm, uint32_t n, uint64_t seed, uint64_t e
  * part of hw bits and a low part of lw bits (hw + lw = bits, unequal when bits
  * is odd); a round maps (hi, lo) to (lo, hi ^ F(lo)), which swaps the widths.
  * Each round is invertible, so the whole pass is a bijection of 0..2^bits-1. */
-static uint64_t wh__feistel(const wh_plan_perm_t *pm, uint64_t x)
-{
+static uint64_t wh__feistel(const wh_plan_perm_t *pm, uint64_t x) {
     unsigned hw = pm->bits / 2, lw = pm->bits - hw;
     uint64_t hi = x >> lw, lo = x & (((uint64_t)1 << lw) - 1);
     for (int r = 0; r < WH_PLAN_ROUNDS; r++) {
@@ -71,45 +65,38 @@ static uint64_t wh__feistel(const wh_plan_perm_t *pm, uint64_t x)
     return (hi << lw) | lo;
 }
 
-uint32_t wh_plan_perm_at(const wh_plan_perm_t *pm, uint32_t i)
-{
-    if (pm->n == 0)
-        return 0;
-    if (i >= pm->n)
-        i %= pm->n;
-    if (!pm->shuffle || pm->n == 1)
-        return i;
+uint32_t wh_plan_perm_at(const wh_plan_perm_t *pm, uint32_t i) {
+    if (pm->n == 0) return 0;
+    if (i >= pm->n) i %= pm->n;
+    if (!pm->shuffle || pm->n == 1) return i;
     /* Cycle walking: starting inside 0..n-1, the cycle returns to i itself,
      * so the loop ends within the cycle's length (fewer than 2 steps
      * expected, since 2^bits < 2n). */
     uint64_t x = i;
-    do
-        x = wh__feistel(pm, x);
+    do x = wh__feistel(pm, x);
     while (x >= pm->n);
     return (uint32_t)x;
 }
 
-uint32_t wh_plan_perm(uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle, uint32_t i)
-{
+uint32_t wh_plan_perm(uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle, uint32_t i) {
     wh_plan_perm_t pm;
     wh_plan_perm_init(&pm, n, seed, epoch, shuffle);
     return wh_plan_perm_at(&pm, i);
 }
 
-bool wh_plan_check(const wh_plan_t *p, wh_err_t *err)
-{
-    if (!p)
-        return wh_err_set(err, WH_E_INVALID, "sample plan: no plan given");
+bool wh_plan_check(const wh_plan_t *p, wh_err_t *err) {
+    if (!p) return wh_err_set(err, WH_E_INVALID, "sample plan: no plan given");
     if (p->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "sample plan: swap_cap (SWAP_CAP) must be >= 1, got %u",
-                          p->swap_cap);
+        return wh_err_set(err, WH_E_INVALID,
+                          "sample plan: swap_cap (SWAP_CAP) must be >= 1, got %u", p->swap_cap);
     if (p->world < 1)
         return wh_err_set(err, WH_E_INVALID, "sample plan: world (WORLD_SIZE) must be >= 1, got %u",
                           p->world);
     if (p->rank >= p->world)
-        return wh_err_set(err, WH_E_INVALID,
-                          "sample plan: rank (RANK) %u out of range for world size %u (need rank < world)",
-                          p->rank, p->world);
+        return wh_err_set(
+            err, WH_E_INVALID,
+            "sample plan: rank (RANK) %u out of range for world size %u (need rank < world)",
+            p->rank, p->world);
     uint64_t nw = wh__nw(p);
     if (p->worker >= nw)
         return wh_err_set(err, WH_E_INVALID,
@@ -122,14 +109,14 @@ bool wh_plan_check(const wh_plan_t *p, wh_err_t *err)
     /* Indices g + k*W must fit in 64 bits for every step k. */
     uint64_t W = (uint64_t)p->world * nw, last;
     if (!wh_mul_ok(wh_plan_steps(p), W, &last))
-        return wh_err_set(err, WH_E_INVALID,
-                          "sample plan: swap_cap %u, batch %u and %llu global workers overflow 64-bit indices",
-                          p->swap_cap, p->batch, (unsigned long long)W);
+        return wh_err_set(
+            err, WH_E_INVALID,
+            "sample plan: swap_cap %u, batch %u and %llu global workers overflow 64-bit indices",
+            p->swap_cap, p->batch, (unsigned long long)W);
     return true;
 }
 
-uint64_t wh_plan_steps(const wh_plan_t *p)
-{
+uint64_t wh_plan_steps(const wh_plan_t *p) {
     uint64_t N = p->swap_cap, W = (uint64_t)p->world * wh__nw(p);
     uint64_t c = p->pad == WH_PAD_DROP ? N / W : (N + W - 1) / W;
     if (p->batch > 0 && p->drop_last)
@@ -139,16 +126,14 @@ uint64_t wh_plan_steps(const wh_plan_t *p)
     return c;
 }
 
-void wh_plan_item(const wh_plan_t *p, uint64_t epoch, uint64_t k, uint32_t *pos, bool *is_pad)
-{
+void wh_plan_item(const wh_plan_t *p, uint64_t epoch, uint64_t k, uint32_t *pos, bool *is_pad) {
     wh_plan_perm_t pm;
     wh_plan_perm_init(&pm, p->swap_cap, p->seed, epoch, p->shuffle);
     wh_plan_item_at(p, &pm, k, pos, is_pad);
 }
 
 void wh_plan_item_at(const wh_plan_t *p, const wh_plan_perm_t *pm, uint64_t k, uint32_t *pos,
-                     bool *is_pad)
-{
+                     bool *is_pad) {
     uint64_t N = p->swap_cap, nw = wh__nw(p);
     uint64_t W = (uint64_t)p->world * nw;
     uint64_t g = (uint64_t)p->rank * nw + p->worker;
@@ -168,21 +153,15 @@ void wh_plan_item_at(const wh_plan_t *p, const wh_plan_perm_t *pm, uint64_t k, u
     *is_pad = !real;
 }
 
-uint64_t wh_plan_rank_items(const wh_plan_t *p)
-{
-    return wh_plan_steps(p) * wh__nw(p);
-}
+uint64_t wh_plan_rank_items(const wh_plan_t *p) { return wh_plan_steps(p) * wh__nw(p); }
 
-uint64_t wh_plan_rank_batches(const wh_plan_t *p)
-{
-    if (p->batch == 0)
-        return 0;
+uint64_t wh_plan_rank_batches(const wh_plan_t *p) {
+    if (p->batch == 0) return 0;
     uint64_t s = wh_plan_steps(p);
     return (s + p->batch - 1) / p->batch * wh__nw(p);
 }
 
-uint64_t wh_plan_rank_pads(const wh_plan_t *p)
-{
+uint64_t wh_plan_rank_pads(const wh_plan_t *p) {
     uint64_t N = p->swap_cap, nw = wh__nw(p), W = (uint64_t)p->world * nw;
     uint64_t steps = wh_plan_steps(p), pads = 0;
     for (uint64_t w = 0; w < nw; w++) {
@@ -194,8 +173,7 @@ uint64_t wh_plan_rank_pads(const wh_plan_t *p)
     return pads;
 }
 
-void wh_plan_resume(const wh_plan_t *p, uint64_t consumed, uint32_t *role, uint64_t *step)
-{
+void wh_plan_resume(const wh_plan_t *p, uint64_t consumed, uint32_t *role, uint64_t *step) {
     uint64_t nw = wh__nw(p), b = p->batch ? p->batch : 1;
     uint64_t r = (p->worker + consumed % nw) % nw;
     uint64_t mine = consumed / nw + (r < consumed % nw ? 1 : 0);

@@ -19,7 +19,11 @@
 
 #include "wh.h"
 
-typedef enum { WH_PAD_REPEAT = 0, WH_PAD_IGNORE = 1, WH_PAD_DROP = 2 } wh_pad_t;
+typedef enum {
+    WH_PAD_REPEAT = 0,
+    WH_PAD_IGNORE = 1,
+    WH_PAD_DROP = 2
+} wh_pad_t;
 
 typedef struct {
     uint32_t swap_cap; /* N >= 1: positions per generation */
@@ -29,9 +33,9 @@ typedef struct {
     uint32_t worker;   /* < max(workers, 1) */
     uint32_t batch;    /* 0 = no batch padding; else each worker pads to whole batches */
     bool shuffle;
-    bool drop_last;    /* with batch > 0: whole batches only, the partial last one dropped */
+    bool drop_last; /* with batch > 0: whole batches only, the partial last one dropped */
     uint64_t seed;
-    int pad;           /* wh_pad_t */
+    int pad; /* wh_pad_t */
 } wh_plan_t;
 
 /* Validates every field; on a bad one fills err (WH_E_INVALID) with a message

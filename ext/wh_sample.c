@@ -24,8 +24,8 @@
 bool wh_schema_init(wh_schema_t *s, int n, const char *const *names, wh_err_t *err) {
     memset(s, 0, sizeof *s);
     if (n < 1 || n > WH_MAX_FIELDS)
-        return wh_err_set(err, WH_E_INVALID, "SAMPLE must name 1..%d fields, got %d",
-                          WH_MAX_FIELDS, n);
+        return wh_err_set(err, WH_E_INVALID, "SAMPLE must name 1..%d fields, got %d", WH_MAX_FIELDS,
+                          n);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     uint32_t version = WH_FORMAT_VERSION;
@@ -33,13 +33,11 @@ bool wh_schema_init(wh_schema_t *s, int n, const char *const *names, wh_err_t *e
     for (int i = 0; i < n; i++) {
         size_t len = names[i] ? strlen(names[i]) : 0;
         if (len == 0 || len >= WH_MAX_NAME)
-            return wh_err_set(err, WH_E_INVALID,
-                              "SAMPLE field %d: name must be 1..%d characters", i,
-                              WH_MAX_NAME - 1);
+            return wh_err_set(err, WH_E_INVALID, "SAMPLE field %d: name must be 1..%d characters",
+                              i, WH_MAX_NAME - 1);
         for (int j = 0; j < i; j++)
             if (strcmp(s->names[j], names[i]) == 0)
-                return wh_err_set(err, WH_E_INVALID, "SAMPLE names field '%s' twice",
-                                  names[i]);
+                return wh_err_set(err, WH_E_INVALID, "SAMPLE names field '%s' twice", names[i]);
         memcpy(s->names[i], names[i], len + 1);
         XXH3_64bits_update(&st, names[i], len + 1);
     }
@@ -48,8 +46,8 @@ bool wh_schema_init(wh_schema_t *s, int n, const char *const *names, wh_err_t *e
     return true;
 }
 
-bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n,
-                    wh_sample_meta_t *meta, wh_err_t *err) {
+bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n, wh_sample_meta_t *meta,
+                    wh_err_t *err) {
     memset(meta, 0, sizeof *meta);
     if (n != s->nfields)
         return wh_err_set(err, WH_E_INVALID, "sample has %d fields, SAMPLE names %d", n,
@@ -70,11 +68,9 @@ bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n,
         uint64_t nb = item;
         for (int d = 0; d < a->ndim; d++) {
             if (a->shape[d] < 0)
-                return wh_err_set(err, WH_E_INVALID, "field '%s': negative shape",
-                                  s->names[i]);
+                return wh_err_set(err, WH_E_INVALID, "field '%s': negative shape", s->names[i]);
             if (!wh_mul_ok(nb, (uint64_t)a->shape[d], &nb))
-                return wh_err_set(err, WH_E_INVALID, "field '%s': size overflows",
-                                  s->names[i]);
+                return wh_err_set(err, WH_E_INVALID, "field '%s': size overflows", s->names[i]);
             f->shape[d] = a->shape[d];
         }
         if (nb > 0 && !a->data)
@@ -103,8 +99,8 @@ static bool wh__contiguous(const wh_array_t *a) {
 
 /* Copies src (contiguous) to dst hashing block by block; calls the fault
  * hook when the running total crosses *fault_at (then clears it). */
-static void wh__copy_hash(char *dst, const char *src, uint64_t n, XXH3_state_t *h,
-                          uint64_t *done, uint64_t *fault_at) {
+static void wh__copy_hash(char *dst, const char *src, uint64_t n, XXH3_state_t *h, uint64_t *done,
+                          uint64_t *fault_at) {
     while (n) {
         uint64_t k = n < WH__BLOCK ? n : WH__BLOCK;
         memcpy(dst, src, k);
@@ -156,8 +152,16 @@ static uint64_t wh__get_u64(const unsigned char *p) {
 }
 
 /* Header offsets (little-endian fields). */
-enum { WH__H_VER = 4, WH__H_NF = 6, WH__H_SCHEMA = 8, WH__H_TOTAL = 16, WH__H_HSIZE = 24,
-       WH__H_SUM = 32, WH__H_GEN = 40, WH__H_POS = 48 };
+enum {
+    WH__H_VER = 4,
+    WH__H_NF = 6,
+    WH__H_SCHEMA = 8,
+    WH__H_TOTAL = 16,
+    WH__H_HSIZE = 24,
+    WH__H_SUM = 32,
+    WH__H_GEN = 40,
+    WH__H_POS = 48
+};
 
 /* XXH3 of the header and descriptors, all but the checksum field itself.
  * Format version 1 left bytes 40..63 out. */
@@ -177,9 +181,8 @@ void wh_sample_set_place(void *buf, const wh_sample_meta_t *meta, uint64_t gen, 
     wh__put_u64(b + WH__H_SUM, wh__header_hash(b, meta->header_size, WH_FORMAT_VERSION));
 }
 
-bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
-                      const wh_array_t *arr, wh_sample_meta_t *meta, bool fault_point,
-                      wh_err_t *err) {
+bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s, const wh_array_t *arr,
+                      wh_sample_meta_t *meta, bool fault_point, wh_err_t *err) {
     if (cap < meta->total_size)
         return wh_err_set(err, WH_E_INTERNAL, "encode: %llu bytes for a %llu-byte sample",
                           (unsigned long long)cap, (unsigned long long)meta->total_size);
@@ -259,9 +262,8 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
         !(ver == 1 && sum == wh__header_hash(b, hsize, 1)))
         return wh_err_set(err, WH_E_CORRUPT, "sample header checksum mismatch");
     if (ver != WH_FORMAT_VERSION)
-        return wh_err_set(err, WH_E_SCHEMA,
-                          "sample format version %u, this build reads version %d", ver,
-                          WH_FORMAT_VERSION);
+        return wh_err_set(err, WH_E_SCHEMA, "sample format version %u, this build reads version %d",
+                          ver, WH_FORMAT_VERSION);
     if (nf != s->nfields || wh__get_u64(b + WH__H_SCHEMA) != s->hash)
         return wh_err_set(err, WH_E_SCHEMA,
                           "sample was written with another SAMPLE schema (%u fields)", nf);
@@ -285,8 +287,8 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
         f->ndim = d[1];
         size_t item = wh_dtype_size(f->dtype);
         if (!item)
-            return wh_err_set(err, WH_E_CORRUPT, "field '%s': unknown dtype code %d",
-                              s->names[i], f->dtype);
+            return wh_err_set(err, WH_E_CORRUPT, "field '%s': unknown dtype code %d", s->names[i],
+                              f->dtype);
         if (f->ndim > WH_MAX_NDIM)
             return wh_err_set(err, WH_E_CORRUPT, "field '%s': ndim %d", s->names[i], f->ndim);
         uint64_t nb = item;
@@ -306,8 +308,7 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
         if (f->nbytes != nb)
             return wh_err_set(err, WH_E_CORRUPT,
                               "field '%s': %llu bytes stored, shape and dtype need %llu",
-                              s->names[i], (unsigned long long)f->nbytes,
-                              (unsigned long long)nb);
+                              s->names[i], (unsigned long long)f->nbytes, (unsigned long long)nb);
         if (f->offset != off || !wh_add_ok(off, nb, &off) || off > total)
             return wh_err_set(err, WH_E_CORRUPT, "field '%s': offset or size out of bounds",
                               s->names[i]);
@@ -320,16 +321,15 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
     return true;
 }
 
-bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i,
-                      const void *data, wh_err_t *err) {
+bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, const void *data,
+                      wh_err_t *err) {
     if (XXH3_64bits(data, meta->f[i].nbytes) != meta->f[i].checksum)
         return wh_err_set(err, WH_E_CORRUPT, "field '%s': checksum mismatch", s->names[i]);
     return true;
 }
 
-bool wh_sample_copy_field(const void *buf, const wh_schema_t *s,
-                          const wh_sample_meta_t *meta, int i, void *dst, bool verify,
-                          wh_err_t *err) {
+bool wh_sample_copy_field(const void *buf, const wh_schema_t *s, const wh_sample_meta_t *meta,
+                          int i, void *dst, bool verify, wh_err_t *err) {
     const wh_field_meta_t *f = &meta->f[i];
     const char *src = (const char *)buf + f->offset;
     wh_count_out(f->nbytes);

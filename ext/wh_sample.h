@@ -33,16 +33,16 @@ typedef struct {
     int dtype;
     int ndim;
     int64_t shape[WH_MAX_NDIM];
-    uint64_t offset;   /* from the sample start */
+    uint64_t offset; /* from the sample start */
     uint64_t nbytes;
     uint64_t checksum; /* XXH3_64bits of the nbytes */
 } wh_field_meta_t;
 
 typedef struct {
     int nfields;
-    uint64_t gen;        /* where the sample was stored (wh_sample_set_place) */
+    uint64_t gen; /* where the sample was stored (wh_sample_set_place) */
     uint32_t pos;
-    uint64_t total_size; /* header + descriptors + data, padded */
+    uint64_t total_size;  /* header + descriptors + data, padded */
     uint64_t header_size; /* header + descriptors, padded to WH_ALIGN */
     wh_field_meta_t f[WH_MAX_FIELDS];
 } wh_sample_meta_t;
@@ -50,16 +50,15 @@ typedef struct {
 /* Checks caller arrays against the schema (count, known dtype, ndim,
  * non-negative shape, no size overflow) and lays out the encoded sample in
  * meta (checksums not yet set). Errors name the field. */
-bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n,
-                    wh_sample_meta_t *meta, wh_err_t *err);
+bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n, wh_sample_meta_t *meta,
+                    wh_err_t *err);
 
 /* Encodes arrays laid out by wh_sample_plan into dst (cap bytes, at least
  * meta->total_size), copying any strides into C order and computing the
  * checksums on the way (meta->f[i].checksum is filled). With fault_point
  * set, calls wh_fault_put_midway() once half of the data is written. */
-bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s,
-                      const wh_array_t *arr, wh_sample_meta_t *meta, bool fault_point,
-                      wh_err_t *err);
+bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s, const wh_array_t *arr,
+                      wh_sample_meta_t *meta, bool fault_point, wh_err_t *err);
 
 /* Records in an encoded sample's header the generation and position it is
  * committed at, and re-hashes the header (the data is untouched). */
@@ -80,15 +79,14 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
 
 /* XXH3 of a field's bytes compared with its descriptor: WH_E_CORRUPT on
  * mismatch, naming the field. */
-bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i,
-                      const void *data, wh_err_t *err);
+bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, const void *data,
+                      wh_err_t *err);
 
 /* Copies field i of the encoded sample in buf into dst (meta->f[i].nbytes
  * bytes), checking the checksum when verify is set; counts the copy. On a
  * checksum error dst holds garbage and WH_E_CORRUPT is returned. */
-bool wh_sample_copy_field(const void *buf, const wh_schema_t *s,
-                          const wh_sample_meta_t *meta, int i, void *dst,
-                          bool verify, wh_err_t *err);
+bool wh_sample_copy_field(const void *buf, const wh_schema_t *s, const wh_sample_meta_t *meta,
+                          int i, void *dst, bool verify, wh_err_t *err);
 
 /* Shapes and dtypes equal (used to check samples stacked in one batch). */
 bool wh_field_meta_same(const wh_field_meta_t *a, const wh_field_meta_t *b);

@@ -108,15 +108,15 @@ typedef struct {
     uint32_t nfields;
     uint32_t pad0;
     char names[WH_MAX_FIELDS][WH_MAX_NAME];
-    uint64_t slot_bytes;   /* data bytes per generation area */
-    uint64_t total_bytes;  /* whole segment */
+    uint64_t slot_bytes;  /* data bytes per generation area */
+    uint64_t total_bytes; /* whole segment */
     uint64_t index_off, data_off;
     int64_t creator_pid;
     uint64_t created_ns;
 
-    wh__lock_t lock; /* lease, seal, history */
-    uint64_t read_gen;    /* atomic */
-    uint64_t write_gen;   /* atomic */
+    wh__lock_t lock;                      /* lease, seal, history */
+    uint64_t read_gen;                    /* atomic */
+    uint64_t write_gen;                   /* atomic */
     uint64_t generated, discarded, seals; /* atomic */
     int64_t leader_pid;
     uint64_t leader_token;
@@ -133,8 +133,8 @@ typedef struct {
 /* The segment's mappings, shared by the handle and every live view, so a
  * view outlives the handle that made it. */
 typedef struct {
-    uint64_t refs; /* atomic */
-    void *rw;      /* the store's own read-write mapping */
+    uint64_t refs;  /* atomic */
+    void *rw;       /* the store's own read-write mapping */
     const void *ro; /* the same segment mapped read-only: views point here */
     size_t len;
 } wh__map_t;
@@ -206,7 +206,8 @@ static bool wh__lock(wh__lock_t *l, double wait_s, wh_err_t *err) {
             return wh_err_set(err, WH_E_TIMEOUT,
                               "shm store lock held by pid %d for more than %gs: that process "
                               "is stopped (SIGSTOP, a debugger, a suspended job) or the segment "
-                              "is damaged", (int)cur, wait_s);
+                              "is damaged",
+                              (int)cur, wait_s);
         /* sleep until a release wakes us, re-checking the holder every 2 ms */
         struct timespec ts = {0, 2000000};
         __atomic_add_fetch(&l->waiters, 1, __ATOMIC_ACQ_REL);
@@ -254,8 +255,7 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '-' || c == '_' || c == '.'))
             return wh_err_set(err, WH_E_INVALID,
-                              "shm store name '%s': use only letters, digits, '-', '_', '.'",
-                              name);
+                              "shm store name '%s': use only letters, digits, '-', '_', '.'", name);
     }
     snprintf(out, cap, "/wirehead.%s", name);
     return true;
@@ -312,18 +312,20 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     if (r != 0) {
         struct statvfs vfs;
         unsigned long long avail = 0;
-        if (statvfs("/dev/shm", &vfs) == 0)
-            avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        if (statvfs("/dev/shm", &vfs) == 0) avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
         char why[96] = "";
         if (!c->byte_budget)
-            snprintf(why, sizeof why, ", BYTE_BUDGET auto: sized from the first sample for "
-                     "SWAP_CAP=%u", c->swap_cap);
-        return wh_err_set(err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
-                          "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu%s) "
-                          "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
-                          "enlarge /dev/shm (docker: --shm-size)",
-                          s->shm_name + 10, (unsigned long long)total,
-                          (unsigned long long)budget, why, avail, strerror(r));
+            snprintf(why, sizeof why,
+                     ", BYTE_BUDGET auto: sized from the first sample for "
+                     "SWAP_CAP=%u",
+                     c->swap_cap);
+        return wh_err_set(
+            err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
+            "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu%s) "
+            "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
+            "enlarge /dev/shm (docker: --shm-size)",
+            s->shm_name + 10, (unsigned long long)total, (unsigned long long)budget, why, avail,
+            strerror(r));
     }
     void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
@@ -378,10 +380,11 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
          * hostile bytes while we read: refuse it before mapping */
         if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
             if (h) munmap(h, sizeof(wh__hdr_t));
-            return wh_err_set(err, WH_E_INVALID, "shm store '%s' belongs to uid %u with mode "
+            return wh_err_set(err, WH_E_INVALID,
+                              "shm store '%s' belongs to uid %u with mode "
                               "%03o; a store must be owned by this user (uid %u) with mode "
-                              "0600: remove it or use another name", s->shm_name + 10,
-                              (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                              "0600: remove it or use another name",
+                              s->shm_name + 10, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
                               (unsigned)geteuid());
         }
         uint64_t magic = 0;
@@ -391,15 +394,18 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             /* an older build's layout (3 areas, no reader pins): refuse it
              * clearly rather than wait for it or take it for stale */
             if (h) munmap(h, sizeof(wh__hdr_t));
-            return wh_err_set(err, WH_E_SCHEMA, "shm store '%s' has the segment layout of an "
+            return wh_err_set(err, WH_E_SCHEMA,
+                              "shm store '%s' has the segment layout of an "
                               "older wirehead_torch (3 generation areas, no reader pins); this "
                               "build uses 4 areas with reader pins: stop its users and remove it "
-                              "with `wirehead-torch clean`", s->shm_name + 10);
+                              "with `wirehead-torch clean`",
+                              s->shm_name + 10);
         }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
                 void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-                if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+                if (p == MAP_FAILED)
+                    return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
                 h = p;
             }
             if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == WH__SHM_MAGIC) break;
@@ -415,8 +421,9 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         }
         if (now > hard_deadline) {
             if (h) munmap(h, sizeof(wh__hdr_t));
-            return wh_err_set(err, WH_E_TIMEOUT, "shm store '%s' is still being created by pid %lld",
-                              s->shm_name + 10, (long long)creator);
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "shm store '%s' is still being created by pid %lld", s->shm_name + 10,
+                              (long long)creator);
         }
         wh_sleep_ms(1);
     }
@@ -424,11 +431,13 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     bool ok = true;
     uint64_t ns = wh__pidns();
     if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
-        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' has format version %u, this build uses %d; "
-                        "remove it with `wirehead-torch clean`", s->shm_name + 10,
-                        h->format_version, WH_FORMAT_VERSION);
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' has format version %u, this build uses %d; "
+                        "remove it with `wirehead-torch clean`",
+                        s->shm_name + 10, h->format_version, WH_FORMAT_VERSION);
     } else if (h->pidns && ns && h->pidns != ns) {
-        ok = wh_err_set(err, WH_E_INVALID, "shm store '%s' was created in another PID namespace "
+        ok = wh_err_set(err, WH_E_INVALID,
+                        "shm store '%s' was created in another PID namespace "
                         "(another container?); every participant of an shm store must share "
                         "one (docker: --pid=host or a shared --pid), or use a mongodb:// store",
                         s->shm_name + 10);
@@ -441,18 +450,20 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             if (i) strcat(have, ", ");
             strcat(have, nm);
         }
-        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SAMPLE [%s], config "
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with SAMPLE [%s], config "
                         "says another; use another store name or `wirehead-torch clean`",
                         s->shm_name + 10, have);
-    } else if (!c->no_create && c->byte_budget &&
-               h->slot_bytes != wh__page_up(c->byte_budget)) {
-        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with BYTE_BUDGET=%llu, "
+    } else if (!c->no_create && c->byte_budget && h->slot_bytes != wh__page_up(c->byte_budget)) {
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with BYTE_BUDGET=%llu, "
                         "config says %llu; the budget is fixed when the store is created: "
                         "use the same value, or `wirehead-torch clean` and start again",
                         s->shm_name + 10, (unsigned long long)h->slot_bytes,
                         (unsigned long long)c->byte_budget);
     } else if (h->swap_cap != c->swap_cap) {
-        ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was created with SWAP_CAP=%u, config "
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with SWAP_CAP=%u, config "
                         "says %u; use another store name or `wirehead-torch clean`",
                         s->shm_name + 10, h->swap_cap, c->swap_cap);
     } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
@@ -517,10 +528,10 @@ static bool wh__connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
         fd = wh_shmfile_open(path, 0, err);
         if (fd < 0) {
             if (fd == -ENOENT && !budget)
-                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)",
-                                  s->shm_name + 10, path);
+                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)", s->shm_name + 10,
+                                  path);
             if (fd == -ENOENT) continue; /* removed meanwhile: create it */
-            return false; /* refused or failed: err names the path and why */
+            return false;                /* refused or failed: err names the path and why */
         }
         bool stale;
         wh_err_t e = {0};
@@ -620,16 +631,20 @@ static bool wh__ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err)
             if (!budget) { /* a bad sample: let the put say why */
                 wh_sample_meta_t meta;
                 if (!wh_sample_plan(&c->schema, arr, n, &meta, err)) return false;
-                return wh_err_set(err, WH_E_TOOBIG, "BYTE_BUDGET auto: SWAP_CAP=%u samples of "
-                                  "this size overflow", c->swap_cap);
+                return wh_err_set(err, WH_E_TOOBIG,
+                                  "BYTE_BUDGET auto: SWAP_CAP=%u samples of "
+                                  "this size overflow",
+                                  c->swap_cap);
             }
         }
     }
     if (wh__connect(s, budget, err)) return true;
     if (err && err->code == WH_E_NOSTORE && !c->byte_budget && !c->no_create)
-        wh_err_set(err, WH_E_NOSTORE, "shm store '%s' does not exist yet: with BYTE_BUDGET auto "
+        wh_err_set(err, WH_E_NOSTORE,
+                   "shm store '%s' does not exist yet: with BYTE_BUDGET auto "
                    "the first generator's first sample creates it (start a generator, or set "
-                   "BYTE_BUDGET)", s->shm_name + 10);
+                   "BYTE_BUDGET)",
+                   s->shm_name + 10);
     return false;
 }
 
@@ -704,8 +719,8 @@ static bool wh__intact(const wh__shm_t *s, wh_err_t *err) {
     if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len)
         return wh_err_set(err, WH_E_CORRUPT,
                           "shm store '%s' was truncated to %lld of its %zu bytes; remove it "
-                          "with `wirehead-torch clean`", s->shm_name + 10,
-                          (long long)sb.st_size, s->map_len);
+                          "with `wirehead-torch clean`",
+                          s->shm_name + 10, (long long)sb.st_size, s->map_len);
     return true;
 }
 
@@ -714,10 +729,14 @@ static bool wh__intact(const wh__shm_t *s, wh_err_t *err) {
 static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh_err_t *err) {
     const char *bad = NULL;
     uint64_t end;
-    if (sl->used > s->slot_bytes) bad = "used bytes beyond the area";
-    else if (sl->count > s->swap_cap) bad = "more samples than SWAP_CAP";
-    else if (sl->nholes > WH__MAX_HOLES) bad = "hole count";
-    else if (sl->nwriters > WH__MAX_WRITERS) bad = "writer count";
+    if (sl->used > s->slot_bytes)
+        bad = "used bytes beyond the area";
+    else if (sl->count > s->swap_cap)
+        bad = "more samples than SWAP_CAP";
+    else if (sl->nholes > WH__MAX_HOLES)
+        bad = "hole count";
+    else if (sl->nwriters > WH__MAX_WRITERS)
+        bad = "writer count";
     for (uint32_t i = 0; !bad && i < sl->nholes; i++)
         if (!wh_add_ok(sl->holes[i].off, sl->holes[i].size, &end) || end > sl->used)
             bad = "a hole outside the used bytes";
@@ -726,8 +745,10 @@ static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh
             (!wh_add_ok(sl->writers[i].off, sl->writers[i].size, &end) || end > sl->used))
             bad = "a reservation outside the used bytes";
     if (bad)
-        return wh_err_set(err, WH_E_CORRUPT, "shm store '%s' area %d is damaged (%s); remove "
-                          "it with `wirehead-torch clean`", s->shm_name + 10, slot, bad);
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "shm store '%s' area %d is damaged (%s); remove "
+                          "it with `wirehead-torch clean`",
+                          s->shm_name + 10, slot, bad);
     return true;
 }
 
@@ -979,8 +1000,8 @@ static void wh__prune_pins(wh__slot_t *sl) {
  * live writer and no live reader pin. Returns it locked in *out, or -1 with
  * info naming a pid that keeps the candidates busy (a reader's pin when
  * that is what blocks). */
-static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
-                               wh_err_t *err) {
+static bool wh__take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info,
+                               int *out, wh_err_t *err) {
     uint64_t rg = wh__ld(&h->read_gen);
     int order[WH__SLOTS], n = 0;
     for (int i = 0; i < WH__SLOTS; i++) {
@@ -1077,7 +1098,7 @@ static bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_
         ok = false;
         goto out;
     }
-    if (ns < 0) goto out; /* every candidate is busy: info names who */
+    if (ns < 0) goto out;             /* every candidate is busy: info names who */
     wh__slot_t *next = &h->slots[ns]; /* locked by wh__take_next_slot */
     wh__seal_store(&next->gen, 0, &step);
     __atomic_store_n(&next->count, 0, __ATOMIC_RELEASE);
@@ -1122,9 +1143,7 @@ static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
     return true;
 }
 
-static bool wh__gone(uint64_t gen, wh_err_t *err) {
-    return wh_store_err_gone(err, gen);
-}
+static bool wh__gone(uint64_t gen, wh_err_t *err) { return wh_store_err_gone(err, gen); }
 
 /* Slot of sealed generation gen: NOTFOUND if not sealed yet, GONE if its
  * slot was recycled. */
@@ -1138,8 +1157,8 @@ static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_
 }
 
 /* A read of an attached handle (wh__ready done by the caller). */
-static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
-                              void *ctx, wh_sample_meta_t *meta_out, wh_err_t *err);
+static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                              wh_sample_meta_t *meta_out, wh_err_t *err);
 
 static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
@@ -1147,8 +1166,8 @@ static bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn 
     return wh__read_attached(st, gen, pos, fn, ctx, meta_out, err);
 }
 
-static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
-                              void *ctx, wh_sample_meta_t *meta_out, wh_err_t *err) {
+static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                              wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
@@ -1172,7 +1191,8 @@ static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_des
     if (fn && !fn(ctx, &meta, dst, err)) return false;
     bool ok = true;
     for (int i = 0; i < meta.nfields && ok; i++)
-        if (dst[i]) ok = wh_sample_copy_field(src, schema, &meta, i, dst[i], st->cfg.verify_reads, err);
+        if (dst[i])
+            ok = wh_sample_copy_field(src, schema, &meta, i, dst[i], st->cfg.verify_reads, err);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
     if (!ok) return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
@@ -1266,8 +1286,10 @@ static bool wh__pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err) {
         wh__prune_pins(sl);
     }
     if (free_i < 0)
-        return wh_err_set(err, WH_E_PINNED, "%d reader processes already hold views of this "
-                          "generation; read copies instead", WH__MAX_PINNERS);
+        return wh_err_set(err, WH_E_PINNED,
+                          "%d reader processes already hold views of this "
+                          "generation; read copies instead",
+                          WH__MAX_PINNERS);
     __atomic_store_n(&sl->pins[free_i].count, n, __ATOMIC_RELAXED);
     __atomic_store_n(&sl->pins[free_i].pid, pid, __ATOMIC_RELAXED);
     sl->npinners++;
@@ -1357,10 +1379,11 @@ static void wh__fork_child(void) {
         }
         if (!ok) { /* the child's views of e->gen may show other bytes: say so */
             char msg[WH_ERR_LEN + 200]; /* no stdio: a parent thread may hold its locks */
-            int n = snprintf(msg, sizeof msg, "wirehead_torch: forked process %d could not "
+            int n = snprintf(msg, sizeof msg,
+                             "wirehead_torch: forked process %d could not "
                              "pin generation %llu for the %u store-backed views it inherited "
-                             "(%s); do not use them\n", (int)me, (unsigned long long)e->gen,
-                             e->views, err.message);
+                             "(%s); do not use them\n",
+                             (int)me, (unsigned long long)e->gen, e->views, err.message);
             if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0)
                 n = 0; /* nowhere to say it */
         }
@@ -1384,8 +1407,8 @@ static void wh__fork_register(void) {
  * from reuse for the length of the copy, so a slow reader cannot lose the
  * race with reclamation. Outside the one-generation policy of views: it
  * lasts one copy, so a seal it blocks waits only that long. */
-static bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn,
-                              void *ctx, wh_sample_meta_t *meta, wh_err_t *err) {
+static bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                              wh_sample_meta_t *meta, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     if (!wh__ready(s, NULL, 0, err)) return false;
     wh__hdr_t *h = s->hdr;
@@ -1423,7 +1446,8 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
     uint64_t other = ok ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
     if (ok && other)
-        ok = wh_err_set(err, WH_E_PINNED, "this process (pid %d) still holds views of generation "
+        ok = wh_err_set(err, WH_E_PINNED,
+                        "this process (pid %d) still holds views of generation "
                         "%llu; a process pins one generation at a time, so drop those views "
                         "(del the tensors) before viewing generation %llu, or read a copy",
                         (int)s->pid, (unsigned long long)other, (unsigned long long)gen);
@@ -1562,8 +1586,10 @@ static bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *er
     int take = -1;
     for (int i = 0; i < WH__MAX_READERS && !e; i++) {
         uint64_t t = __atomic_load_n(&tab[i].token, __ATOMIC_ACQUIRE);
-        if (t == b->token) e = &tab[i];
-        else if (take < 0 && wh__beat_free(&tab[i], t, b->beat_ns)) take = i;
+        if (t == b->token)
+            e = &tab[i];
+        else if (take < 0 && wh__beat_free(&tab[i], t, b->beat_ns))
+            take = i;
     }
     if (!e) {
         if (take < 0) return true; /* table full: this reader goes unlisted */
@@ -1589,8 +1615,8 @@ static void wh__beat_drop(wh__shm_t *s) {
     if (!s->hdr || !token) return;
     for (int i = 0; i < WH__MAX_READERS; i++) {
         uint64_t t = token;
-        if (__atomic_compare_exchange_n(&s->hdr->readers[i].token, &t, 0, false,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        if (__atomic_compare_exchange_n(&s->hdr->readers[i].token, &t, 0, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
             break;
     }
 }

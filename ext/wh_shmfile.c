@@ -31,13 +31,14 @@ static const char *wh__refusal(const struct stat *st, char *why, size_t cap, int
 }
 
 static int wh__refuse(const char *path, const char *why, int errnum, wh_err_t *err) {
-    wh_err_set(err, WH_E_INVALID, "%s %s: refused (it was not made by this user's wirehead "
-               "process; remove it, or ask whoever made it)", path, why);
+    wh_err_set(err, WH_E_INVALID,
+               "%s %s: refused (it was not made by this user's wirehead "
+               "process; remove it, or ask whoever made it)",
+               path, why);
     return -errnum;
 }
 
-bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *size,
-                      wh_err_t *err) {
+bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *size, wh_err_t *err) {
     struct stat st;
     char why[96];
     int errnum;
@@ -46,9 +47,10 @@ bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *siz
     const char *bad = wh__refusal(&st, why, sizeof why, &errnum);
     if (bad) return wh__refuse(path, bad, errnum, err), false;
     if (st.st_size < 0 || (uint64_t)st.st_size < min_size)
-        return wh_err_set(err, WH_E_INVALID, "%s holds %lld bytes, %llu expected: it was "
-                          "truncated or damaged", path, (long long)st.st_size,
-                          (unsigned long long)min_size);
+        return wh_err_set(err, WH_E_INVALID,
+                          "%s holds %lld bytes, %llu expected: it was "
+                          "truncated or damaged",
+                          path, (long long)st.st_size, (unsigned long long)min_size);
     if (size) *size = (uint64_t)st.st_size;
     return true;
 }
@@ -116,8 +118,10 @@ int wh_shmfile_open(const char *path, uint64_t min_size, wh_err_t *err) {
     int errnum;
     if (lstat(path, &pre) != 0) {
         int e = errno;
-        if (e == ENOENT) wh_err_set(err, WH_E_NOTFOUND, "%s does not exist", path);
-        else wh_err_set(err, WH_E_SYS, "%s: %s", path, strerror(e));
+        if (e == ENOENT)
+            wh_err_set(err, WH_E_NOTFOUND, "%s does not exist", path);
+        else
+            wh_err_set(err, WH_E_SYS, "%s: %s", path, strerror(e));
         return -e;
     }
     const char *bad = wh__refusal(&pre, why, sizeof why, &errnum);
@@ -126,8 +130,10 @@ int wh_shmfile_open(const char *path, uint64_t min_size, wh_err_t *err) {
     if (fd < 0) {
         int e = errno;
         if (e == ELOOP) return wh__refuse(path, "is a symbolic link", ELOOP, err);
-        if (e == ENOENT) wh_err_set(err, WH_E_NOTFOUND, "%s does not exist", path);
-        else wh_err_set(err, WH_E_SYS, "%s: cannot open it: %s", path, strerror(e));
+        if (e == ENOENT)
+            wh_err_set(err, WH_E_NOTFOUND, "%s does not exist", path);
+        else
+            wh_err_set(err, WH_E_SYS, "%s: cannot open it: %s", path, strerror(e));
         return -e;
     }
     struct stat st;
@@ -142,8 +148,10 @@ int wh_shmfile_open(const char *path, uint64_t min_size, wh_err_t *err) {
     }
     if (st.st_size < 0 || (uint64_t)st.st_size < min_size) {
         close(fd);
-        wh_err_set(err, WH_E_INVALID, "%s holds %lld bytes, %llu expected: it was truncated or "
-                   "damaged", path, (long long)st.st_size, (unsigned long long)min_size);
+        wh_err_set(err, WH_E_INVALID,
+                   "%s holds %lld bytes, %llu expected: it was truncated or "
+                   "damaged",
+                   path, (long long)st.st_size, (unsigned long long)min_size);
         return -EFBIG;
     }
     /* O_NONBLOCK served the open only */

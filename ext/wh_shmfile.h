@@ -39,8 +39,7 @@ int wh_shmfile_open(const char *path, uint64_t min_size, wh_err_t *err);
 /* The checks of wh_shmfile_open on an open descriptor, for use again
  * before a map or a copy (a file can be truncated or re-moded under us).
  * *size (may be NULL) gets the file's size. */
-bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *size,
-                      wh_err_t *err);
+bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *size, wh_err_t *err);
 
 /* Reserves size bytes of the open file fd (posix_fallocate); false with
  * err naming path, the size and the free space in /dev/shm (WH_E_NOSPACE

@@ -34,7 +34,8 @@ static bool wh__here(const wh_store_t *st, wh_err_t *err) {
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
-    if (cfg->swap_cap < 1) return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
+    if (cfg->swap_cap < 1)
+        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
     if (wh__is(cfg->uri, "shm://"))
         st = wh_shm_open(cfg, err);
     else if (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://"))
@@ -115,8 +116,8 @@ bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");
 }
 
-bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
-                       const bool *stop, uint64_t *gen, wh_err_t *err) {
+bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, const bool *stop,
+                       uint64_t *gen, wh_err_t *err) {
     uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s > 0 ? timeout_s * 1e9 : 0);
     unsigned delay = WH_READ_BACKOFF_MIN_MS;
     for (;;) {
@@ -142,8 +143,8 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
                 wh_status_t s;
                 wh_err_t se = {0};
                 if (!wh_store_status(st, &s, &se) && se.code == WH_E_NOSTORE)
-                    wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs: %s",
-                               timeout_s, se.message);
+                    wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs: %s", timeout_s,
+                               se.message);
                 else
                     wh_err_set(err, WH_E_TIMEOUT, "no generation sealed within %gs", timeout_s);
             }
@@ -158,8 +159,10 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err) {
     if (!wh__here(st, err)) return false;
     if (!st->ops->view)
-        return wh_err_set(err, WH_E_INVALID, "store-backed views need an shm:// store; %s "
-                          "stores are read as copies", st->ops->scheme);
+        return wh_err_set(err, WH_E_INVALID,
+                          "store-backed views need an shm:// store; %s "
+                          "stores are read as copies",
+                          st->ops->scheme);
     if (pos >= st->cfg.swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
                           st->cfg.swap_cap);
@@ -232,8 +235,8 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     at->gone = at->corrupt = 0;
     at->last_skip[0] = 0;
     if (cap == 0 || at->pos >= cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u",
-                          at->pos, cap);
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u", at->pos,
+                          cap);
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     /* Ends: each lost race waits (up to timeout_s) for a generation other
      * than the lost one, so the loop goes on only while the store keeps

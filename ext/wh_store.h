@@ -16,8 +16,8 @@ typedef struct wh_store wh_store_t;
  * copies what it keeps (the handle's cfg.uri is an owned copy; cfg.dbname
  * and cfg.prefix are NULL after open). */
 typedef struct {
-    const char *uri;          /* "shm://NAME" or "mongodb://..." */
-    uint32_t swap_cap;        /* samples per generation */
+    const char *uri;   /* "shm://NAME" or "mongodb://..." */
+    uint32_t swap_cap; /* samples per generation */
     wh_schema_t schema;
     uint64_t byte_budget;     /* shm: bytes for each of the 4 generation areas; 0: auto,
                                  sized from the first sample put, and only a put creates
@@ -38,55 +38,55 @@ typedef enum {
 } wh_put_status_t;
 
 typedef struct {
-    uint64_t generation;   /* the generation just sealed */
-    uint64_t generated;    /* samples accepted into all generations so far */
-    uint64_t discarded;    /* surplus puts discarded so far */
-    uint64_t seal_ns;      /* time the seal itself took */
-    uint64_t blocked_pid;  /* not sealed: a live writer (pid) still writes into the
+    uint64_t generation;  /* the generation just sealed */
+    uint64_t generated;   /* samples accepted into all generations so far */
+    uint64_t discarded;   /* surplus puts discarded so far */
+    uint64_t seal_ns;     /* time the seal itself took */
+    uint64_t blocked_pid; /* not sealed: a live writer (pid) still writes into the
                               area the next generation needs (shm), or a live reader
                               pins it (blocked_reader); 0 otherwise */
-    bool blocked_reader;   /* blocked_pid is a reader holding views of blocked_gen */
+    bool blocked_reader;  /* blocked_pid is a reader holding views of blocked_gen */
     uint64_t blocked_gen;
 } wh_seal_info_t;
 
 typedef struct {
-    uint64_t read_gen;        /* 0 if none yet */
+    uint64_t read_gen; /* 0 if none yet */
     uint64_t write_gen;
-    uint32_t write_fill;      /* committed samples in the write generation */
+    uint32_t write_fill; /* committed samples in the write generation */
     uint32_t swap_cap;
-    uint64_t write_bytes;     /* bytes reserved in the write area */
+    uint64_t write_bytes; /* bytes reserved in the write area */
     uint64_t byte_budget;
-    uint64_t store_bytes;     /* shm: the whole segment (4 areas, index, header) */
-    uint64_t creator_pid;     /* shm: the process that created the segment */
-    uint64_t generated;       /* total accepted */
-    uint64_t discarded;       /* total surplus */
-    uint64_t seals;           /* total seals */
-    uint64_t leader_pid;      /* 0 if no live lease (shm: pid; mongo: 0/1) */
+    uint64_t store_bytes; /* shm: the whole segment (4 areas, index, header) */
+    uint64_t creator_pid; /* shm: the process that created the segment */
+    uint64_t generated;   /* total accepted */
+    uint64_t discarded;   /* total surplus */
+    uint64_t seals;       /* total seals */
+    uint64_t leader_pid;  /* 0 if no live lease (shm: pid; mongo: 0/1) */
     double lease_left_s;
-    int nareas;               /* shm: generation areas, with their reader pins */
+    int nareas; /* shm: generation areas, with their reader pins */
     struct {
-        uint64_t generation;  /* 0: never used */
-        uint32_t pins;        /* live views of its samples, all processes */
-        uint32_t pinners;     /* processes holding them */
-        int64_t pin_pid;      /* one of them */
+        uint64_t generation; /* 0: never used */
+        uint32_t pins;       /* live views of its samples, all processes */
+        uint32_t pinners;    /* processes holding them */
+        int64_t pin_pid;     /* one of them */
     } areas[8];
-    int nhistory;             /* last seals, newest last */
+    int nhistory; /* last seals, newest last */
     struct {
         uint64_t generation;
-        uint64_t time_ns;     /* CLOCK_REALTIME at seal */
+        uint64_t time_ns; /* CLOCK_REALTIME at seal */
         uint64_t generated;
         uint64_t discarded;
         uint64_t seal_ns;
     } history[16];
-    int nreaders;             /* reader processes that beat in the last WH_READER_LIVE_S */
+    int nreaders; /* reader processes that beat in the last WH_READER_LIVE_S */
     struct {
         uint64_t pid;
-        char host[64];        /* mongo: the reader's host; "" on shm */
-        uint64_t generation;  /* the generation it reads now */
-        uint64_t reads;       /* samples it has read in all */
-        uint64_t gen_reads;   /* samples read of that generation (reuse: / swap_cap) */
-        double up_s;          /* since its first read */
-        double age_s;         /* since its last beat */
+        char host[64];       /* mongo: the reader's host; "" on shm */
+        uint64_t generation; /* the generation it reads now */
+        uint64_t reads;      /* samples it has read in all */
+        uint64_t gen_reads;  /* samples read of that generation (reuse: / swap_cap) */
+        double up_s;         /* since its first read */
+        double age_s;        /* since its last beat */
     } readers[16];
 } wh_status_t;
 
@@ -103,8 +103,7 @@ typedef struct {
  * meta->f[i].nbytes bytes (or NULL to skip that field). Return false with
  * err set to refuse (e.g. shape differs from the batch); the read then
  * fails with that error. Called with no lock held. */
-typedef bool (*wh_dest_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst,
-                           wh_err_t *err);
+typedef bool (*wh_dest_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err);
 
 /* Opens (creating on first use) the store named by cfg->uri. With an shm
  * store and byte_budget 0 only a put creates the segment: until one has,
@@ -152,17 +151,17 @@ bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err);
  * (read_held, shm), which cannot lose; on mongodb each loss moves on to the
  * generation the state document names. Only timeout_s without a newer
  * generation (or *stop) ends it. */
-#define WH_READ_HOLD_AFTER 2      /* lost races before a copy holds its generation */
-#define WH_READ_BACKOFF_MIN_MS 2  /* first wait for a newer generation */
+#define WH_READ_HOLD_AFTER 2     /* lost races before a copy holds its generation */
+#define WH_READ_BACKOFF_MIN_MS 2 /* first wait for a newer generation */
 #define WH_READ_BACKOFF_MAX_MS 100
 
 typedef struct {
-    uint64_t gen;      /* in: generation to read (0: the newest); out: the one read */
-    uint32_t pos;      /* in: position; out: the position read (a neighbour after a skip) */
-    bool strict;       /* in: fail on a corrupt sample (an indexed read) instead of skipping */
-    bool pad;          /* out: a corrupt sample was skipped for this item */
-    uint32_t gone;     /* out: reclaims retried */
-    uint32_t corrupt;  /* out: corrupt samples skipped */
+    uint64_t gen;     /* in: generation to read (0: the newest); out: the one read */
+    uint32_t pos;     /* in: position; out: the position read (a neighbour after a skip) */
+    bool strict;      /* in: fail on a corrupt sample (an indexed read) instead of skipping */
+    bool pad;         /* out: a corrupt sample was skipped for this item */
+    uint32_t gone;    /* out: reclaims retried */
+    uint32_t corrupt; /* out: corrupt samples skipped */
     char last_skip[WH_ERR_LEN]; /* out: why the last sample was skipped */
 } wh_read_at_t;
 
@@ -170,8 +169,8 @@ typedef struct {
  * bounded backoff up to timeout_s while there is none or the server is
  * unavailable; *stop (may be NULL) ends the wait early. WH_E_TIMEOUT names
  * newer_than; the last UNAVAIL error is returned instead if there was one. */
-bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s,
-                       const bool *stop, uint64_t *gen, wh_err_t *err);
+bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, const bool *stop,
+                       uint64_t *gen, wh_err_t *err);
 
 /* Reads at->pos of at->gen under the policy above. fn sees at->gen and
  * at->pos as they are for the attempt it is called in. */

@@ -34,24 +34,24 @@ extern char **environ;
 static int failures;
 static char base_uri[256];
 
-#define CHECK(cond, ...)                                                            \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                           \
-            fprintf(stderr, "\n");                                                  \
-            failures++;                                                             \
-        }                                                                           \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
-#define REQUIRE(cond, ...)                                                          \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                           \
-            fprintf(stderr, "\n");                                                  \
-            exit(1);                                                                \
-        }                                                                           \
+#define REQUIRE(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* ---- the test server ---- */
@@ -71,8 +71,8 @@ static void start_server(void) {
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_addclose(&fa, in[1]);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    char *argv[] = {"java", "-XX:+UseSerialGC", "-cp", cp, "tests/mongo/MongoTestServer.java",
-                    "0", NULL};
+    char *argv[] = {"java", "-XX:+UseSerialGC", "-cp", cp, "tests/mongo/MongoTestServer.java", "0",
+                    NULL};
     int r = posix_spawnp(&server_pid, "java", &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     REQUIRE(r == 0, "spawn java: %s", strerror(r));
@@ -329,8 +329,8 @@ static void test_roundtrip_and_straddling_chunks(void) {
     CHECK(!wh_store_read(st, g + 1, 0, dest_fn, &d, NULL, &err) && err.code == WH_E_NOTFOUND,
           "unsealed generation: %d %s", err.code, err.message);
     REQUIRE(wh_store_status(st, &s, &err), "%s", err.message);
-    CHECK(s.seals == 1 && s.generated == 5 && s.nhistory == 1 &&
-              s.history[0].generation == g && s.write_gen == g + 1,
+    CHECK(s.seals == 1 && s.generated == 5 && s.nhistory == 1 && s.history[0].generation == g &&
+              s.write_gen == g + 1,
           "status after seal: seals %llu generated %llu", (unsigned long long)s.seals,
           (unsigned long long)s.generated);
     dest_free(&d);
@@ -625,7 +625,8 @@ static void test_schema_and_clean(void) {
     REQUIRE(put_sample(st, 5, 0, 10, &ps, &err), "%s", err.message);
     wh_store_config_t other = config(uri, 5, 1024);
     wh_err_clear(&err);
-    CHECK(!wh_store_open(&other, &err) && err.code == WH_E_SCHEMA && strstr(err.message, "SWAP_CAP=4"),
+    CHECK(!wh_store_open(&other, &err) && err.code == WH_E_SCHEMA &&
+              strstr(err.message, "SWAP_CAP=4"),
           "other SWAP_CAP refused: %d %s", err.code, err.message);
     const char *names[] = {"x", "y"};
     other = config(uri, 4, 1024);
@@ -680,8 +681,8 @@ static void test_unreachable(void) {
     double took = (double)(wh_now_mono_ns() - t0) / 1e9;
     CHECK(!st && err.code == WH_E_UNAVAIL, "unreachable: %d %s", err.code, err.message);
     CHECK(took < 5.0, "bounded wait, took %.1f s", took);
-    CHECK(!strstr(err.message, "hunter2") && !strstr(err.message, "alice"),
-          "no credentials in: %s", err.message);
+    CHECK(!strstr(err.message, "hunter2") && !strstr(err.message, "alice"), "no credentials in: %s",
+          err.message);
     char hostport[64];
     snprintf(hostport, sizeof hostport, "127.0.0.1:%d", ntohs(a.sin_port));
     CHECK(strstr(err.message, hostport) != NULL, "names the server: %s", err.message);
@@ -745,8 +746,10 @@ static void *manager(void *arg) {
             __atomic_fetch_add(&thread_failures, 1, __ATOMIC_RELAXED);
             break;
         }
-        if (sealed) __atomic_fetch_add(&seals_done, 1, __ATOMIC_RELEASE);
-        else wh_sleep_ms(2);
+        if (sealed)
+            __atomic_fetch_add(&seals_done, 1, __ATOMIC_RELEASE);
+        else
+            wh_sleep_ms(2);
     }
     wh_store_destroy(st);
     __atomic_store_n(&stop_all, 1, __ATOMIC_RELEASE);
@@ -864,8 +867,8 @@ static void test_concurrent(void) {
                               (unsigned long long)r[i].gen_of[a],
                               (unsigned long long)r[i].gen_of[b]);
         }
-        printf("  reader %d: %ld generations, %ld samples verified, %ld gone\n", i,
-               r[i].gens_read, r[i].samples, r[i].gone);
+        printf("  reader %d: %ld generations, %ld samples verified, %ld gone\n", i, r[i].gens_read,
+               r[i].samples, r[i].gone);
         free(r[i].ids);
         free(r[i].gen_of);
     }
@@ -911,8 +914,10 @@ int main(void) {
     const char *env = getenv("WH_MONGO_URI");
     signal(SIGPIPE, SIG_IGN);
     mongoc_init();
-    if (env && *env) snprintf(base_uri, sizeof base_uri, "%s", env);
-    else start_server();
+    if (env && *env)
+        snprintf(base_uri, sizeof base_uri, "%s", env);
+    else
+        start_server();
     struct {
         const char *name;
         void (*fn)(void);

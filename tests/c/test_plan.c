@@ -14,8 +14,7 @@ static bool case_ok;
 static char case_name[256];
 
 static void case_begin(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void case_begin(const char *fmt, ...)
-{
+static void case_begin(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(case_name, sizeof case_name, fmt, ap);
@@ -23,25 +22,23 @@ static void case_begin(const char *fmt, ...)
     case_ok = true;
 }
 
-static void case_end(void)
-{
+static void case_end(void) {
     if (case_ok)
         n_pass++;
     else
         n_fail++;
 }
 
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            if (case_ok && n_fail < 25) {                                       \
-                fprintf(stderr, "FAIL [%s] line %d: %s: ", case_name, __LINE__, \
-                        #cond);                                                 \
-                fprintf(stderr, __VA_ARGS__);                                   \
-                fputc('\n', stderr);                                            \
-            }                                                                   \
-            case_ok = false;                                                    \
-        }                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (case_ok && n_fail < 25) {                                                          \
+                fprintf(stderr, "FAIL [%s] line %d: %s: ", case_name, __LINE__, #cond);            \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fputc('\n', stderr);                                                               \
+            }                                                                                      \
+            case_ok = false;                                                                       \
+        }                                                                                          \
     } while (0)
 
 static const int pads[] = {WH_PAD_REPEAT, WH_PAD_IGNORE, WH_PAD_DROP};
@@ -49,22 +46,20 @@ static const char *pad_name[] = {"repeat", "ignore", "drop"};
 
 /* ---- permutation ---------------------------------------------------- */
 
-static bool is_bijection(uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle, unsigned char *seen)
-{
+static bool is_bijection(uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle,
+                         unsigned char *seen) {
     memset(seen, 0, n);
     wh_plan_perm_t pm;
     wh_plan_perm_init(&pm, n, seed, epoch, shuffle);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t v = wh_plan_perm(n, seed, epoch, shuffle, i);
-        if (v >= n || seen[v] || wh_plan_perm_at(&pm, i) != v)
-            return false;
+        if (v >= n || seen[v] || wh_plan_perm_at(&pm, i) != v) return false;
         seen[v] = 1;
     }
     return true;
 }
 
-static void test_perm_bijection(void)
-{
+static void test_perm_bijection(void) {
     static const uint64_t seeds[] = {0, 1, 0xdeadbeefULL, UINT64_MAX};
     static const uint64_t epochs[] = {0, 1, 7, 1000000007ULL};
     unsigned char *seen = malloc((1u << 21) + 16);
@@ -95,15 +90,16 @@ static void test_perm_bijection(void)
 
     /* The largest n: outputs in range, distinct inputs give distinct outputs. */
     case_begin("perm n=UINT32_MAX");
-    enum { M = 4096 };
+    enum {
+        M = 4096
+    };
     static uint32_t out[M];
     uint32_t n = UINT32_MAX;
     for (uint32_t i = 0; i < M; i++) {
         uint32_t in = i < M / 2 ? i : n - 1 - (i - M / 2);
         out[i] = wh_plan_perm(n, 9, 9, true, in);
         CHECK(out[i] < n, "out of range: %u", out[i]);
-        for (uint32_t j = 0; j < i; j++)
-            CHECK(out[j] != out[i], "collision %u %u", j, i);
+        for (uint32_t j = 0; j < i; j++) CHECK(out[j] != out[i], "collision %u %u", j, i);
     }
     case_end();
 
@@ -116,30 +112,31 @@ static void test_perm_bijection(void)
     case_end();
 }
 
-static bool same_order(uint32_t n, uint64_t s1, uint64_t e1, uint64_t s2, uint64_t e2)
-{
+static bool same_order(uint32_t n, uint64_t s1, uint64_t e1, uint64_t s2, uint64_t e2) {
     for (uint32_t i = 0; i < n; i++)
-        if (wh_plan_perm(n, s1, e1, true, i) != wh_plan_perm(n, s2, e2, true, i))
-            return false;
+        if (wh_plan_perm(n, s1, e1, true, i) != wh_plan_perm(n, s2, e2, true, i)) return false;
     return true;
 }
 
-static void test_perm_varies(void)
-{
-    enum { E = 6 };
+static void test_perm_varies(void) {
+    enum {
+        E = 6
+    };
     for (uint32_t n = 8; n <= 64; n++)
         for (uint64_t seed = 0; seed < 4; seed++) {
             case_begin("epochs differ n=%u seed=%llu", n, (unsigned long long)seed);
             for (uint64_t e = 0; e < E; e++) {
                 bool ident = true;
-                for (uint32_t i = 0; i < n; i++)
-                    ident &= wh_plan_perm(n, seed, e, true, i) == i;
-                CHECK(!ident, "shuffled order of epoch %llu is the identity", (unsigned long long)e);
+                for (uint32_t i = 0; i < n; i++) ident &= wh_plan_perm(n, seed, e, true, i) == i;
+                CHECK(!ident, "shuffled order of epoch %llu is the identity",
+                      (unsigned long long)e);
                 for (uint64_t f = e + 1; f < E; f++)
-                    CHECK(!same_order(n, seed, e, seed, f), "epochs %llu and %llu give the same order",
-                          (unsigned long long)e, (unsigned long long)f);
-                CHECK(!same_order(n, seed, e, seed + 1, e), "seeds %llu and %llu give the same order",
-                      (unsigned long long)seed, (unsigned long long)seed + 1);
+                    CHECK(!same_order(n, seed, e, seed, f),
+                          "epochs %llu and %llu give the same order", (unsigned long long)e,
+                          (unsigned long long)f);
+                CHECK(!same_order(n, seed, e, seed + 1, e),
+                      "seeds %llu and %llu give the same order", (unsigned long long)seed,
+                      (unsigned long long)seed + 1);
                 /* (seed, epoch) and (seed+1, epoch-1) must not share keys. */
                 if (e > 0)
                     CHECK(!same_order(n, seed, e, seed + 1, e - 1), "(seed, epoch) aliasing");
@@ -152,8 +149,7 @@ static void test_perm_varies(void)
  * the n x n table of (index, position) counts against its expectation, bound
  * at about six standard deviations above its mean. A weak round function on
  * small domains (few bits per half) shows up here. */
-static void test_perm_uniform(void)
-{
+static void test_perm_uniform(void) {
     static const uint32_t ns[] = {2, 3, 5, 8, 13, 16, 33, 64};
     for (size_t t = 0; t < WH_ARRAY_LEN(ns); t++) {
         uint32_t n = ns[t];
@@ -163,8 +159,7 @@ static void test_perm_uniform(void)
         for (uint64_t e = 0; e < epochs; e++) {
             wh_plan_perm_t pm;
             wh_plan_perm_init(&pm, n, 12345, e, true);
-            for (uint32_t i = 0; i < n; i++)
-                cnt[i][wh_plan_perm_at(&pm, i)]++;
+            for (uint32_t i = 0; i < n; i++) cnt[i][wh_plan_perm_at(&pm, i)]++;
         }
         double expect = (double)epochs / n, chi = 0;
         for (uint32_t i = 0; i < n; i++)
@@ -182,15 +177,20 @@ static void test_perm_uniform(void)
 
 /* ---- validation ----------------------------------------------------- */
 
-static wh_plan_t good(void)
-{
-    wh_plan_t p = {.swap_cap = 10, .world = 2, .rank = 1, .workers = 3, .worker = 2,
-                   .batch = 4, .shuffle = true, .seed = 7, .pad = WH_PAD_REPEAT};
+static wh_plan_t good(void) {
+    wh_plan_t p = {.swap_cap = 10,
+                   .world = 2,
+                   .rank = 1,
+                   .workers = 3,
+                   .worker = 2,
+                   .batch = 4,
+                   .shuffle = true,
+                   .seed = 7,
+                   .pad = WH_PAD_REPEAT};
     return p;
 }
 
-static void expect_bad(const wh_plan_t *p, const char *what, const char *word)
-{
+static void expect_bad(const wh_plan_t *p, const char *what, const char *word) {
     wh_err_t err = {0};
     case_begin("check rejects %s", what);
     CHECK(!wh_plan_check(p, &err), "accepted");
@@ -200,8 +200,7 @@ static void expect_bad(const wh_plan_t *p, const char *what, const char *word)
     case_end();
 }
 
-static void test_check(void)
-{
+static void test_check(void) {
     wh_plan_t p = good();
     wh_err_t err = {0};
     case_begin("check accepts a good plan");
@@ -233,11 +232,17 @@ static void test_check(void)
 
 /* ---- worked examples -------------------------------------------------- */
 
-static void test_examples(void)
-{
+static void test_examples(void) {
     /* N=10, 3 ranks, in-process: W=3, ceil 4, floor 3. */
-    wh_plan_t p = {.swap_cap = 10, .world = 3, .rank = 1, .workers = 0, .worker = 0,
-                   .batch = 0, .shuffle = false, .seed = 0, .pad = WH_PAD_REPEAT};
+    wh_plan_t p = {.swap_cap = 10,
+                   .world = 3,
+                   .rank = 1,
+                   .workers = 0,
+                   .worker = 0,
+                   .batch = 0,
+                   .shuffle = false,
+                   .seed = 0,
+                   .pad = WH_PAD_REPEAT};
     case_begin("example N=10 world=3");
     CHECK(wh_plan_steps(&p) == 4, "%llu", (unsigned long long)wh_plan_steps(&p));
     static const uint32_t want[] = {1, 4, 7, 0};
@@ -245,22 +250,32 @@ static void test_examples(void)
         uint32_t pos;
         bool pad;
         wh_plan_item(&p, 0, k, &pos, &pad);
-        CHECK(pos == want[k] && pad == (k == 3), "k=%llu pos=%u pad=%d", (unsigned long long)k, pos, pad);
+        CHECK(pos == want[k] && pad == (k == 3), "k=%llu pos=%u pad=%d", (unsigned long long)k, pos,
+              pad);
     }
     p.batch = 3;
     CHECK(wh_plan_steps(&p) == 6, "batch 3: %llu", (unsigned long long)wh_plan_steps(&p));
-    CHECK(wh_plan_rank_batches(&p) == 2, "batch 3: %llu", (unsigned long long)wh_plan_rank_batches(&p));
+    CHECK(wh_plan_rank_batches(&p) == 2, "batch 3: %llu",
+          (unsigned long long)wh_plan_rank_batches(&p));
     p.pad = WH_PAD_DROP;
     CHECK(wh_plan_steps(&p) == 3, "drop: %llu", (unsigned long long)wh_plan_steps(&p));
-    CHECK(wh_plan_rank_batches(&p) == 1, "drop: %llu", (unsigned long long)wh_plan_rank_batches(&p));
+    CHECK(wh_plan_rank_batches(&p) == 1, "drop: %llu",
+          (unsigned long long)wh_plan_rank_batches(&p));
     p.batch = 2;
     CHECK(wh_plan_rank_batches(&p) == 2, "drop, partial last batch");
     p.batch = 0;
     CHECK(wh_plan_rank_batches(&p) == 0, "batch 0");
     CHECK(wh_plan_rank_items(&p) == 3, "items");
     /* 2 ranks x 2 workers, batch 4: c = 3 -> 4 steps; each rank 2 batches. */
-    wh_plan_t q = {.swap_cap = 10, .world = 2, .rank = 0, .workers = 2, .worker = 1,
-                   .batch = 4, .shuffle = true, .seed = 3, .pad = WH_PAD_IGNORE};
+    wh_plan_t q = {.swap_cap = 10,
+                   .world = 2,
+                   .rank = 0,
+                   .workers = 2,
+                   .worker = 1,
+                   .batch = 4,
+                   .shuffle = true,
+                   .seed = 3,
+                   .pad = WH_PAD_IGNORE};
     CHECK(wh_plan_steps(&q) == 4, "%llu", (unsigned long long)wh_plan_steps(&q));
     CHECK(wh_plan_rank_batches(&q) == 2, "%llu", (unsigned long long)wh_plan_rank_batches(&q));
     CHECK(wh_plan_rank_items(&q) == 8, "%llu", (unsigned long long)wh_plan_rank_items(&q));
@@ -285,7 +300,8 @@ static void test_examples(void)
         uint32_t pos;
         bool pad;
         wh_plan_item(&q, 5, k, &pos, &pad);
-        CHECK(pos < 10 && pad, "k=%llu past the end: pos=%u pad=%d", (unsigned long long)k, pos, pad);
+        CHECK(pos < 10 && pad, "k=%llu past the end: pos=%u pad=%d", (unsigned long long)k, pos,
+              pad);
     }
     uint32_t pos = UINT32_MAX;
     bool pad = false;
@@ -296,28 +312,37 @@ static void test_examples(void)
 
 /* ---- the grid ----------------------------------------------------------- */
 
-enum { NMAX = 64 };
+enum {
+    NMAX = 64
+};
 
 /* One epoch of one configuration across every rank and worker. */
 static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t batch, int pad,
-                      bool drop_last, bool shuffle, uint64_t seed, uint64_t epoch)
-{
+                      bool drop_last, bool shuffle, uint64_t seed, uint64_t epoch) {
     uint32_t nw = workers ? workers : 1;
     uint64_t W = (uint64_t)world * nw;
     unsigned count[NMAX] = {0};
     uint64_t real = 0, pads_n = 0;
     /* Reference order by global index, taken from a plan with W = 1. */
     uint32_t ref[NMAX];
-    wh_plan_t one = {.swap_cap = N, .world = 1, .rank = 0, .workers = 0, .worker = 0, .batch = 0,
-                     .shuffle = shuffle, .seed = seed, .pad = WH_PAD_REPEAT};
+    wh_plan_t one = {.swap_cap = N,
+                     .world = 1,
+                     .rank = 0,
+                     .workers = 0,
+                     .worker = 0,
+                     .batch = 0,
+                     .shuffle = shuffle,
+                     .seed = seed,
+                     .pad = WH_PAD_REPEAT};
     for (uint32_t j = 0; j < N; j++) {
         bool ip;
         wh_plan_item(&one, epoch, j, &ref[j], &ip);
     }
 
-    case_begin("N=%u world=%u workers=%u batch=%u pad=%s drop_last=%d shuffle=%d seed=%llu epoch=%llu",
-               N, world, workers, batch, pad_name[pad], drop_last, shuffle, (unsigned long long)seed,
-               (unsigned long long)epoch);
+    case_begin(
+        "N=%u world=%u workers=%u batch=%u pad=%s drop_last=%d shuffle=%d seed=%llu epoch=%llu", N,
+        world, workers, batch, pad_name[pad], drop_last, shuffle, (unsigned long long)seed,
+        (unsigned long long)epoch);
     uint64_t steps0 = 0;
     wh_plan_perm_t pm;
     wh_plan_perm_init(&pm, N, seed, epoch, shuffle);
@@ -325,18 +350,25 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
         uint64_t rank_sum_batches = 0, rank_sum_items = 0;
         uint64_t rb = 0, pads_rank = 0;
         for (uint32_t w = 0; w < nw; w++) {
-            wh_plan_t p = {.swap_cap = N, .world = world, .rank = r, .workers = workers, .worker = w,
-                           .batch = batch, .shuffle = shuffle, .seed = seed, .pad = pad,
+            wh_plan_t p = {.swap_cap = N,
+                           .world = world,
+                           .rank = r,
+                           .workers = workers,
+                           .worker = w,
+                           .batch = batch,
+                           .shuffle = shuffle,
+                           .seed = seed,
+                           .pad = pad,
                            .drop_last = drop_last};
             wh_err_t err = {0};
             CHECK(wh_plan_check(&p, &err), "check: %s", err.message);
             uint64_t steps = wh_plan_steps(&p);
-            if (r == 0 && w == 0)
-                steps0 = steps;
+            if (r == 0 && w == 0) steps0 = steps;
             CHECK(steps == steps0, "rank %u worker %u: %llu steps, worker 0 has %llu", r, w,
                   (unsigned long long)steps, (unsigned long long)steps0);
             if (batch && (pad != WH_PAD_DROP || drop_last))
-                CHECK(steps % batch == 0, "steps %llu not whole batches", (unsigned long long)steps);
+                CHECK(steps % batch == 0, "steps %llu not whole batches",
+                      (unsigned long long)steps);
             uint64_t g = (uint64_t)r * nw + w;
             for (uint64_t k = 0; k < steps; k++) {
                 uint32_t pos = UINT32_MAX, pos2 = UINT32_MAX;
@@ -348,8 +380,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                 CHECK(pos < N, "position %u out of range", pos);
                 CHECK(is_pad == (j >= N), "g=%llu k=%llu: is_pad=%d", (unsigned long long)g,
                       (unsigned long long)k, is_pad);
-                if (pos >= N)
-                    continue;
+                if (pos >= N) continue;
                 if (is_pad) {
                     pads_n++;
                     pads_rank++;
@@ -362,8 +393,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                           (unsigned long long)g, (unsigned long long)k, pos, ref[j]);
                 }
             }
-            if (batch)
-                rank_sum_batches += (steps + batch - 1) / batch;
+            if (batch) rank_sum_batches += (steps + batch - 1) / batch;
             rank_sum_items += steps;
             rb = wh_plan_rank_batches(&p);
             CHECK(wh_plan_rank_items(&p) == steps * nw, "rank_items");
@@ -381,8 +411,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                 CHECK(role == (w + b) % nw, "resume after %llu: role %u", (unsigned long long)b,
                       role);
                 uint64_t mine = 0; /* round-robin slots i < b with i mod nw == role */
-                for (uint64_t i = role; i < b; i += nw)
-                    mine++;
+                for (uint64_t i = role; i < b; i += nw) mine++;
                 uint64_t want = mine * unit < steps ? mine * unit : steps;
                 CHECK(at == want, "resume after %llu: %llu, want %llu", (unsigned long long)b,
                       (unsigned long long)at, (unsigned long long)want);
@@ -393,9 +422,15 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
          * unit) must be the uninterrupted run's units b, b+1, ... (unit i
          * from role i mod nw, that role's unit i / nw). */
         {
-            wh_plan_t p0 = {.swap_cap = N, .world = world, .rank = r, .workers = workers,
-                            .batch = batch, .shuffle = shuffle, .seed = seed, .pad = pad,
-                           .drop_last = drop_last};
+            wh_plan_t p0 = {.swap_cap = N,
+                            .world = world,
+                            .rank = r,
+                            .workers = workers,
+                            .batch = batch,
+                            .shuffle = shuffle,
+                            .seed = seed,
+                            .pad = pad,
+                            .drop_last = drop_last};
             uint64_t unit = batch ? batch : 1, steps = wh_plan_steps(&p0);
             uint64_t per = (steps + unit - 1) / unit, total = per * nw;
             for (uint64_t b = 0; b <= total; b++) {
@@ -405,12 +440,13 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                     wh_plan_t q = p0;
                     q.worker = v;
                     wh_plan_resume(&q, b, &role[v], &next[v]);
-                    next[v] = (next[v] + unit - 1) / unit; /* a clamped partial unit counts as taken */
+                    next[v] =
+                        (next[v] + unit - 1) / unit; /* a clamped partial unit counts as taken */
                 }
                 uint64_t i = b, guard = 0;
-                for (uint32_t v = 0; i < total && guard < 4 * total + 8; v = (v + 1) % nw, guard++) {
-                    if (next[v] >= per)
-                        continue;
+                for (uint32_t v = 0; i < total && guard < 4 * total + 8;
+                     v = (v + 1) % nw, guard++) {
+                    if (next[v] >= per) continue;
                     CHECK(role[v] == i % nw && next[v] == i / nw,
                           "resume after %llu: unit %llu came from role %u unit %llu",
                           (unsigned long long)b, (unsigned long long)i, role[v],
@@ -425,9 +461,15 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
                           (unsigned long long)b, v);
             }
         }
-        CHECK(wh_plan_rank_pads(&(wh_plan_t){.swap_cap = N, .world = world, .rank = r,
-                                             .workers = workers, .batch = batch, .shuffle = shuffle,
-                                             .seed = seed, .pad = pad, .drop_last = drop_last}) == pads_rank,
+        CHECK(wh_plan_rank_pads(&(wh_plan_t){.swap_cap = N,
+                                             .world = world,
+                                             .rank = r,
+                                             .workers = workers,
+                                             .batch = batch,
+                                             .shuffle = shuffle,
+                                             .seed = seed,
+                                             .pad = pad,
+                                             .drop_last = drop_last}) == pads_rank,
               "rank %u: rank_pads, want %llu", r, (unsigned long long)pads_rank);
         if (batch)
             CHECK(rb == rank_sum_batches, "rank %u: rank_batches %llu, sum over workers %llu", r,
@@ -444,8 +486,7 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
         CHECK(steps0 == c / batch * batch, "drop_last steps %llu, want %llu",
               (unsigned long long)steps0, (unsigned long long)(c / batch * batch));
         CHECK(real + pads_n == steps0 * W, "items");
-        if (pad == WH_PAD_DROP)
-            CHECK(pads_n == 0, "drop yields padding");
+        if (pad == WH_PAD_DROP) CHECK(pads_n == 0, "drop yields padding");
     } else if (pad == WH_PAD_DROP) {
         for (uint32_t v = 0; v < N; v++)
             CHECK(count[v] <= 1, "position %u seen %u times", v, count[v]);
@@ -460,15 +501,15 @@ static void grid_case(uint32_t N, uint32_t world, uint32_t workers, uint32_t bat
         CHECK(real == N, "%llu real items", (unsigned long long)real);
         /* Padding only fills the last round (and whole batches). */
         uint64_t steps = batch ? (c + batch - 1) / batch * batch : c;
-        CHECK(steps0 == steps, "steps %llu, want %llu", (unsigned long long)steps0, (unsigned long long)steps);
+        CHECK(steps0 == steps, "steps %llu, want %llu", (unsigned long long)steps0,
+              (unsigned long long)steps);
         CHECK(pads_n == steps * W - N, "%llu padding items, want %llu", (unsigned long long)pads_n,
               (unsigned long long)(steps * W - N));
     }
     case_end();
 }
 
-static void test_grid(void)
-{
+static void test_grid(void) {
     static const uint64_t seeds[] = {0, 0x5eed5eed5eedULL};
     static const uint64_t epochs[] = {0, 1, 41};
     for (uint32_t N = 1; N <= NMAX; N++)
@@ -484,8 +525,7 @@ static void test_grid(void)
                                                   seeds[s], epochs[e]);
 }
 
-int main(void)
-{
+int main(void) {
     test_check();
     test_examples();
     test_perm_bijection();

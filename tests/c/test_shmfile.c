@@ -18,12 +18,12 @@
 static int failures;
 static char dir[64];
 
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-            failures++;                                                          \
-        }                                                                        \
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static const char *at(const char *name) {
@@ -139,7 +139,8 @@ static void test_open(void) {
               said(&e, at("theirs"), "belongs to uid 65534, not to this user (uid 0)"));
         CHECK(holds(at("theirs"), "theirs"));
     } else {
-        printf("test_shmfile: not root, the other-owner case is left to tests/faults/test_shm_files.py\n");
+        printf("test_shmfile: not root, the other-owner case is left to "
+               "tests/faults/test_shm_files.py\n");
     }
 }
 

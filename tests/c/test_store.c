@@ -48,18 +48,18 @@ static void fail_at(int line, const char *cond, const char *fmt, ...) {
     case_ok = false;
 }
 
-#define CHECK(cond, ...)                                      \
-    do {                                                      \
-        if (!(cond)) fail_at(__LINE__, #cond, __VA_ARGS__);   \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) fail_at(__LINE__, #cond, __VA_ARGS__);                                        \
     } while (0)
 
 /* Like CHECK, and stops the current test case (jumps to its out: label). */
-#define REQUIRE(cond, ...)                            \
-    do {                                              \
-        if (!(cond)) {                                \
-            fail_at(__LINE__, #cond, __VA_ARGS__);    \
-            goto out;                                 \
-        }                                             \
+#define REQUIRE(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fail_at(__LINE__, #cond, __VA_ARGS__);                                                 \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* Stores and children this process made, for clean-up from anywhere. */
@@ -253,8 +253,7 @@ static bool dest_cb(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t *
         if (!d->buf[i]) continue;
         if (m->f[i].nbytes > d->cap[i])
             return wh_err_set(err, WH_E_INVALID, "field %d: %llu bytes > buffer %llu", i,
-                              (unsigned long long)m->f[i].nbytes,
-                              (unsigned long long)d->cap[i]);
+                              (unsigned long long)m->f[i].nbytes, (unsigned long long)d->cap[i]);
         dst[i] = d->buf[i];
     }
     return true;
@@ -287,8 +286,8 @@ static bool id_sample_ok(const id_reader_t *r, const wh_sample_meta_t *m, char *
     if (m->f[1].dtype != WH_DT_I32 || m->f[1].ndim != 1 || m->f[1].shape[0] != n ||
         m->f[1].nbytes != (uint64_t)n * 4)
         return snprintf(why, cap, "id %lld: data meta dtype %d ndim %d shape %lld, want %lld",
-                        (long long)r->id, m->f[1].dtype, m->f[1].ndim,
-                        (long long)m->f[1].shape[0], (long long)n),
+                        (long long)r->id, m->f[1].dtype, m->f[1].ndim, (long long)m->f[1].shape[0],
+                        (long long)n),
                false;
     for (int64_t k = 0; k < n; k++)
         if (r->data[k] != data_val((uint64_t)r->id, k))
@@ -371,10 +370,17 @@ static bool wait_for_line(int fd, const char *needle, int timeout_ms) {
 /* ---- arrays of every dtype and layout ------------------------------- */
 
 #define N_LAYOUTS 11
-static const char *const layout_names[N_LAYOUTS] = {
-    "0-d",          "1-d",        "4-d contiguous", "4-d every-other", "4-d transposed",
-    "1-d reversed", "4-d flipped", "2-d neg step-2",  "zero-size",       "broadcast stride-0",
-    "size-1 dims odd strides"};
+static const char *const layout_names[N_LAYOUTS] = {"0-d",
+                                                    "1-d",
+                                                    "4-d contiguous",
+                                                    "4-d every-other",
+                                                    "4-d transposed",
+                                                    "1-d reversed",
+                                                    "4-d flipped",
+                                                    "2-d neg step-2",
+                                                    "zero-size",
+                                                    "broadcast stride-0",
+                                                    "size-1 dims odd strides"};
 
 /* Builds layout k of dtype dt over base (random bytes, base_len). The
  * view's element [0..0] may sit anywhere in base (negative strides). */
@@ -438,8 +444,10 @@ static wh_array_t make_layout(int dt, int k, const unsigned char *base, size_t b
     for (int d = 0; d < a.ndim && count; d++) {
         if (a.shape[d] == 0) continue;
         int64_t span = (a.shape[d] - 1) * a.strides[d];
-        if (span < 0) lo += span;
-        else hi += span;
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
     }
     int64_t at = (const unsigned char *)a.data - base;
     if (at + lo < 0 || at + hi + it > (int64_t)base_len) {
@@ -496,8 +504,7 @@ static void t_sample_roundtrip(void) {
     for (int dt = 1; dt < WH_DT_MAX_; dt++) {
         for (int k = 0; k < N_LAYOUTS; k++) {
             fill_random(base, base_len);
-            wh_array_t a[2] = {make_layout(dt, k, base, base_len),
-                               arr1(WH_DT_I64, 5, 8, b_vals)};
+            wh_array_t a[2] = {make_layout(dt, k, base, base_len), arr1(WH_DT_I64, 5, 8, b_vals)};
             wh_sample_meta_t meta, dm;
             wh_err_t e;
             bool ok = wh_sample_plan(&s, a, 2, &meta, &e);
@@ -518,8 +525,7 @@ static void t_sample_roundtrip(void) {
                       "fields not %d-byte aligned", WH_ALIGN);
                 uint64_t nb = ref_gather(&a[0], want);
                 CHECK(dm.f[0].nbytes == nb, "%s %s: nbytes %llu want %llu", wh_dtype_name(dt),
-                      layout_names[k], (unsigned long long)dm.f[0].nbytes,
-                      (unsigned long long)nb);
+                      layout_names[k], (unsigned long long)dm.f[0].nbytes, (unsigned long long)nb);
                 memset(got, 0x5A, base_len);
                 ok = wh_sample_copy_field(enc, &s, &dm, 0, got, true, &e);
                 CHECK(ok, "%s %s: copy: %s", wh_dtype_name(dt), layout_names[k], e.message);
@@ -600,8 +606,23 @@ static void t_sample_plan_rejects(void) {
  * version u16, nfields u16, schema hash, total size, header size, header
  * checksum), then 96-byte descriptors (dtype u8, ndim u8, shape[8] at 8,
  * offset at 72, nbytes at 80, checksum at 88). */
-enum { H_MAGIC = 0, H_VER = 4, H_NF = 6, H_SCHEMA = 8, H_TOTAL = 16, H_HSIZE = 24, H_HSUM = 32 };
-enum { D_DTYPE = 0, D_NDIM = 1, D_SHAPE = 8, D_OFF = 72, D_NBYTES = 80, D_SUM = 88 };
+enum {
+    H_MAGIC = 0,
+    H_VER = 4,
+    H_NF = 6,
+    H_SCHEMA = 8,
+    H_TOTAL = 16,
+    H_HSIZE = 24,
+    H_HSUM = 32
+};
+enum {
+    D_DTYPE = 0,
+    D_NDIM = 1,
+    D_SHAPE = 8,
+    D_OFF = 72,
+    D_NBYTES = 80,
+    D_SUM = 88
+};
 
 static uint64_t get64(const unsigned char *p) {
     uint64_t v;
@@ -622,11 +643,26 @@ static void rehash(unsigned char *b) {
 }
 
 #define N_EDITS 20
-static const char *const edit_names[N_EDITS] = {
-    "dtype code 0", "dtype code 99", "dtype changed size", "ndim 9", "ndim 0 for a 1-d field",
-    "shape +1", "shape beyond ndim", "shape overflow", "shape > INT64_MAX", "nbytes +4",
-    "nbytes huge", "offset +64", "offset -64", "offset near 2^64", "first offset 0",
-    "total size +64", "total size -64", "total size 0", "header size +64", "magic"};
+static const char *const edit_names[N_EDITS] = {"dtype code 0",
+                                                "dtype code 99",
+                                                "dtype changed size",
+                                                "ndim 9",
+                                                "ndim 0 for a 1-d field",
+                                                "shape +1",
+                                                "shape beyond ndim",
+                                                "shape overflow",
+                                                "shape > INT64_MAX",
+                                                "nbytes +4",
+                                                "nbytes huge",
+                                                "offset +64",
+                                                "offset -64",
+                                                "offset near 2^64",
+                                                "first offset 0",
+                                                "total size +64",
+                                                "total size -64",
+                                                "total size 0",
+                                                "header size +64",
+                                                "magic"};
 
 /* Edit k of a header: d0, d1 are the two field descriptors. */
 static void apply_edit(int k, unsigned char *b, unsigned char *d0, unsigned char *d1) {
@@ -659,7 +695,10 @@ static void apply_edit(int k, unsigned char *b, unsigned char *d0, unsigned char
 }
 
 static void t_sample_corrupt(void) {
-    enum { G = 41, P = 3 };
+    enum {
+        G = 41,
+        P = 3
+    };
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     static const char *const other_names[] = {"id", "label"};
     wh_schema_t other = schema_of(2, other_names);
@@ -815,8 +854,7 @@ static void t_store_basic(void) {
           "status fill %u generated %llu discarded %llu", s1.write_fill,
           (unsigned long long)s1.generated, (unsigned long long)s1.discarded);
     wh_seal_info_t info;
-    CHECK(wh_store_seal(st, &sealed, &info, &e) && sealed, "seal a full generation: %s",
-          e.message);
+    CHECK(wh_store_seal(st, &sealed, &info, &e) && sealed, "seal a full generation: %s", e.message);
     CHECK(info.generation == wg && info.generated == 4 && info.discarded == 2,
           "seal info gen %llu generated %llu", (unsigned long long)info.generation,
           (unsigned long long)info.generated);
@@ -1138,9 +1176,10 @@ static void t_store_torn_read(void) {
         wh_sample_meta_t m;
         bool ok = wh_store_read(rd[verify], g, 0, race_dest, &x, &m, &e);
         CHECK(x.fired && x.ok, "verify=%d: the callback could not seal and overwrite", verify);
-        CHECK(!ok && e.code == WH_E_GONE, "verify=%d: torn read returned ok=%d code %d id %lld "
-              "(sample put as %llu)", verify, ok, ok ? 0 : e.code, (long long)r.id,
-              (unsigned long long)first);
+        CHECK(!ok && e.code == WH_E_GONE,
+              "verify=%d: torn read returned ok=%d code %d id %lld "
+              "(sample put as %llu)",
+              verify, ok, ok ? 0 : e.code, (long long)r.id, (unsigned long long)first);
     }
 out:
     wh_store_destroy(rd[0]);
@@ -1330,8 +1369,8 @@ static void t_lease_dead_child(void) {
         close(pfd[0]);
         CHECK(got, "child %d did not report leading", mode);
         bool l = true;
-        CHECK(wh_store_lead(st, &l, &e) && !l, "mode %d: the child's lease must hold while it lives",
-              mode);
+        CHECK(wh_store_lead(st, &l, &e) && !l,
+              "mode %d: the child's lease must hold while it lives", mode);
         int wst = 0;
         if (mode == 1) kill(pid, SIGKILL);
         waitpid(pid, &wst, 0);
@@ -1425,7 +1464,8 @@ static void t_hostile_area(void) {
     REQUIRE(a, "write area");
     uint32_t nholes = 100000;
     memcpy(a + L.slot_nholes, &nholes, 4);
-    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT && strstr(e.message, "hole count"),
+    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, "hole count"),
           "forged nholes: %s", e.message);
     nholes = 1;
     memcpy(a + L.slot_nholes, &nholes, 4);
@@ -1438,7 +1478,8 @@ static void t_hostile_area(void) {
     memcpy(a + L.slot_nholes, &nholes, 4);
     uint64_t used = get64(a + L.slot_used);
     put64(a + L.slot_used, UINT64_MAX - 10);
-    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT && strstr(e.message, "used bytes"),
+    CHECK(!put_id(st, 1, &ps, NULL, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, "used bytes"),
           "forged used: %s", e.message);
     put64(a + L.slot_used, used);
     /* repaired: nothing stored was lost, puts go on */
@@ -1532,8 +1573,10 @@ static void t_hostile_locks(void) {
      * robust mutex with, and all ones): a lock nobody alive holds is taken */
     static const unsigned char fuzz_found[] = {0x32, 0x32, 0x32, 0x32, 0x32, 0x32, 0x32, 0x32};
     for (int k = 0; k < 2; k++) {
-        if (k == 0) memcpy(seg + L.hdr_lock, fuzz_found, sizeof fuzz_found);
-        else memset(seg + L.hdr_lock, 0xff, 8);
+        if (k == 0)
+            memcpy(seg + L.hdr_lock, fuzz_found, sizeof fuzz_found);
+        else
+            memset(seg + L.hdr_lock, 0xff, 8);
         t0 = wh_now_mono_ns();
         CHECK(wh_store_lead(st, &lead, &e) && lead, "lead over a garbage lock %d: %s", k,
               e.message);
@@ -1664,7 +1707,8 @@ static void t_killed_put(void) {
     for (uint32_t pos = 0; pos < cap; pos++) {
         wh_sample_meta_t m;
         bool ok = wh_store_read(st, gen0, pos, dest_cb, &d, &m, &e);
-        CHECK(ok && rid == pos + 1 && m.f[1].nbytes == sizeof small && rbuf[0] == (unsigned)(pos + 1),
+        CHECK(ok && rid == pos + 1 && m.f[1].nbytes == sizeof small &&
+                  rbuf[0] == (unsigned)(pos + 1),
               "pos %u: id %lld (%s)", pos, (long long)rid, ok ? "" : e.message);
     }
     /* the slot the dead writer reserved in is recycled 4 seals later (4
@@ -1933,8 +1977,10 @@ static void t_killed_put_tight_budget(void) {
         }
         if (ps == WH_PUT_ACCEPTED) accepted++, id++;
     }
-    CHECK(accepted == cap, "only %u of %u puts accepted after a writer died holding 64 KiB of "
-          "a tight budget; last error: %s", accepted, cap, last.message);
+    CHECK(accepted == cap,
+          "only %u of %u puts accepted after a writer died holding 64 KiB of "
+          "a tight budget; last error: %s",
+          accepted, cap, last.message);
     CHECK(seal_once(st, &sealed, NULL) && sealed, "seal after the dead writer");
 out:
     wh_store_destroy(st);
@@ -2018,9 +2064,11 @@ static void gen_ids_rounds(long max_seals) {
         wh_store_t *st = wh_store_open(&c, &e);
         REQUIRE(st, "open: %s", e.message);
         wh_status_t s0 = status_of(st);
-        CHECK(s0.write_gen > last, "round %d: new store starts at generation %llu, not above %llu "
-              "(previous round: %ld seals in %.3f ms)", round, (unsigned long long)s0.write_gen,
-              (unsigned long long)last, seals, round_s * 1e3);
+        CHECK(s0.write_gen > last,
+              "round %d: new store starts at generation %llu, not above %llu "
+              "(previous round: %ld seals in %.3f ms)",
+              round, (unsigned long long)s0.write_gen, (unsigned long long)last, seals,
+              round_s * 1e3);
         bool lead, sealed;
         CHECK(wh_store_lead(st, &lead, &e) && lead, "lead");
         seals = 0;
@@ -2060,13 +2108,13 @@ static void t_gen_ids_fast_seals(void) { gen_ids_rounds(10 * 1000 * 1000); }
 
 typedef struct {
     wh_store_config_t cfg;
-    int stop;                      /* atomic */
-    int phase;                     /* atomic: 1 manager waits for the reader, 2 free */
-    int failed;                    /* atomic */
-    uint64_t reader_done;          /* atomic: last generation the reader read fully */
-    uint8_t put_status[MT_MAX_IDS];  /* 1 accepted, 2 discarded */
+    int stop;                       /* atomic */
+    int phase;                      /* atomic: 1 manager waits for the reader, 2 free */
+    int failed;                     /* atomic */
+    uint64_t reader_done;           /* atomic: last generation the reader read fully */
+    uint8_t put_status[MT_MAX_IDS]; /* 1 accepted, 2 discarded */
     uint64_t put_gen[MT_MAX_IDS];
-    uint64_t seen_gen[MT_MAX_IDS];   /* reader: generation an id was read in */
+    uint64_t seen_gen[MT_MAX_IDS]; /* reader: generation an id was read in */
     uint64_t accepted[MT_WRITERS], discarded[MT_WRITERS], waits[MT_WRITERS];
     uint64_t sealed_gens[MT_PHASE1_SWAPS + MT_PHASE2_SWAPS];
     int nseals;
@@ -2293,8 +2341,7 @@ static void t_concurrent(void) {
 
     CHECK(!t->failed, "%s", t->why);
     CHECK(t->nseals == MT_PHASE1_SWAPS + MT_PHASE2_SWAPS, "%d seals", t->nseals);
-    CHECK(t->full_gens >= MT_PHASE1_SWAPS, "reader read only %d generations whole",
-          t->full_gens);
+    CHECK(t->full_gens >= MT_PHASE1_SWAPS, "reader read only %d generations whole", t->full_gens);
     wh_status_t fin = status_of(st);
     uint64_t acc = 0, dis = 0, waits = 0;
     for (int w = 0; w < MT_WRITERS; w++) {
@@ -2308,8 +2355,8 @@ static void t_concurrent(void) {
     CHECK(fin.discarded == dis, "store counted %llu discarded, writers %llu",
           (unsigned long long)fin.discarded, (unsigned long long)dis);
     CHECK(fin.generated == (uint64_t)t->nseals * MT_CAP + fin.write_fill,
-          "generated %llu != %d seals x %d + fill %u", (unsigned long long)fin.generated,
-          t->nseals, MT_CAP, fin.write_fill);
+          "generated %llu != %d seals x %d + fill %u", (unsigned long long)fin.generated, t->nseals,
+          MT_CAP, fin.write_fill);
     int seen = 0, bad = 0;
     for (uint64_t id = 0; id < MT_MAX_IDS; id++) {
         if (!t->seen_gen[id]) continue;
@@ -2322,10 +2369,11 @@ static void t_concurrent(void) {
         }
     }
     CHECK(bad == 0, "%d ids read where they were not put", bad);
-    fprintf(stderr, "     concurrent: %d seals, reader saw %d generations (%d whole, %d gone), "
+    fprintf(stderr,
+            "     concurrent: %d seals, reader saw %d generations (%d whole, %d gone), "
             "%d reads, %d distinct ids; writers: %llu accepted, %llu discarded, %llu waits\n",
-            t->nseals, t->gens_seen, t->full_gens, t->gone, t->reads, seen,
-            (unsigned long long)acc, (unsigned long long)dis, (unsigned long long)waits);
+            t->nseals, t->gens_seen, t->full_gens, t->gone, t->reads, seen, (unsigned long long)acc,
+            (unsigned long long)dis, (unsigned long long)waits);
 out:
     wh_store_destroy(st);
     clean_store(&t->cfg);
@@ -2352,7 +2400,8 @@ int main(int argc, char **argv) {
         {"store round trip: every dtype x layout", t_store_dtypes, false},
         {"store flipped byte -> WH_E_CORRUPT", t_store_corrupt_bytes, false},
         {"store reclaimed generation -> WH_E_GONE", t_store_gone, false},
-        {"store-backed views: pinned across seals, one generation per process", t_store_views, false},
+        {"store-backed views: pinned across seals, one generation per process", t_store_views,
+         false},
         {"store read racing reclamation -> WH_E_GONE", t_store_torn_read, false},
         {"store open errors (schema, SWAP_CAP, names)", t_store_open_errors, false},
         {"store sample too big / budget exhausted", t_store_toobig, false},

@@ -29,12 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (s.nhist < 0 || s.nhist > WH__HIST) abort();
         break;
     }
-    case 1:
-        wh__check_schema(&m, &doc, &err);
-        break;
-    case 2:
-        wh__lease_forged(&doc, 1000000);
-        break;
+    case 1: wh__check_schema(&m, &doc, &err); break;
+    case 2: wh__lease_forged(&doc, 1000000); break;
     default: {
         wh__manifest_t mf;
         wh_sample_meta_t meta;

@@ -27,8 +27,9 @@ static void put_one(wh_store_t *st, int64_t id) {
     int64_t ident[2] = {7, id};
     float vals[32];
     for (int i = 0; i < 32; i++) vals[i] = (float)(id * 100 + i);
-    wh_array_t a[2] = {{.dtype = WH_DT_I64, .ndim = 1, .shape = {2}, .strides = {8}, .data = ident},
-                       {.dtype = WH_DT_F32, .ndim = 1, .shape = {32}, .strides = {4}, .data = vals}};
+    wh_array_t a[2] = {
+        {.dtype = WH_DT_I64, .ndim = 1, .shape = {2}, .strides = {8}, .data = ident},
+        {.dtype = WH_DT_F32, .ndim = 1, .shape = {32}, .strides = {4}, .data = vals}};
     wh_put_status_t ps;
     wh_err_t e;
     wh_store_put(st, a, 2, 0, &ps, NULL, &e);

@@ -26,11 +26,24 @@
 
 #define API __attribute__((visibility("default")))
 
-enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_NOMEM = 2, ERR_INSUFFICIENT_DRIVER = 35,
-       ERR_NO_DEVICE = 100, ERR_INVALID_DEVICE = 101, ERR_INVALID_HANDLE = 400,
-       ERR_NOT_READY = 600 };
+enum {
+    OK = 0,
+    ERR_INVALID_VALUE = 1,
+    ERR_NOMEM = 2,
+    ERR_INSUFFICIENT_DRIVER = 35,
+    ERR_NO_DEVICE = 100,
+    ERR_INVALID_DEVICE = 101,
+    ERR_INVALID_HANDLE = 400,
+    ERR_NOT_READY = 600
+};
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_READ, OP_GATE };
+enum {
+    OP_COPY,
+    OP_RECORD,
+    OP_WAIT,
+    OP_READ,
+    OP_GATE
+};
 
 struct fevent;
 typedef struct fop {
@@ -75,9 +88,17 @@ static uint64_t next_op = 1, next_stream = 3;
 static long delay_us = -1;
 static int hold, gate;
 static long counters[8];
-enum { C_COPIES, C_PAGEABLE, C_WAITS, C_HOST_SYNCS, C_VIOLATIONS, C_RECORDS, C_READS };
-static const char *counter_names[] = {"copies", "pageable_copies", "stream_waits", "host_syncs",
-                                      "violations", "event_records", "reads"};
+enum {
+    C_COPIES,
+    C_PAGEABLE,
+    C_WAITS,
+    C_HOST_SYNCS,
+    C_VIOLATIONS,
+    C_RECORDS,
+    C_READS
+};
+static const char *counter_names[] = {"copies",     "pageable_copies", "stream_waits", "host_syncs",
+                                      "violations", "event_records",   "reads"};
 #define MAXV 64
 static char violations[MAXV][256];
 /* finished ops are kept (never freed while the fake lives) so fake_op_done
@@ -125,9 +146,9 @@ static region_t *find_region(const void *p) {
 }
 
 /* Every op not finished, in any stream (running or queued); M held. */
-#define FOR_PENDING(s, o)                                         \
-    for (fstream_t *s = all_streams; s; s = s->next_all)          \
-        for (fop_t *o = s->running ? s->running : s->head; o;     \
+#define FOR_PENDING(s, o)                                                                          \
+    for (fstream_t *s = all_streams; s; s = s->next_all)                                           \
+        for (fop_t *o = s->running ? s->running : s->head; o;                                      \
              o = (o == s->running ? s->head : o->next))
 
 /* Reports each unfinished op of `kind` on another stream, enqueued before op,
@@ -231,8 +252,10 @@ static fop_t *enqueue(fstream_t *s, int kind) {
     fop_t *op = calloc(1, sizeof *op);
     op->kind = kind;
     op->id = next_op++;
-    if (s->tail) s->tail->next = op;
-    else s->head = op;
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
     s->tail = op;
     pthread_cond_broadcast(&CV);
     return op;
@@ -274,7 +297,8 @@ API const char *cudaGetErrorString(int rc) {
     case OK: return "no error";
     case ERR_INVALID_VALUE: return "invalid argument";
     case ERR_NOMEM: return "out of memory";
-    case ERR_INSUFFICIENT_DRIVER: return "CUDA driver version is insufficient for CUDA runtime version";
+    case ERR_INSUFFICIENT_DRIVER:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     case ERR_NO_DEVICE: return "no CUDA-capable device is detected";
     case ERR_INVALID_DEVICE: return "invalid device ordinal";
     case ERR_INVALID_HANDLE: return "invalid resource handle";
@@ -311,7 +335,8 @@ static int free_region(void *p, int device) {
     }
     region_t *r = *rr;
     FOR_PENDING(s, o) {
-        if ((o->kind == OP_COPY && (overlap(o->src, o->n, r->p, r->n) || overlap(o->dst, o->n, r->p, r->n))) ||
+        if ((o->kind == OP_COPY &&
+             (overlap(o->src, o->n, r->p, r->n) || overlap(o->dst, o->n, r->p, r->n))) ||
             (o->kind == OP_READ && overlap(o->src, o->n, r->p, r->n)))
             violation("%s of %p while operation #%llu on stream %d still uses it",
                       device ? "cudaFree" : "cudaFreeHost", p, (unsigned long long)o->id, s->id);
@@ -448,7 +473,8 @@ API int cudaEventElapsedTime(float *ms, void *a, void *b) {
     pthread_mutex_lock(&M);
     fevent_t *x = a, *y = b;
     int rc = x->done >= x->recorded && y->done >= y->recorded && x->recorded && y->recorded
-                 ? OK : ERR_NOT_READY;
+                 ? OK
+                 : ERR_NOT_READY;
     if (rc == OK) *ms = (float)(y->t_ms - x->t_ms);
     pthread_mutex_unlock(&M);
     return rc;
