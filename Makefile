@@ -10,7 +10,8 @@ CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h) ext/sources.mk
 
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
             gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
-            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib clang libclang-rt-14-dev
+            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib clang libclang-rt-14-dev \
+            clang-format
 
 # libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
 # not to, and a killed test process leaves them behind.
@@ -20,11 +21,12 @@ export WH_WERROR := 1
 # The in-place test build has the fault-injection points; the wheel does not.
 export WH_FAULTS := 1
 
+RUFF_VERSION := 0.17.6
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak bench clean-build mongo-jars
+.PHONY: all install deps build lint test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak bench clean-build mongo-jars
 
 all: install
 
@@ -50,6 +52,8 @@ deps: .deps/debian.stamp
 	# raw PyMongo baseline of benchmarks/bench_mongo.py; 4.13 is the last that
 	# speaks the test server's wire version 8
 	$(PY) -c 'import pymongo' 2>/dev/null || $(PIP) install -q 'pymongo==4.13.2'
+	# the Python linter of `make lint` (pinned: a newer ruff may add rules)
+	$(PY) -m ruff --version 2>/dev/null | grep -qx 'ruff $(RUFF_VERSION)' || $(PIP) install -q 'ruff==$(RUFF_VERSION)'
 	# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66
 	$(PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
 	  2>/dev/null || $(PIP) install -q 'setuptools>=77'
@@ -170,7 +174,14 @@ wheel: $(WHEEL_PY)
 test-wheel: wheel
 	sh tests/helpers/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
 
-test: test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
+# Style kept by tools: the C tree matches .clang-format, the Python passes
+# ruff with the rules in pyproject.toml.
+CFORMAT_FILES = $(wildcard ext/*.c ext/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
+lint: .venv/.stamp
+	clang-format --dry-run --Werror $(CFORMAT_FILES)
+	$(PY) -m ruff check wirehead_torch compat tests benchmarks setup.py
+
+test: lint test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
 
 demo: install
 	$(PY) -m wirehead_torch.apps.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)

@@ -46,12 +46,14 @@ def _pkg_modules():
 
 def _check_dlpack(cflags):
     cc = os.environ.get("CC", "cc").split()
-    probe = subprocess.run([*cc, *cflags, "-E", "-x", "c", "-"], input="#include <dlpack/dlpack.h>\n",
+    probe = subprocess.run([*cc, *cflags, "-E", "-x", "c", "-"],
+                           input="#include <dlpack/dlpack.h>\n",
                            capture_output=True, text=True)
     if probe.returncode != 0:
         _fail("the header dlpack/dlpack.h is missing.\n"
               "  Debian/Ubuntu: apt-get install libdlpack-dev\n"
-              "  elsewhere: put dlpack.h (DLPack 0.6 or newer) under <include>/dlpack/ and set CPATH")
+              "  elsewhere: put dlpack.h (DLPack 0.6 or newer) under <include>/dlpack/ "
+              "and set CPATH")
 
 
 def _pkg(flag, modules):

@@ -121,6 +121,7 @@ def run_c(mode, uri, db, size, chunk, n):
 
 def run_py_store(uri, db, size, chunk, n):
     import numpy as np
+
     from wirehead_torch import _C
     kw = dict(uri=f"{uri}/{db}", swap_cap=n, fields=["data"], chunk_bytes=chunk, prefix="benchpy")
     _C.clean(**kw)

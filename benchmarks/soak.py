@@ -110,6 +110,7 @@ def run_py_reader(cfg, kind):
     import logging
 
     import torch
+
     import wirehead_torch as wt
     # each skip is logged; the summary counts them instead
     logging.getLogger("wirehead_torch").setLevel(logging.ERROR)
@@ -154,6 +155,7 @@ def run_corrupter(cfg):
     every CORRUPT_EVERY seconds until SIGTERM (shm only): sealed
     generations, which readers may view, are never touched."""
     import mmap
+
     from wirehead_torch import _C
     from wirehead_torch.config import resolve, store_kwargs
     stop = []

@@ -26,11 +26,11 @@ typedef struct {
     PyTypeObject *array, *store, *loader, *map, *stage;
 } wh__state_t;
 
-/* clang-format off: one X() per field, laid out by hand */
-#define WH__STATE_FIELDS(X)                                                                        \
-    X(base)                                                                                        \
-    X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) X(notfound)   \
-        X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+/* one X() per field, laid out by hand */
+/* clang-format off */
+#define WH__STATE_FIELDS(X)                                                                   \
+    X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
+    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
 /* clang-format on */
 #define WH__ONE(f) +1
 _Static_assert(sizeof(wh__state_t) == (0 WH__STATE_FIELDS(WH__ONE)) * sizeof(void *),

@@ -17,7 +17,7 @@ if _os.environ.get("WIREHEAD_EXT_DIR"):
     _sys.modules[__name__ + "._C"] = _mod
     _spec.loader.exec_module(_mod)
 
-from . import _C  # noqa: E402
+from . import _C  # noqa: E402,F401 (wirehead_torch._C, loaded above)
 from ._C import (  # noqa: E402
     CorruptSampleError,
     CudaError,
@@ -28,9 +28,9 @@ from ._C import (  # noqa: E402
     PinLimitError,
     SampleTooLargeError,
     SchemaMismatchError,
+    StoreNotCreatedError,
     StoreSpaceError,
     StoreTimeoutError,
-    StoreNotCreatedError,
     StoreUnavailableError,
     WireheadError,
 )
@@ -71,7 +71,8 @@ __version__ = "0.1.0"
 __all__ = [
     "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader",
     "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
-    "load_config", "Config", "ConfigError", "status", "clean", "WireheadError", "InvalidSampleError",
+    "load_config", "Config", "ConfigError", "status", "clean", "WireheadError",
+    "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
     "StoreNotCreatedError",

@@ -47,7 +47,8 @@ class ProcessStore:
         self._noted = True
         if st.get("creator_pid") != os.getpid() or not st.get("store_bytes"):
             return
-        how = "auto, sized from the first sample" if self.cfg["BYTE_BUDGET"] is None else "BYTE_BUDGET"
+        auto = self.cfg["BYTE_BUDGET"] is None
+        how = "auto, sized from the first sample" if auto else "BYTE_BUDGET"
         text = (f"created shm store {redact(self.cfg['STORE'])}: 4 generation areas of "
                 f"{st['byte_budget'] / 2**20:.1f} MiB ({how}) = "
                 f"{st['store_bytes'] / 2**20:.1f} MiB of /dev/shm")

@@ -40,7 +40,7 @@ DEFAULTS = {
     "TEMP_COLLECTION": "temp",
     # new keys
     "STORE": None,                # shm://NAME or mongodb://...; default derived below
-    "COLLECTION_PREFIX": None,    # MongoDB collection prefix; default WRITE_COLLECTION or "wirehead"
+    "COLLECTION_PREFIX": None,    # MongoDB collections' prefix: WRITE_COLLECTION or "wirehead"
     "BYTE_BUDGET": "auto",        # shm: bytes per generation area (4 areas); auto: sized
                                   # from the first sample when the first generator writes
     "SELF_SEAL": True,            # generators seal a full generation when no manager leads

@@ -12,9 +12,10 @@ import time
 import pytest
 import yaml
 
-import whlib
 import wirehead_torch as wt
 from wirehead_torch.apps.monitor import WireheadLogger, gen_label, human_time, tui_lines
+
+import whlib
 
 
 def _cli(*args, cwd, stdout=subprocess.PIPE, module="wirehead_torch.apps.cli"):

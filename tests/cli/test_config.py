@@ -9,8 +9,6 @@ import warnings
 
 import pytest
 
-import whlib
-
 import wirehead_torch as wt
 from wirehead_torch.config import parse_bytes, redact
 
@@ -363,8 +361,8 @@ def _assert_hidden(text):
 def test_no_secret_in_any_output_path(mongo_server, tmp_path, monkeypatch, capsys):
     from wirehead_torch import _C
     from wirehead_torch.apps import cli
-    from wirehead_torch.config import store_kwargs
     from wirehead_torch.apps.monitor import WireheadLogger
+    from wirehead_torch.config import store_kwargs
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     store = f"{mongo_server.uri}/{whlib.unique_name('whm')}?{SECRET_OPTS}"
     cfg = {"STORE": store, "SWAP_CAP": 2, "SAMPLE": ["a"], "CONNECT_TIMEOUT": 10}

@@ -15,9 +15,10 @@ import threading
 import numpy as np
 import pytest
 
-import whlib
 import wirehead_torch as wt
 from wirehead_torch.config import load_config
+
+import whlib
 
 SWAP_CAP = 100
 

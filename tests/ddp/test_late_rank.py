@@ -3,13 +3,14 @@ process group exists (Lightning datamodule __init__, ddp_spawn) must not
 read the whole generation on every rank."""
 import json
 
+import late_rank_worker
 import pytest
-import torch
+import torch  # noqa: F401 (imported before torch.multiprocessing, as users do)
 import torch.multiprocessing as mp
 
-import late_rank_worker
-import whlib
 import wirehead_torch as wt
+
+import whlib
 
 WORLD = 2
 

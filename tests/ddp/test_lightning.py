@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-import whlib
 import wirehead_torch as wt
+
+import whlib
 
 pytestmark = pytest.mark.lightning
 

@@ -174,6 +174,7 @@ def forge_claim(cfg, rc, gen, claim, chunk=None):
 
 def test_mongo_forged_2gib_manifest_is_not_allocated(mongo_cfg, mongo_server):
     import resource
+
     from mongo_server import RawClient
     cfg = mongo_cfg(swap_cap=SWAP_CAP)
     gen = sealed(cfg)

@@ -182,6 +182,7 @@ def _sysctls():
 
 def _plant_case(where, kind, victim):
     import torch
+
     import wirehead_torch as wt
     from wirehead_torch import _ring
     cfg = _cfg()
@@ -217,7 +218,7 @@ def _plant_case(where, kind, victim):
             errors.append(f"{type(e).__name__}: {e}")
     out = {"path": path, "kind": kind, "errors": errors, "sysctl": _sysctls(),
            **_state(path, kind, victim, vstat)}
-    del ds
+    ds = run = None  # the ring's files go with the dataset
     gc.collect()
     return out
 

@@ -10,8 +10,9 @@ import bson
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "helpers"))
-import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
+
+import whlib  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(__file__), "corpus")
 MAGIC = struct.pack("<I", 0x31534857)

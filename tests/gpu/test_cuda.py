@@ -553,6 +553,7 @@ print("ok", st["h2d_bytes"])
 
 def test_real_gpu_loader_and_to_device(shm_cfg):
     import json
+
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")

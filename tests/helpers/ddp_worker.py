@@ -35,8 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
+
+import whlib  # noqa: E402
 
 
 def _one_thread(_worker_id):
@@ -119,7 +120,7 @@ def main():
         if len(result["epochs"]) < spec["epochs"]:
             if rank == 0:
                 newest = max(it[0] for it in ep["items"])
-                whlib.until(lambda: wt.status(spec["cfg"])["read_gen"] > newest, 45,
+                whlib.until(lambda: wt.status(spec["cfg"])["read_gen"] > newest, 45,  # noqa: B023
                             "a generation newer than this epoch's")
             dist.barrier()
     dist.barrier()

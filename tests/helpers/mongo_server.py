@@ -225,9 +225,9 @@ def stop_server(server):
 # look at collections directly (or write bad data on purpose) use libmongoc
 # through ctypes rather than another driver.
 
-import base64 as _base64
-import ctypes as _ctypes
-import json as _json
+import base64 as _base64  # noqa: E402 (with the code that uses it)
+import ctypes as _ctypes  # noqa: E402
+import json as _json  # noqa: E402
 
 _libs = None
 

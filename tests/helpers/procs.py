@@ -16,8 +16,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
+
+import whlib  # noqa: E402
 
 
 def _gen(tag, n=256):

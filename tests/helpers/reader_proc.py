@@ -22,10 +22,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import whlib  # noqa: E402
 import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
 from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
+
+import whlib  # noqa: E402
 
 
 def _read_whole(store, gen, swap_cap):

@@ -351,6 +351,7 @@ def _section(text, heading):
 
 def test_readers_md_names_every_keyword_of_every_reader():
     import inspect
+
     import wirehead_torch as wt
     with open(os.path.join(ROOT, "docs", "readers.md"), encoding="utf-8") as f:
         text = f.read()

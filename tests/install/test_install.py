@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-import whlib
 import wirehead_torch
+
+import whlib
 
 # Makes `import torch` fail in the child, as on a machine without torch.
 _BLOCK_TORCH = r'''

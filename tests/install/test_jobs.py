@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-import whlib
 from wirehead_torch.apps.jobs import load_generator
+
+import whlib
 
 USER_GEN = '''
 import whlib

@@ -194,7 +194,7 @@ def test_generator_array_ends_cleanly_on_slurm_signal(cluster, tmp_path):
     try:
         for task in (0, 1):
             path = logs / f"gen-{jid}_{task}.out"
-            whlib.until(lambda: path.exists() and path.read_text().count("started") == 2,
+            whlib.until(lambda: path.exists() and path.read_text().count("started") == 2,  # noqa: B023
                         JOB_TIMEOUT, f"both generators of task {task} started")
         cluster.run(["scancel", "--batch", "--signal=TERM", str(jid)])
         states = cluster.wait_jobs([jid], JOB_TIMEOUT)

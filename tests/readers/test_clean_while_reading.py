@@ -5,8 +5,9 @@ unlinked segment's last generation for ever."""
 import pytest
 import torch
 
-import whlib
 import wirehead_torch as wt
+
+import whlib
 
 TIMEOUT = 60
 

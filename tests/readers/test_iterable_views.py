@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
+from test_start_methods import SWAP_CAP
 
 import wirehead_torch as wt
 from wirehead_torch import _C
 
 import whlib
-from test_start_methods import SWAP_CAP
 from test_views import pins, put_and_seal, view_all
 
 pytestmark = pytest.mark.asan

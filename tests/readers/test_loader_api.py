@@ -255,6 +255,7 @@ def test_eight_dimensional_fields_through_the_loader(store_cfg):
 
 def test_close_while_another_thread_reads(store_cfg):
     import threading
+
     from whlib import open_store
     cfg = store_cfg(swap_cap=1)
     wt.WireheadGenerator(iter([whlib.sample(1, 0)]), config=cfg).run()
@@ -264,7 +265,7 @@ def test_close_while_another_thread_reads(store_cfg):
         gen = st.current()
         errors = []
 
-        def reader():
+        def reader(st=st, gen=gen, errors=errors):
             try:
                 while True:
                     st.read(gen, 0)

@@ -127,6 +127,7 @@ def read_all(cfg, seconds, kinds):
     import faulthandler
     faulthandler.dump_traceback_later(len(kinds) * (seconds + 60), exit=True)  # a hang says where
     import torch
+
     import wirehead_torch as wt
     # after the imports: a starved import would take minutes
     os.sched_setaffinity(0, {one_cpu()})

@@ -10,12 +10,12 @@ import signal
 import numpy as np
 import pytest
 import torch
+from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
 
 import wirehead_torch as wt
 from wirehead_torch import _ring
 
 import whlib
-from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.asan
 

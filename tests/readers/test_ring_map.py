@@ -12,14 +12,20 @@ import threading
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, RandomSampler,
-                              SequentialSampler, default_collate)
+from test_ring import owners, slot_files
+from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
 
 import wirehead_torch as wt
 
 import whlib
-from test_ring import owners, slot_files
-from test_start_methods import SWAP_CAP, filled  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.asan
 

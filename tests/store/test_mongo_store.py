@@ -17,8 +17,8 @@ from wirehead_torch import _C
 from wirehead_torch.config import resolve
 
 import whlib
-from whlib import open_store, read_generation
 from mongo_server import MongoTestServer, RawClient, binary, unbinary
+from whlib import open_store, read_generation
 
 pytestmark = pytest.mark.asan  # also run against the sanitizer build
 

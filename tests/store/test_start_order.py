@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-import whlib
 import wirehead_torch as wt
+
+import whlib
 
 BIG = 5 * 2**20  # floats per sample: 20 MiB of data
 SWAP_CAP = 4

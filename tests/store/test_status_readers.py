@@ -2,8 +2,9 @@
 pid, the generation each reads, samples read of it (reuse) and its rate."""
 import os
 
-import whlib
 import wirehead_torch as wt
+
+import whlib
 
 
 def _fill(cfg, n):

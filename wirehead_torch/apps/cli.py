@@ -9,8 +9,8 @@ import threading
 import time
 
 from .. import _C
-from . import jobs
 from ..config import DEFAULT_CONFIG_PATH
+from . import jobs
 from .monitor import closed_pipe_exit, gen_label, human_time
 
 

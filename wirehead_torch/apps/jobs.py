@@ -137,6 +137,7 @@ def _inline_batches(size, labels, batch_size, seed):
     """The baseline: samples generated in the training loop itself."""
     import numpy as np
     import torch
+
     from .synth import synth_generator
     gen = synth_generator(size=size, n_labels=labels, seed=seed)
     while True:
@@ -177,7 +178,8 @@ class _GpuSampler:
 def _train(a):
     import torch
     import torch.distributed as dist
-    from .demo import tiny_unet, _train_step
+
+    from .demo import _train_step, tiny_unet
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available() and not a.cpu
