@@ -56,7 +56,8 @@ def __getattr__(name):
             if e.name != "torch":
                 raise
             raise ImportError(f"wirehead_torch.{name} needs PyTorch, which is not installed: "
-                              f"pip install 'wirehead_torch[torch]' (or torch itself)") from e
+                              f"pip install torch (or, in the wirehead_torch checkout, "
+                              f"pip install '.[torch]')") from e
         value = getattr(mod, name)
         globals()[name] = value
         return value

@@ -181,7 +181,13 @@ def _check_value(key, v, where):
             raise ConfigError(f"{where}: SAMPLE names a field twice: {list(v)!r}")
         return tuple(v)
     if key == "BYTE_BUDGET":
-        return None if _is_auto(v) else parse_bytes(v, key, where)
+        if _is_auto(v):
+            return None
+        n = parse_bytes(v, key, where)
+        if n < 4096:  # the shm store's least area
+            raise ConfigError(f"{where}: BYTE_BUDGET must be at least 4096 bytes (or auto), "
+                              f"got {v!r}")
+        return n
     if key in ("VERIFY_READS", "SELF_SEAL"):
         if not isinstance(v, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {v!r}")

@@ -59,8 +59,8 @@ def _waiting_for(store, cfg):
     try:
         st = store.status()
     except _C.StoreNotCreatedError:
-        return (f"shm store {redact(cfg['STORE'])} to be created: with BYTE_BUDGET auto the first "
-                f"generator's first sample creates it; start a generator (WireheadGenerator)")
+        return (f"shm store {redact(cfg['STORE'])} to be created: with BYTE_BUDGET auto the "
+                f"first generator's first sample creates it")
     except _C.WireheadError as e:
         return f"{redact(cfg['STORE'])} to answer ({e})"
     who = ("a manager or generator holds the lease" if st["leader_pid"] else
@@ -94,13 +94,15 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
             hint = original_layout_hint(cfg)
             if hint:
                 log.warning("wirehead reader: no generation yet%s", hint)
-        log.warning("wirehead reader (pid %d): waiting %.0fs of READ_TIMEOUT=%gs for %s",
-                    os.getpid(), waited, timeout, _waiting_for(store, cfg))
+        log.warning("wirehead reader (pid %d): waiting %.0fs of its %gs timeout for %s; "
+                    "start a generator (WireheadGenerator)", os.getpid(), waited, timeout,
+                    _waiting_for(store, cfg))
     raise TimeoutError(
         f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: waited for "
         f"{_waiting_for(store, cfg)}; start generators (WireheadGenerator; with SELF_SEAL they "
         f"seal full generations themselves) or a manager (wirehead-torch manager "
-        f"--config ...), or raise READ_TIMEOUT{original_layout_hint(cfg)}") from None
+        f"--config ...), or wait longer (READ_TIMEOUT, or the reader's timeout=)"
+        f"{original_layout_hint(cfg)}") from None
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):

@@ -395,3 +395,10 @@ def test_no_password_in_errors_of_an_unreachable_store(tmp_path, monkeypatch, ca
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert "unreachable" in err and not any(s in err for s in SECRETS + ("SECRETpw9",)), err
+
+
+def test_byte_budget_below_one_page_names_key_and_file(tmp_path):
+    p = write(tmp_path, "SWAP_CAP: 4\nSAMPLE: [a]\nBYTE_BUDGET: 10\n")
+    with pytest.raises(wt.ConfigError, match=r"config\.yaml: BYTE_BUDGET must be at least "
+                                             r"4096 bytes \(or auto\), got 10"):
+        wt.load_config(p)

@@ -1,5 +1,5 @@
 """The ``wirehead-torch`` command: manager, status, clean, monitor, demo, and
-the batch-job entry points generate and train (wirehead_torch/apps/jobs.py)."""
+the batch-job entry points generate and train."""
 import argparse
 import json
 import logging

@@ -76,8 +76,7 @@ def wirehead_package():
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return ("wirehead: not installed (to run the original wirehead's scripts on "
-                "wirehead_torch, install the compatibility wheel wirehead-*.whl built from "
-                "compat/)")
+                "wirehead_torch: pip install ./compat in the wirehead_torch checkout)")
     where = list(spec.submodule_search_locations)[0]
     try:
         version = md.version("wirehead")
@@ -87,7 +86,7 @@ def wirehead_package():
         return (f"wirehead: the compatibility package {version} at {where}, served by "
                 f"wirehead_torch")
     return (f"wirehead: the original wirehead {version} at {where}; `from wirehead import` "
-            f"uses it, not wirehead_torch (installing the compatibility wheel replaces it; "
+            f"uses it, not wirehead_torch (pip install ./compat in the checkout replaces it; "
             f"reinstalling the original brings it back)")
 
 
