@@ -1403,6 +1403,12 @@ static void wh__fork_register(void) {
     pthread_atfork(wh__fork_prepare, wh__fork_parent, wh__fork_child);
 }
 
+/* Attaches the handle and finds the area of sealed generation gen. */
+static bool wh__sealed_area(wh__shm_t *s, uint64_t gen, int *slot, wh_err_t *err) {
+    return wh__ready(s, NULL, 0, err) && wh__intact(s, err) &&
+           wh__sealed_slot(s->hdr, gen, slot, err);
+}
+
 /* A copy holding its generation: a pin of this process keeps the area
  * from reuse for the length of the copy, so a slow reader cannot lose the
  * race with reclamation. Outside the one-generation policy of views: it
@@ -1410,10 +1416,9 @@ static void wh__fork_register(void) {
 static bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                               wh_sample_meta_t *meta, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
-    if (!wh__ready(s, NULL, 0, err)) return false;
-    wh__hdr_t *h = s->hdr;
     int slot;
-    if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
+    if (!wh__sealed_area(s, gen, &slot, err)) return false;
+    wh__hdr_t *h = s->hdr;
     wh__slot_t *sl = &h->slots[slot];
     pthread_mutex_lock(&wh__pin_mu);
     bool ok = wh__lock(&sl->lock, st->cfg.lease_s, err);
@@ -1433,10 +1438,9 @@ static bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_des
 static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                          wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
-    if (!wh__ready(s, NULL, 0, err)) return false;
-    wh__hdr_t *h = s->hdr;
     int slot;
-    if (!wh__intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
+    if (!wh__sealed_area(s, gen, &slot, err)) return false;
+    wh__hdr_t *h = s->hdr;
     wh__slot_t *sl = &h->slots[slot];
     wh__view_t *v = calloc(1, sizeof *v);
     if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
