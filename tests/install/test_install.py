@@ -263,8 +263,8 @@ def test_next_to_the_original(wheels, tmp_path, first):
     assert v.wirehead_line() == (
         f"wirehead: the original wirehead {ORIGINAL_VERSION} at "
         f"{v.path}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages/wirehead;"
-        " `from wirehead import` uses it, not wirehead_torch (installing the compatibility "
-        "wheel replaces it; reinstalling the original brings it back)")
+        " `from wirehead import` uses it, not wirehead_torch (pip install ./compat in the "
+        "checkout replaces it; reinstalling the original brings it back)")
     if first == "original":
         v.uninstall("wirehead_torch")
         v.original_works()
