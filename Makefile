@@ -136,8 +136,9 @@ test-installed: .venv-inst/.stamp mongo-jars
 # their own (about 5 GB of CUDA wheels that also run without a GPU), kept
 # outside the tree so clean clones on the same machine (CI) reuse it. The
 # package is not installed there: the in-place extension does not link
-# torch, so the source tree on PYTHONPATH serves both venvs. matplotlib:
-# the benchmark suite's plots (lane 1 has Debian's).
+# torch, so the source tree (and compat/, the `wirehead` package) on
+# PYTHONPATH serves both venvs. matplotlib: the benchmark suite's plots
+# (lane 1 has Debian's).
 TORCH2_VERSION    ?= 2.15.0
 LIGHTNING_VERSION ?= 2.6.6
 TORCH2_VENV       ?= $(HOME)/.cache/wirehead_torch/venv-torch$(TORCH2_VERSION)-lightning$(LIGHTNING_VERSION)
@@ -151,7 +152,7 @@ $(TORCH2_VENV)/.stamp: .deps/debian.stamp
 
 test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
-	PYTHONPATH=$(CURDIR) $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 # A manylinux wheel with libmongoc, libbson and libxxhash bundled
 # (auditwheel repair), for machines where those packages cannot be installed.
