@@ -45,6 +45,8 @@ def format_record(rec):
 
 # seconds between repeats of a stall message while the stall lasts
 STALL_LOG_EVERY = 60.0
+# a block shorter than this is a reader about to drop its views, not a stall
+STALL_GRACE = 2.0
 
 
 def _pinned(st):
@@ -76,10 +78,10 @@ def stall_text(st):
 
 
 class StallLog:
-    """Says that this process cannot seal: once when the stall starts, then
-    every STALL_LOG_EVERY seconds while it lasts, naming the generations
-    readers pin and their pids (or the writer in the way), and once more
-    when sealing goes on."""
+    """Says that this process cannot seal: once when the stall has lasted
+    STALL_GRACE seconds, then every STALL_LOG_EVERY seconds while it lasts,
+    naming the generations readers pin and their pids (or the writer in the
+    way), and once more when sealing goes on after a stall it said."""
 
     def __init__(self, role):
         self.role = role  # "generator" or "manager"
@@ -90,11 +92,13 @@ class StallLog:
         now = time.monotonic()
         if self.since is None:
             self.since = now
+        if now - self.since < STALL_GRACE:
+            return
         if self.said is not None and now - self.said < STALL_LOG_EVERY:
             return
         self.said = now
         who = f"wirehead {self.role} {os.getpid()}"
-        lasted = f" for {now - self.since:.0f}s" if now > self.since else ""
+        lasted = f" for {now - self.since:.0f}s"
         if not info.get("blocked_reader"):
             log.warning("%s: sealing stalled%s: the write generation is full but generator "
                         "pid %d (alive, paused or stopped?) is still writing into the area the "
@@ -115,7 +119,7 @@ class StallLog:
                     _pin_list(pinned), info["blocked_pid"], info["blocked_gen"])
 
     def sealed(self):
-        if self.since is not None:
+        if self.said is not None:
             log.warning("wirehead %s %d: sealing goes on after a stall of %.0fs", self.role,
                         os.getpid(), time.monotonic() - self.since)
         self.since = self.said = None

@@ -63,7 +63,12 @@ def test_generator_says_which_generations_are_pinned(shm_cfg, caplog, monkeypatc
     try:
         sealed = g.sealed
         with caplog.at_level(logging.WARNING, logger="wirehead_torch"):
-            for _ in range(20):  # fills the write generation, then every put is surplus
+            for _ in range(4):  # fills the write generation, then every put is surplus
+                g.cycle()
+            assert not _stall_lines(caplog, "wirehead generator"), "said before STALL_GRACE"
+            whlib.until(lambda: g.cycle() and _stall_lines(caplog, "wirehead generator"), 30,
+                        "the generator's stall line")
+            for _ in range(5):
                 g.cycle()
             assert g.sealed == sealed, "sealed with no free area"
             lines = _stall_lines(caplog, "wirehead generator")
