@@ -1,10 +1,13 @@
 """status() and clean(): store figures and removal."""
+import logging
 import os
 import re
 
 from . import _C
 from ._store import ProcessStore
-from .config import get_config, redact, secrets_hidden, store_kwargs
+from .config import get_config, get_store_config, redact, secrets_hidden, store_kwargs
+
+log = logging.getLogger("wirehead_torch")
 
 
 def status(config=None, config_path=None):
@@ -43,7 +46,9 @@ def clean(config=None, config_path=None):
     collections); nothing else. Returns whether there was anything."""
     if isinstance(config, str):
         config, config_path = None, config
-    cfg = get_config(config_path, config)
+    cfg, bad = get_store_config(config_path, config)
+    if bad is not None:
+        log.warning("%s; removing the store it names (%s) all the same", bad, redact(cfg.store))
     with secrets_hidden(cfg["STORE"]):
         existed = _exists(cfg)
         _C.clean(**store_kwargs(cfg))

@@ -384,6 +384,12 @@ def _read_config_file(path):
 
 def load_config(path):
     """Reads a wirehead YAML config and returns the resolved ``Config``."""
+    return resolve(_load_raw(path), where=os.fspath(path))
+
+
+def _load_raw(path):
+    """The mapping a config file holds, unchecked (ConfigError if the file
+    cannot be read or parsed)."""
     if isinstance(path, Mapping):
         raise ConfigError("config_path= takes a file path; for a mapping use config=")
     path = os.fspath(path)
@@ -401,7 +407,7 @@ def load_config(path):
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     except RecursionError:
         raise ConfigError(f"{path}: config is nested too deeply") from None
-    return resolve(raw if raw is not None else {}, where=path)
+    return raw if raw is not None else {}
 
 
 def get_config(config_path=None, config=None):
@@ -417,6 +423,37 @@ def get_config(config_path=None, config=None):
     if config is not None:
         return resolve(config, where="config=")
     return load_config(config_path)
+
+
+# The keys that say which store a config names; the rest only say how to use it.
+STORE_KEYS = ("STORE", "MONGOHOST", "PORT", "DBNAME", "COLLECTION_PREFIX", "WRITE_COLLECTION",
+              "CONNECT_TIMEOUT")
+
+
+def get_store_config(config_path=None, config=None):
+    """``(config, error)``: the resolved config, or, when a key that does not
+    name the store is unusable, a config naming the same store (the other
+    keys at stand-in values) and that ConfigError, so that a broken key never
+    keeps an operator from removing or inspecting the store it names."""
+    try:
+        return get_config(config_path, config), None
+    except ConfigError as e:
+        if config is None:
+            try:
+                raw = _load_raw(DEFAULT_CONFIG_PATH if config_path is None else config_path)
+            except ConfigError:
+                raise e from None
+        else:
+            raw = config
+        if not isinstance(raw, Mapping):
+            raise
+        where = str(config_path or DEFAULT_CONFIG_PATH) if config is None else "config="
+        ident = {k: raw[k] for k in STORE_KEYS if k in raw}
+        try:
+            cfg = resolve({**ident, "SWAP_CAP": 1, "SAMPLE": ["_"]}, where=where)
+        except ConfigError:
+            raise e from None
+        return cfg, e
 
 
 # ---- redaction: a store URI shown anywhere (logs, status, errors) ----

@@ -1,6 +1,6 @@
 """The `wirehead-torch` and `wirehead` commands as users run them: the
 default config file, --version, a closed pipe, clean of a store that is
-not there, rates across swaps, human times and short generation labels."""
+not there or named by a config with a broken key, rates across swaps, human times and short generation labels."""
 import importlib.metadata
 import json
 import os
@@ -132,6 +132,24 @@ def test_clean_says_when_there_is_nothing_to_remove(store_cfg, tmp_path):
     assert r.stdout == f"nothing to remove: no store {cfg['STORE']}\n"
     _put(cfg, 2, 1)  # a store with an empty write generation only is a store too
     assert wt.clean(cfg) is True and wt.clean(cfg) is False
+
+
+def test_clean_despite_a_broken_key(store_cfg, tmp_path):
+    """A key that does not name the store (here SWAP_CAP) is unusable: clean
+    still removes the store, saying what is wrong; a broken STORE is refused."""
+    cfg = store_cfg(swap_cap=4, SELF_SEAL=True)
+    _put(cfg, 1, 5)
+    d = _config_dir(tmp_path, {**cfg, "SWAP_CAP": "ten"})
+    r = _cli("clean", cwd=d)
+    assert (r.returncode, r.stdout) == (0, f"removed store {cfg['STORE']}\n"), r.stderr
+    assert "SWAP_CAP must be an integer, got 'ten'" in r.stderr
+    with pytest.raises(wt.NotFoundError):
+        wt.status(cfg)
+    _put(cfg, 1, 5)
+    assert wt.clean(config={**cfg, "SAMPLE": []}) is True
+    d = _config_dir(tmp_path, {**cfg, "STORE": "shm://", "SWAP_CAP": "ten"})
+    r = _cli("clean", cwd=d)
+    assert r.returncode == 2 and "SWAP_CAP" in r.stderr
 
 
 def test_rates_across_a_swap(store_cfg):

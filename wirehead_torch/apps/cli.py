@@ -91,8 +91,8 @@ def _cmd_status(args):
 
 def _cmd_clean(args):
     from ..admin import clean
-    from ..config import load_config, redact
-    cfg = load_config(args.config)
+    from ..config import get_store_config, redact
+    cfg, _ = get_store_config(args.config)
     if clean(config_path=args.config):
         print(f"removed store {redact(cfg['STORE'])}")
     else:
