@@ -278,7 +278,8 @@ def resolve(raw, where="config"):
     for key in REQUIRED:
         if merged.get(key) is None:
             raise ConfigError(f"{where}: required key {key} is missing")
-    vals = {k: _check_value(k, merged[k], where) for k in KNOWN_KEYS}
+    # sorted: with several bad keys, the same one is named on every run
+    vals = {k: _check_value(k, merged[k], where) for k in sorted(KNOWN_KEYS)}
     env = os.environ.get(STORE_ENV)
     if env:
         store = _store(env, STORE_ENV, f"environment (overrides STORE of {where})")
