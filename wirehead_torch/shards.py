@@ -342,7 +342,7 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                              f"unprintable character)")
     timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
     _prepare_out(out, prefix)
-    store_handle = ProcessStore(cfg, create=False)
+    store_handle = ProcessStore(cfg)  # opened as the readers open it
     w = _ShardWriter(out, limit, fields, prefix)
     say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
     done_gens = moved = corrupt = 0
@@ -529,7 +529,7 @@ def _members(rd):
         size = _parse_number(h[124:136], "size", rd.shard, name)
         if pending_size is not None:
             size, pending_size = pending_size, None
-        kind = h[156:157]
+        kind = bytes(h[156:157])
         padded = size + (-size % _BLOCK)
         if padded > rd.size - rd.offset:
             raise ShardError(f"truncated: the member's {size} bytes run past the file's end "
@@ -704,7 +704,8 @@ class ShardSource:
             if item is not None:
                 name, size, kind = item
             this = None if item is None else _split(name)
-            if key is not None and (this is None or this[0] != key[0]):  # the sample before is complete or not
+            if key is not None and (this is None or this[0] != key[0]):
+                # a new key: the sample before is complete, or an error
                 done = self._finish(rd.shard, key, arrays, fields, bad)
                 if done is not None:
                     yield done
