@@ -638,19 +638,26 @@ class ShardSource:
             if self.shuffle:
                 random.Random(f"{self.seed}:{epoch}").shuffle(order)
             before = self.samples
-            stream = (s for p in order for s in self._shard(p))
+            stream = self._chain(order)
             if self.shuffle and self.shuffle_buffer > 1:
                 stream = _buffered_shuffle(stream, self.shuffle_buffer,
                                            random.Random(f"{self.seed}:{epoch}:buffer"))
             for s in stream:
                 self.samples += 1
                 yield s
+                del s  # not held while the next sample is read: one sample in memory
             epoch += 1
             if not self.loop:
                 return
             if self.samples == before:
                 raise ShardError(f"loop=True over shards that yielded no sample in a whole "
                                  f"pass ({len(self.paths)} shards)")
+
+    def _chain(self, order):
+        for p in order:
+            for s in self._shard(p):
+                yield s
+                del s
 
     def _fields_for(self, idx):
         fields = self.fields
@@ -707,9 +714,10 @@ class ShardSource:
             if key is not None and (this is None or this[0] != key[0]):
                 # a new key: the sample before is complete, or an error
                 done = self._finish(rd.shard, key, arrays, fields, bad)
+                key = arrays = None
                 if done is not None:
                     yield done
-                key = None
+                    done = None
             if item is None:
                 break
             if key is None:

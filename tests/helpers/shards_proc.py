@@ -6,19 +6,22 @@ the peak memory of an export or an import.
     shards_proc.py rss-import SHARD_PATTERN             # prints a JSON line of peaks
 """
 import json
-import resource
 import sys
 import threading
 
 import wirehead_torch as wt
 
 
-def _anon_kib():
+def _status_kib(key):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no RssAnon in /proc/self/status")
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def _anon_kib():
+    return _status_kib("RssAnon")
 
 
 class PeakAnon:
@@ -56,14 +59,17 @@ def main():
         idx = wt.export_shards(out, config=cfg, generations=1, shard_size=2**40)
         print(json.dumps({"anon_peak_bytes": peak.close(), "samples": idx["samples"]}))
     elif kind == "rss-import":
-        import numpy as np  # noqa: F401 (imported before the baseline)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # the peak RSS (VmHWM) starts again here: ru_maxrss would keep the
+        # parent's, inherited across exec
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kib("VmRSS")
         n = 0
         for sample in wt.from_shards(sys.argv[2]):
             n += 1
             del sample
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps({"maxrss_over_base_bytes": peak - base, "samples": n}))
+        peak = _status_kib("VmHWM")
+        print(json.dumps({"peak_over_base_bytes": (peak - base) * 1024, "samples": n}))
 
 
 if __name__ == "__main__":
