@@ -2,7 +2,7 @@
 
     wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
                             [--seconds T] [--seed S] [--size 32] [--labels 8]
-    wirehead-torch generate --config C --shards PATTERN [--loop] [--procs N] [--seed S]
+    wirehead-torch generate --config C --shards PATTERN... [--loop] [--procs N] [--seed S]
     wirehead-torch export   --config C --out DIR [--generations N | --samples N]
                             [--shard-size 1GiB]
     wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
@@ -82,8 +82,8 @@ def _generate_one(a):
         # N processes read every N-th shard each, so no sample goes in twice
         mine = expand_urls(a.shards)[a.index % a.procs_total::a.procs_total]
         if not mine:
-            raise ValueError(f"--shards {a.shards!r}: no shard left for process {a.index} of "
-                             f"{a.procs_total}; use fewer --procs")
+            raise ValueError(f"--shards {' '.join(a.shards)}: no shard left for process "
+                             f"{a.index} of {a.procs_total}; use fewer --procs")
         source = from_shards(mine, shuffle=seed is not None, seed=seed or 0, loop=a.loop,
                              config_path=a.config)
     else:
@@ -95,7 +95,7 @@ def _generate_one(a):
         t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
         t.daemon = True
         t.start()
-    what = f"shards {a.shards}" if a.shards else a.gen_module
+    what = f"shards {' '.join(a.shards)}" if a.shards else a.gen_module
     print(f"generator {a.index} pid {os.getpid()}: started ({what}, seed {seed})",
           flush=True)
     t0 = time.monotonic()
@@ -302,8 +302,8 @@ def parser(sub):
                    help="seed of the first process (the others: +1, +2, ...)")
     g.add_argument("--size", type=int, default=32, help="synth: volume edge")
     g.add_argument("--labels", type=int, default=8, help="synth: label classes")
-    g.add_argument("--shards", default=None, metavar="PATTERN",
-                   help="read samples from tar shards (a path or brace pattern, e.g. "
+    g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
+                   help="read samples from tar shards (paths or brace patterns, e.g. "
                         "'out/shards-{000000..000009}.tar') instead of --gen-module")
     g.add_argument("--loop", action="store_true", help="--shards: read them again and again")
     g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
