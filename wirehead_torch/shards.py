@@ -684,7 +684,7 @@ class ShardSource:
             if idx is not None:
                 entry = next((s for s in idx.get("shards", [])
                               if s.get("name") == os.path.basename(path)), None)
-            check = self.verify and entry is not None
+            check = bool(self.verify) and entry is not None
             if check and entry.get("bytes") != size:
                 self._fail(ShardError(f"the file has {size} bytes, {INDEX_NAME} says "
                                       f"{entry.get('bytes')}: damaged or replaced", path), True)
@@ -695,7 +695,8 @@ class ShardSource:
                 self._fail(e, True)
                 return
             schema = (idx or {}).get("schema") if entry is not None else None
-            rd = _Reader(f, path, size, _C.Xxh3() if check else None)
+            whole = check and self.verify == "full"
+            rd = _Reader(f, path, size, _C.Xxh3() if whole else None)
             yield from self._samples(rd, fields, schema, entry if check else None)
 
     def _samples(self, rd, fields, schema, entry):
@@ -737,7 +738,7 @@ class ShardSource:
             except ShardError as e:
                 self._fail(e, True)
                 return
-        if entry is not None:
+        if rd.hasher is not None:
             try:
                 rd.skip(rd.size - rd.offset)
                 got = rd.hasher.hexdigest()
@@ -778,9 +779,9 @@ class ShardSource:
             raise _SampleError(f"{dtype} of shape {list(shape)} contradicts the schema of "
                                f"{INDEX_NAME}: {want.get('dtype')} of shape "
                                f"{want.get('shape')}", rd.shard, name)
-        buf = bytearray(size - hsize)
+        buf = np.empty(size - hsize, np.uint8)  # not zeroed: every byte is read into it
         have = len(head) - hsize
-        buf[:have] = head[hsize:]
+        buf[:have] = np.frombuffer(head, np.uint8, have, hsize)
         rd.readinto(memoryview(buf)[have:], name)
         if entry is not None:
             want_hash = entry.get("members", {}).get(name)
@@ -791,8 +792,7 @@ class ShardSource:
                 raise _SampleError(f"XXH3-64 {h.hexdigest()} differs from {INDEX_NAME}'s "
                                    f"{want_hash}: damaged", rd.shard, name)
         rd.skip(padded - size, name)
-        arrays[field] = np.frombuffer(buf, dtype=_DESCR[dtype]).reshape(
-            shape, order="F" if fortran else "C")
+        arrays[field] = buf.view(_DESCR[dtype]).reshape(shape, order="F" if fortran else "C")
 
     def _finish(self, shard, key, arrays, fields, bad):
         if bad is not None:
@@ -836,7 +836,8 @@ def from_shards(urls, shuffle=False, seed=0, loop=False, *, config_path=None, co
     urls: a path, a brace pattern (``shards-{000..099}.tar``) or a list.
     shuffle: shard order shuffled by seed (each pass of loop=True anew);
     shuffle_buffer=N also mixes samples within N held samples. verify:
-    checks shards and members against an index.json beside them.
+    checks each shard's size, schema and members' XXH3 against an
+    index.json beside it ("full": the whole file's XXH3 too).
     on_error="skip" drops a bad sample (or the rest of a bad shard), counts
     it and goes on; "raise" (default) stops with a ShardError naming shard
     and member. Only complete samples are ever yielded."""
@@ -850,8 +851,10 @@ def from_shards(urls, shuffle=False, seed=0, loop=False, *, config_path=None, co
         fields = list(get_config(config_path, config)["SAMPLE"])
     elif fields is not None:
         fields = list(fields)
+    if verify not in (True, False, "full"):
+        raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
     return ShardSource(expand_urls(urls), fields, bool(shuffle), seed, bool(loop),
-                       shuffle_buffer, on_error, bool(verify))
+                       shuffle_buffer, on_error, verify)
 
 
 def mix(sources, weights=None, seed=0):

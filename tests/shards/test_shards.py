@@ -387,3 +387,21 @@ def test_export_and_import_memory_bounded_by_a_sample(shm_cfg, tmp_path):
                        ("import", imp["peak_over_base_bytes"])):
         print(f"{what}: peak {peak / 2**20:.0f} MiB over its baseline")
         assert peak < 2.5 * MIB64, f"{what}: {peak / 2**20:.0f} MiB over its baseline"
+
+
+def test_verify_full_checks_the_whole_file(tmp_path):
+    path = _tar(tmp_path / "f.tar", _good("a") + _good("b", counter=1))
+    h = wt._C.Xxh3()
+    h.update(open(path, "rb").read())
+    entry = {"name": "f.tar", "bytes": os.path.getsize(path), "samples": 2, "xxh3": h.hexdigest(),
+             "members": {}}
+    index = {"format": shards.INDEX_FORMAT, "version": 1, "fields": list(FIELDS),
+             "schema": None, "samples": 2, "checksum": "xxh3-64", "shards": [entry]}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    assert len(list(wt.from_shards(path, verify="full"))) == 2
+    raw = bytearray(open(path, "rb").read())
+    raw[-1] ^= 1  # the tar's trailing zero padding: no member holds it
+    open(path, "wb").write(raw)
+    assert len(list(wt.from_shards(path))) == 2
+    with pytest.raises(wt.ShardError, match=r"f\.tar: XXH3-64 .* differs"):
+        list(wt.from_shards(path, verify="full"))
