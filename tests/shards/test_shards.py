@@ -405,3 +405,45 @@ def test_verify_full_checks_the_whole_file(tmp_path):
     assert len(list(wt.from_shards(path))) == 2
     with pytest.raises(wt.ShardError, match=r"f\.tar: XXH3-64 .* differs"):
         list(wt.from_shards(path, verify="full"))
+
+
+def test_cli_export_then_generate_from_shards_in_two_processes(shm_cfg, tmp_path):
+    src = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(2, i, n=16) for i in range(4)), config=src,
+                             quiet=True)
+    assert g.run() == 4
+    g.close()
+    (tmp_path / "src.yaml").write_text(json.dumps(src))
+    cli = [sys.executable, "-m", "wirehead_torch.apps.cli"]
+    env = whlib.env_for_child()
+    r = subprocess.run(cli + ["export", "--config", "src.yaml", "--out", "kept",
+                              "--shard-size", "2KiB"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "4 samples of 1 generations in 4 shards" in r.stdout
+    r = subprocess.run(cli + ["export", "--config", "src.yaml", "--out", "kept"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "holds an export already" in r.stderr
+    dst = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
+    (tmp_path / "dst.yaml").write_text(json.dumps(dst))
+    r = subprocess.run(cli + ["generate", "--config", "dst.yaml", "--procs", "2", "--shards",
+                              "kept/shards-{000000..000003}.tar"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("pushed 2 samples") == 2  # every shard read once
+    st = whlib.open_store(dst)
+    gen = st.wait_generation(0, 10.0)
+    ids = sorted(int(np.from_dlpack(st.read(gen, p)[0])[1]) for p in range(4))
+    st.close()
+    assert ids == [0, 1, 2, 3]
+
+
+def test_bfloat16_is_refused_by_export_with_its_reason(shm_cfg, tmp_path):
+    torch = pytest.importorskip("torch")
+    cfg = shm_cfg(swap_cap=1, sample=("x",), SELF_SEAL=True)
+    g = wt.WireheadGenerator([(torch.ones(4, dtype=torch.bfloat16),)], config=cfg, quiet=True)
+    assert g.run() == 1
+    g.close()
+    with pytest.raises(wt.ShardError, match="bfloat16 has no .npy form"):
+        wt.export_shards(str(tmp_path / "b"), config=cfg)
+    assert not [n for n in os.listdir(tmp_path / "b") if n.endswith(".tar")]
