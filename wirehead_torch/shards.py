@@ -172,8 +172,8 @@ def parse_npy(head, member_size, shard, member):
                            f"little-endian numeric and bool arrays ({', '.join(sorted(_DESCR))});"
                            f" object arrays (pickles) are never read", shard, member)
     if not isinstance(fortran, bool) or not isinstance(shape, tuple) or \
-            len(shape) > _C.MAX_NDIM or \
-            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            len(shape) > _C.MAX_NDIM or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape):
         raise _SampleError(f".npy header: bad fortran_order or shape {shape!r} (at most "
                            f"{_C.MAX_NDIM} non-negative dims)", shard, member)
     nbytes = np.dtype(descr).itemsize
@@ -521,7 +521,7 @@ def _members(rd):
             raise ShardError(f"tar header at offset {rd.offset - _BLOCK} fails its checksum "
                              f"(not a tar file, or damaged)", rd.shard)
         name = h[0:100].split(b"\0", 1)[0]
-        if h[257:262] == b"ustar" and h[345]:
+        if h[257:263] == b"ustar\0" and h[345]:  # POSIX ustar only: old GNU keeps times there
             name = h[345:500].split(b"\0", 1)[0] + b"/" + name
         name = name.decode("utf-8", "replace")
         if pending_name is not None:

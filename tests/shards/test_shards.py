@@ -447,3 +447,30 @@ def test_bfloat16_is_refused_by_export_with_its_reason(shm_cfg, tmp_path):
     with pytest.raises(wt.ShardError, match="bfloat16 has no .npy form"):
         wt.export_shards(str(tmp_path / "b"), config=cfg)
     assert not [n for n in os.listdir(tmp_path / "b") if n.endswith(".tar")]
+
+
+def test_hostile_npy_headers(tmp_path):
+    def npy(header, data=b""):
+        text = header.encode("latin1")
+        text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + data
+
+    for header, data, what in [
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2**60), }", b"", "literal"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (0, %d), }" % 2**60, b"", "shape"),
+            ("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", b"\0" * 8, "pickle"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", b"\0" * 15, "16 bytes"),
+            ("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4, "'>f4'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", b"\0" * 4,
+             "exactly"),
+            ("__import__('os').system('true')", b"", "literal"),
+            ("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }", b"\0" * 4, "fortran")]:
+        path = _tar(tmp_path / "h.tar", _good("a") + [("b.id.npy", npy(header, data))] +
+                    _good("b", counter=1)[1:])
+        with pytest.raises(wt.ShardError, match=what) as e:
+            _read(path)
+        assert e.value.member == "b.id.npy"
+    raw = _npy(np.zeros(2, np.int64))
+    path = _tar(tmp_path / "v.tar", _good("a") + [("b.id.npy", raw[:6] + b"\x07" + raw[7:])])
+    with pytest.raises(wt.ShardError, match="version 7"):
+        _read(path)
