@@ -783,12 +783,15 @@ class ShardSource:
         have = len(head) - hsize
         buf[:have] = np.frombuffer(head, np.uint8, have, hsize)
         rd.readinto(memoryview(buf)[have:], name)
-        if entry is not None:
-            want_hash = entry.get("members", {}).get(name)
+        if entry is not None and entry.get("members"):
+            want_hash = entry["members"].get(name)
+            if want_hash is None:
+                raise _SampleError(f"member not listed in {INDEX_NAME}: damaged or added",
+                                   rd.shard, name)
             h = _C.Xxh3()
             h.update(head[:hsize])
             h.update(buf)
-            if want_hash is not None and h.hexdigest() != want_hash:
+            if h.hexdigest() != want_hash:
                 raise _SampleError(f"XXH3-64 {h.hexdigest()} differs from {INDEX_NAME}'s "
                                    f"{want_hash}: damaged", rd.shard, name)
         rd.skip(padded - size, name)
