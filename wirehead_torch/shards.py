@@ -205,6 +205,7 @@ class _ShardWriter:
         self._tmp = None
         self._entry = None
         self._hash = None
+        self._partial = False
         self._mtime = int(time.time())
 
     def _open(self):
@@ -234,6 +235,7 @@ class _ShardWriter:
         if self._f is None:
             self._open()
         key = f"g{gen:020d}-p{pos:05d}"
+        self._partial = True  # until the sample's last member is written
         for field, (dtype, shape, buf) in zip(self.index["fields"], arrays):
             name = f"{key}.{field}.npy"
             head = npy_header(dtype, shape)
@@ -248,6 +250,7 @@ class _ShardWriter:
             if pad:
                 self._write(b"\0" * pad)
             self._entry["members"][name] = member_hash.hexdigest()
+        self._partial = False
         self._note_schema(arrays)
         self._entry["samples"] += 1
         self.index["samples"] += 1
@@ -292,9 +295,18 @@ class _ShardWriter:
         finally:
             os.close(fd)
 
+    def finish(self):
+        """Completes the shard being written; one holding part of a sample
+        (an error in the middle of writing it: a full disk) is dropped
+        instead, so every shard on disk holds whole samples only."""
+        if self._partial:
+            self._partial = False
+            self.abandon()
+        self.close_shard()
+
     def abandon(self):
-        """Drops an unfinished shard (an error in the middle of a sample)."""
         if self._f is not None:
+            self.index["samples"] -= self._entry["samples"]
             self._f.close()
             self._f = None
             os.unlink(self._tmp)
@@ -386,9 +398,9 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                     break
                 if generations is not None and done_gens >= generations:
                     break
-        w.close_shard()
+        w.finish()
     except BaseException:
-        w.close_shard()  # every sample added is whole: keep them
+        w.finish()  # the whole samples written so far stay
         raise
     finally:
         store_handle.close()

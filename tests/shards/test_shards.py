@@ -524,3 +524,27 @@ def test_random_damage_is_a_shard_error_or_whole_samples(tmp_path):
                     assert not verified, f"damage {i} went unseen with member checksums"
                     counts["unseen"] += 1
     assert counts["error"] > 200
+
+
+def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeypatch):
+    cfg = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(6, i, n=16) for i in range(4)), config=cfg,
+                             quiet=True)
+    assert g.run() == 4
+    g.close()
+    real = shards._ShardWriter._write
+
+    def failing(self, data):
+        # one sample per shard (2 KiB): the third sample's second member fails
+        if self._entry["samples"] == 0 and len(self.index["shards"]) == 2 and \
+                len(self._entry["members"]) == 1:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+    monkeypatch.setattr(shards._ShardWriter, "_write", failing)
+    out = tmp_path / "full"
+    with pytest.raises(OSError, match="No space"):
+        wt.export_shards(str(out), config=cfg, shard_size="2KiB")
+    assert sorted(os.listdir(out)) == ["index.json", "shards-000000.tar", "shards-000001.tar"]
+    with open(out / "index.json") as f:
+        assert json.load(f)["samples"] == 2
+    assert [int(s[0][1]) for s in wt.from_shards(_tars(str(out)), fields=FIELDS)] == [0, 1]
