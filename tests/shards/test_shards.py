@@ -78,6 +78,7 @@ def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+@pytest.mark.asan
 def test_export_import_every_byte_equal(store_cfg, shm_cfg, tmp_path):
     src = store_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
     feeder = _Feeder(src, _paced(3, pause=0.01))
@@ -389,6 +390,7 @@ def test_export_and_import_memory_bounded_by_a_sample(shm_cfg, tmp_path):
         assert peak < 2.5 * MIB64, f"{what}: {peak / 2**20:.0f} MiB over its baseline"
 
 
+@pytest.mark.asan
 def test_verify_full_checks_the_whole_file(tmp_path):
     path = _tar(tmp_path / "f.tar", _good("a") + _good("b", counter=1))
     h = wt._C.Xxh3()
@@ -449,6 +451,7 @@ def test_bfloat16_is_refused_by_export_with_its_reason(shm_cfg, tmp_path):
     assert not [n for n in os.listdir(tmp_path / "b") if n.endswith(".tar")]
 
 
+@pytest.mark.asan
 def test_hostile_npy_headers(tmp_path):
     def npy(header, data=b""):
         text = header.encode("latin1")
@@ -476,6 +479,7 @@ def test_hostile_npy_headers(tmp_path):
         _read(path)
 
 
+@pytest.mark.asan
 def test_random_damage_is_a_shard_error_or_whole_samples(tmp_path):
     """Bytes flipped, cut or inserted anywhere in a shard: the reader yields
     whole samples, or stops (or skips) with a ShardError; never another
