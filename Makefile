@@ -153,6 +153,8 @@ $(TORCH2_VENV)/.stamp: .deps/debian.stamp
 	touch $@
 
 test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
+	# a venv made before tests/shards needed it (the stamp above does not redo installs)
+	$(T2_PY) -c 'import webdataset' 2>/dev/null || $(T2_PY) -m pip install -q 'webdataset==1.0.2'
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
 	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
 
