@@ -39,6 +39,7 @@ _NPY_HEADER_MAX = 1 << 16  # far above any header of <= MAX_NDIM dims
 _PAX_MAX = 1 << 20  # a pax or GNU long-name record larger than this is refused
 _NAME_MAX = 4096
 _READ_CHUNK = 8 << 20
+_WAIT_NOTE_EVERY = 10.0  # seconds between an export's notes on what it waits for
 
 # store dtype name <-> .npy descr (little-endian; one-byte types say '|')
 _DESCR = {"bool": "|b1", "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2",
@@ -343,8 +344,11 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
             raise ValueError(f"{what} must be a positive integer, got {v!r}")
     if generations is None and samples is None:
         generations = 1
-    limit = parse_bytes(shard_size, key="shard_size", where="export") \
-        if isinstance(shard_size, str) else int(shard_size)
+    try:
+        limit = parse_bytes(shard_size, key="shard_size", where="export")
+    except ValueError:
+        raise ValueError(f"shard_size must be a byte count like 1073741824 or '1GiB', got "
+                         f"{shard_size!r}") from None
     if limit < _BLOCK * 4:
         raise ValueError(f"shard_size {shard_size!r} is too small (at least 2 KiB)")
     fields = list(cfg["SAMPLE"])
@@ -415,18 +419,25 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
 def _wait_generation(store, cfg, timeout, newer_than, stop):
     """The newest sealed generation newer than newer_than, waiting up to
     timeout (None when stopped first); torch-free, unlike the readers'."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    note = start + _WAIT_NOTE_EVERY
+    what = "sealed generation" if not newer_than else f"generation newer than {newer_than}"
     while not stop:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
+        if now >= note:
+            note = now + _WAIT_NOTE_EVERY
+            log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s", now - start,
+                        timeout, what, redact(cfg["STORE"]))
         try:
             return store.wait_generation(newer_than, max(0.0, min(left, 1.0)))
         except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError):
             if left <= 0:
-                what = "a first sealed generation" if not newer_than else \
-                    f"a generation newer than {newer_than}"
-                raise TimeoutError(f"export: no {what} in {redact(cfg['STORE'])} after "
-                                   f"{timeout:g}s; are generators running (and sealing, or a "
-                                   f"manager)? (timeout=, or READ_TIMEOUT)") from None
+                raise TimeoutError(f"no {what} in {redact(cfg['STORE'])} after {timeout:g}s: "
+                                   f"are generators running, and sealing (SELF_SEAL, or a "
+                                   f"manager)? Wait longer with timeout= (--timeout) or "
+                                   f"READ_TIMEOUT") from None
     return None
 
 

@@ -552,3 +552,18 @@ def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeyp
     with open(out / "index.json") as f:
         assert json.load(f)["samples"] == 2
     assert [int(s[0][1]) for s in wt.from_shards(_tars(str(out)), fields=FIELDS)] == [0, 1]
+
+
+def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    with pytest.raises(TimeoutError, match=r"no sealed generation in shm://.* after 0\.5s: are "
+                                           r"generators running"):
+        wt.export_shards(str(tmp_path / "a"), config=cfg, timeout=0.5)
+    with pytest.raises(ValueError, match="shard_size must be a byte count"):
+        wt.export_shards(str(tmp_path / "b"), config=cfg, shard_size="lots")
+    with pytest.raises(ValueError, match="not both"):
+        wt.export_shards(str(tmp_path / "c"), config=cfg, generations=1, samples=2)
+    with pytest.raises(ValueError, match="on_error"):
+        wt.from_shards("x.tar", on_error="ignore")
+    with pytest.raises(wt.ShardError, match="only local paths"):
+        wt.from_shards("https://host/shards-{0..3}.tar")
