@@ -567,3 +567,29 @@ def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
         wt.from_shards("x.tar", on_error="ignore")
     with pytest.raises(wt.ShardError, match="only local paths"):
         wt.from_shards("https://host/shards-{0..3}.tar")
+
+
+def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg))
+    feeder = _Feeder(cfg, _paced(8, pause=0.005))
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "wirehead_torch.apps.cli", "export",
+                                  "--config", "c.yaml", "--out", "kept", "--generations",
+                                  "1000000", "--shard-size", "8KiB"], cwd=tmp_path,
+                                 env=whlib.env_for_child(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        whlib.until(lambda: len(_tars(str(tmp_path / "kept"))) >= 3
+                    if (tmp_path / "kept").is_dir() else False, 30, "three shards")
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    finally:
+        feeder.close()
+    assert child.returncode == 0, err
+    kept = tmp_path / "kept"
+    with open(kept / "index.json") as f:
+        index = json.load(f)
+    assert sorted(os.listdir(kept)) == sorted(["index.json"] +
+                                              [s["name"] for s in index["shards"]])
+    src = wt.from_shards(_tars(str(kept)), verify="full")
+    assert sum(1 for _ in src) == index["samples"] > 0
