@@ -52,6 +52,8 @@ deps: .deps/debian.stamp
 	# raw PyMongo baseline of benchmarks/bench_mongo.py; 4.13 is the last that
 	# speaks the test server's wire version 8
 	$(PY) -c 'import pymongo' 2>/dev/null || $(PIP) install -q 'pymongo==4.13.2'
+	# tests/shards: WebDataset reads our shards and writes shards we read
+	$(PY) -c 'import webdataset' 2>/dev/null || $(PIP) install -q 'webdataset==1.0.2'
 	# the Python linter of `make lint` (pinned: a newer ruff may add rules)
 	$(PY) -m ruff --version 2>/dev/null | grep -qx 'ruff $(RUFF_VERSION)' || $(PIP) install -q 'ruff==$(RUFF_VERSION)'
 	# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66
@@ -147,10 +149,12 @@ T2_PY := $(TORCH2_VENV)/bin/python
 $(TORCH2_VENV)/.stamp: .deps/debian.stamp
 	test -x $(T2_PY) || /usr/bin/python3 -m venv $(TORCH2_VENV)
 	$(T2_PY) -m pip install -q 'torch==$(TORCH2_VERSION)' 'lightning==$(LIGHTNING_VERSION)' \
-	  numpy pyyaml pytest matplotlib
+	  numpy pyyaml pytest matplotlib 'webdataset==1.0.2'
 	touch $@
 
 test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
+	# a venv made before tests/shards needed it (the stamp above does not redo installs)
+	$(T2_PY) -c 'import webdataset' 2>/dev/null || $(T2_PY) -m pip install -q 'webdataset==1.0.2'
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
 	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
 

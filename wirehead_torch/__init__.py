@@ -38,6 +38,7 @@ from .admin import clean, status  # noqa: E402
 from .config import Config, ConfigError, load_config  # noqa: E402
 from .generator import WireheadGenerator  # noqa: E402
 from .manager import WireheadManager  # noqa: E402
+from .shards import ShardError, export_shards, from_shards, mix  # noqa: E402
 
 # The readers need torch (the map-style ones also run without it, with
 # output="numpy"); generators, the manager and the CLI do not, so readers are
@@ -78,4 +79,5 @@ __all__ = [
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",
     "StoreNotCreatedError",
     "LeaseLostError", "PinLimitError", "CudaError",
+    "export_shards", "from_shards", "mix", "ShardError",
 ]

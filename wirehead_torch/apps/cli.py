@@ -1,5 +1,5 @@
 """The ``wirehead-torch`` command: manager, status, clean, monitor, demo, and
-the batch-job entry points generate and train."""
+the batch-job entry points generate, export and train."""
 import argparse
 import json
 import logging
@@ -168,7 +168,7 @@ def main(argv=None):
         args = p.parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
         try:
-            if args.cmd in ("generate", "train"):
+            if args.cmd in ("generate", "train", "export"):
                 return jobs.run(args, argv)
             _default_config(args)
             cmd = {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd]

@@ -2,6 +2,9 @@
 
     wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
                             [--seconds T] [--seed S] [--size 32] [--labels 8]
+    wirehead-torch generate --config C --shards PATTERN... [--loop] [--procs N] [--seed S]
+    wirehead-torch export   --config C --out DIR [--generations N | --samples N]
+                            [--shard-size 1GiB]
     wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
 
 `generate` runs N generator processes of one generator function and exits 0
@@ -74,16 +77,26 @@ def _generate_one(a):
     from ..generator import WireheadGenerator
     seed = None if a.seed is None else a.seed + a.index
     deadline = None if a.seconds is None else time.monotonic() + a.seconds
-    gen = WireheadGenerator(_until(deadline, load_generator(a.gen_module, seed, a.size,
-                                                            a.labels)),
-                            config_path=a.config)
+    if a.shards:
+        from ..shards import expand_urls, from_shards
+        # N processes read every N-th shard each, so no sample goes in twice
+        mine = expand_urls(a.shards)[a.index % a.procs_total::a.procs_total]
+        if not mine:
+            raise ValueError(f"--shards {' '.join(a.shards)}: no shard left for process "
+                             f"{a.index} of {a.procs_total}; use fewer --procs")
+        source = from_shards(mine, shuffle=seed is not None, seed=seed or 0, loop=a.loop,
+                             config_path=a.config)
+    else:
+        source = load_generator(a.gen_module, seed, a.size, a.labels)
+    gen = WireheadGenerator(_until(deadline, source), config_path=a.config)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
         t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
         t.daemon = True
         t.start()
-    print(f"generator {a.index} pid {os.getpid()}: started ({a.gen_module}, seed {seed})",
+    what = f"shards {' '.join(a.shards)}" if a.shards else a.gen_module
+    print(f"generator {a.index} pid {os.getpid()}: started ({what}, seed {seed})",
           flush=True)
     t0 = time.monotonic()
     n = gen.run()
@@ -101,7 +114,7 @@ def _generate(a, argv):
     # N children of this command; SIGTERM/SIGINT is passed on to each, which
     # finishes its sample and exits 0.
     base = [sys.executable, "-m", "wirehead_torch.apps.cli", "generate"]
-    rest = _drop_opt(argv, "--procs") + ["--procs", "1"]
+    rest = _drop_opt(argv, "--procs") + ["--procs", "1", "--procs-total", str(a.procs)]
     kids = [subprocess.Popen(base + rest + ["--index", str(a.index + i)])
             for i in range(a.procs)]
 
@@ -289,7 +302,23 @@ def parser(sub):
                    help="seed of the first process (the others: +1, +2, ...)")
     g.add_argument("--size", type=int, default=32, help="synth: volume edge")
     g.add_argument("--labels", type=int, default=8, help="synth: label classes")
+    g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
+                   help="read samples from tar shards (paths or brace patterns, e.g. "
+                        "'out/shards-{000000..000009}.tar') instead of --gen-module")
+    g.add_argument("--loop", action="store_true", help="--shards: read them again and again")
     g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    g.add_argument("--procs-total", type=int, default=1, help=argparse.SUPPRESS)
+    e = sub.add_parser("export", help="write sealed generations as tar shards (WebDataset)")
+    e.add_argument("--config", default="config.yaml",
+                   help="the store's config file (default: config.yaml)")
+    e.add_argument("--out", required=True, help="directory for the shards and index.json")
+    n = e.add_mutually_exclusive_group()
+    n.add_argument("--generations", type=int, default=None,
+                   help="whole generations to write (default 1)")
+    n.add_argument("--samples", type=int, default=None, help="samples to write")
+    e.add_argument("--shard-size", default="1GiB", help="bytes per shard (default 1GiB)")
+    e.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for each generation (default READ_TIMEOUT)")
     t = sub.add_parser("train", help="one training rank of the demo's 3D U-Net")
     t.add_argument("--config", default=None, help="store config (not needed with --inline)")
     t.add_argument("--seconds", type=float, default=None,
@@ -308,7 +337,14 @@ def parser(sub):
 
 
 def run(args, argv):
-    """Runs a parsed `generate` or `train` command; returns the exit status."""
+    """Runs a parsed `generate`, `export` or `train` command; returns the
+    exit status."""
+    if args.cmd == "export":
+        from ..shards import export_shards
+        export_shards(args.out, config_path=args.config, generations=args.generations,
+                      samples=args.samples, shard_size=args.shard_size, timeout=args.timeout,
+                      quiet=False)
+        return 0
     if args.cmd == "generate":
         if args.procs < 1:
             raise ValueError("--procs must be >= 1")

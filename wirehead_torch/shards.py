@@ -1,0 +1,910 @@
+"""Sealed generations to and from tar shards in the WebDataset layout
+(docs/shards.md).
+
+A shard is a plain ustar archive; each sample is one member per SAMPLE field,
+``g<generation>-p<position>.<field>.npy``, in SAMPLE order, each a NumPy
+``.npy`` file (format 1.0) of the field's exact stored dtype and shape.
+``index.json`` beside the shards names the fields, their dtypes and shapes,
+the sample count and an XXH3-64 checksum of every shard and member.
+
+The tar headers and ``.npy`` headers are written and parsed here, with every
+size bounded and checked, so a damaged or hostile shard is an error naming
+the shard and the member, never a crash, a pickle or a partial sample."""
+import ast
+import json
+import logging
+import os
+import random
+import re
+import time
+
+import numpy as np
+
+from . import _C
+from ._store import ProcessStore, StopFlag
+from .config import get_config, parse_bytes, redact
+
+log = logging.getLogger("wirehead_torch")
+
+__all__ = ["export_shards", "from_shards", "mix", "expand_urls", "ShardError", "ShardSource"]
+
+INDEX_NAME = "index.json"
+INDEX_FORMAT = "wirehead_torch shards"
+SUPPORTED_MEMBERS = ".npy (NumPy arrays of a numeric or bool dtype)"
+
+_BLOCK = 512
+_END = b"\0" * (2 * _BLOCK)
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_MAX = 1 << 16  # far above any header of <= MAX_NDIM dims
+_PAX_MAX = 1 << 20  # a pax or GNU long-name record larger than this is refused
+_NAME_MAX = 4096
+_READ_CHUNK = 8 << 20
+_WAIT_NOTE_EVERY = 10.0  # seconds between an export's notes on what it waits for
+
+# store dtype name <-> .npy descr (little-endian; one-byte types say '|')
+_DESCR = {"bool": "|b1", "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2",
+          "uint32": "<u4", "int32": "<i4", "uint64": "<u8", "int64": "<i8", "float16": "<f2",
+          "float32": "<f4", "float64": "<f8", "complex64": "<c8", "complex128": "<c16"}
+_FROM_DESCR = {v: k for k, v in _DESCR.items()}
+_FROM_DESCR.update({"<b1": "bool", "<u1": "uint8", "<i1": "int8", "=b1": "bool",
+                    "=u1": "uint8", "=i1": "int8"})
+_KEY_RE = re.compile(r"g(\d+)-p(\d+)$")
+
+
+class ShardError(_C.WireheadError, ValueError):
+    """A shard that cannot be read or written as asked; ``shard`` and
+    ``member`` name where (None where it does not apply)."""
+
+    def __init__(self, message, shard=None, member=None):
+        where = ""
+        if shard is not None:
+            where = f"shard {shard}" + (f", member {member!r}" if member is not None else "")
+            where += ": "
+        super().__init__(where + message)
+        self.shard = shard
+        self.member = member
+
+
+class _SampleError(ShardError):
+    """Bad bytes inside one sample; the archive around it is intact, so
+    on_error="skip" drops just that sample."""
+
+
+# --------------------------------------------------------------------------
+# .npy and tar headers
+
+
+def npy_header(dtype, shape):
+    """The .npy (format 1.0) header of a C-order array of dtype (a store
+    dtype name) and shape, padded so the data starts 64-byte aligned."""
+    descr = _DESCR.get(dtype)
+    if descr is None:
+        raise ShardError(f"dtype {dtype} has no .npy form (supported: {sorted(_DESCR)})")
+    dims = ", ".join(str(int(d)) for d in shape) + ("," if len(shape) == 1 else "")
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}"
+    total = len(_NPY_MAGIC) + 4 + len(text) + 1
+    text += " " * (-total % 64) + "\n"
+    return _NPY_MAGIC + b"\x01\x00" + len(text).to_bytes(2, "little") + text.encode("latin1")
+
+
+def _octal(value, width):
+    digits = format(value, "o")
+    if len(digits) < width:
+        return digits.rjust(width - 1, "0").encode() + b"\0"
+    # GNU base-256 for sizes past the octal field (8 GiB for the size)
+    return bytes([0x80]) + value.to_bytes(width - 1, "big")
+
+
+def tar_header(name, size, mtime):
+    """A ustar header block of a regular file."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100:
+        raise ShardError(f"member name {name!r} is longer than 100 bytes")
+    h = bytearray(_BLOCK)
+    h[0:len(raw)] = raw
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = _octal(size, 12)
+    h[136:148] = _octal(int(mtime), 12)
+    h[148:156] = b" " * 8
+    h[156:157] = b"0"
+    h[257:263] = b"ustar\0"
+    h[263:265] = b"00"
+    h[148:156] = format(sum(h), "06o").encode() + b"\0 "
+    return bytes(h)
+
+
+def _parse_number(field, what, shard, member):
+    if field[:1] and field[0] & 0x80:  # GNU base-256, positive only
+        if field[0] != 0x80:
+            raise ShardError(f"tar header: negative or oversized {what}", shard, member)
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise ShardError(f"tar header: {what} {bytes(field)!r} is not an octal number",
+                         shard, member) from None
+
+
+def _safe_name(name, shard):
+    if "\0" in name or "\\" in name or name.startswith("/") or len(name) > _NAME_MAX:
+        raise _SampleError("unsafe member name (absolute, a NUL or a backslash, or too long)",
+                           shard, name)
+    parts = name.split("/")
+    if ".." in parts:
+        raise _SampleError("unsafe member name (a '..' component leaves the archive)",
+                           shard, name)
+    return name
+
+
+def parse_npy(head, member_size, shard, member):
+    """(dtype name, shape, fortran, header bytes) of a .npy member whose
+    first bytes are head (at least its whole header)."""
+    if len(head) < 10 or head[:6] != _NPY_MAGIC:
+        raise _SampleError("not a .npy file (no \\x93NUMPY magic)", shard, member)
+    major = head[6]
+    if major == 1:
+        hlen, start = int.from_bytes(head[8:10], "little"), 10
+    elif major in (2, 3):
+        if len(head) < 12:
+            raise _SampleError(".npy header cut short", shard, member)
+        hlen, start = int.from_bytes(head[8:12], "little"), 12
+    else:
+        raise _SampleError(f".npy format version {major} is not 1, 2 or 3", shard, member)
+    if hlen > _NPY_HEADER_MAX or start + hlen > min(len(head), member_size):
+        raise _SampleError(f".npy header of {hlen} bytes does not fit the member of "
+                           f"{member_size} bytes", shard, member)
+    try:
+        text = bytes(head[start:start + hlen]).decode("utf-8" if major == 3 else "latin1")
+        d = ast.literal_eval(text)
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        raise _SampleError(".npy header is not a Python literal", shard, member) from None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        raise _SampleError(".npy header must hold exactly descr, fortran_order and shape",
+                           shard, member)
+    descr, fortran, shape = d["descr"], d["fortran_order"], d["shape"]
+    dtype = _FROM_DESCR.get(descr) if isinstance(descr, str) else None
+    if dtype is None:
+        raise _SampleError(f".npy dtype {descr!r} is not supported: wirehead_torch stores "
+                           f"little-endian numeric and bool arrays ({', '.join(sorted(_DESCR))});"
+                           f" object arrays (pickles) are never read", shard, member)
+    if not isinstance(fortran, bool) or not isinstance(shape, tuple) or \
+            len(shape) > _C.MAX_NDIM or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape):
+        raise _SampleError(f".npy header: bad fortran_order or shape {shape!r} (at most "
+                           f"{_C.MAX_NDIM} non-negative dims)", shard, member)
+    nbytes = np.dtype(descr).itemsize
+    for x in shape:
+        nbytes *= x
+    if start + hlen + nbytes != member_size:
+        raise _SampleError(f".npy data of shape {shape} {dtype} is {nbytes} bytes, the member "
+                           f"holds {member_size - start - hlen}", shard, member)
+    return dtype, shape, fortran, start + hlen
+
+
+# --------------------------------------------------------------------------
+# export
+
+
+class _ShardWriter:
+    """Writes shards DIR/PREFIX-NNNNNN.tar, each to a temporary name, fsynced
+    and renamed when complete; index.json is rewritten (atomically) after
+    every shard, so a killed export leaves complete shards and their index."""
+
+    def __init__(self, out, shard_size, fields, prefix="shards"):
+        self.out = out
+        self.shard_size = shard_size
+        self.prefix = prefix
+        self.index = {"format": INDEX_FORMAT, "version": 1, "fields": list(fields),
+                      "schema": None, "samples": 0, "generations": [], "checksum": "xxh3-64",
+                      "shards": []}
+        self._f = None
+        self._tmp = None
+        self._entry = None
+        self._hash = None
+        self._partial = False
+        self._mtime = int(time.time())
+
+    def _open(self):
+        n = len(self.index["shards"])
+        name = f"{self.prefix}-{n:06d}.tar"
+        self._tmp = os.path.join(self.out, f".{name}.tmp")
+        self._f = open(self._tmp, "wb", buffering=0)
+        self._hash = _C.Xxh3()
+        self._entry = {"name": name, "bytes": 0, "samples": 0, "xxh3": None, "members": {}}
+
+    def _write(self, data):
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self._entry["bytes"] += view.nbytes
+        while view:
+            n = self._f.write(view)
+            view = view[n:]
+
+    def add(self, gen, pos, arrays):
+        """One sample: arrays are (dtype name, shape, C-contiguous buffer)
+        in SAMPLE order."""
+        size = sum(_BLOCK + len(npy_header(d, s)) + b.nbytes + (-b.nbytes) % _BLOCK
+                   for d, s, b in arrays)  # npy headers are 64-aligned: padding is the data's
+        if self._f is not None and self._entry["samples"] and \
+                self._entry["bytes"] + size + len(_END) > self.shard_size:
+            self.close_shard()
+        if self._f is None:
+            self._open()
+        key = f"g{gen:020d}-p{pos:05d}"
+        self._partial = True  # until the sample's last member is written
+        for field, (dtype, shape, buf) in zip(self.index["fields"], arrays):
+            name = f"{key}.{field}.npy"
+            head = npy_header(dtype, shape)
+            data = memoryview(buf).cast("B")
+            total = len(head) + data.nbytes
+            member_hash = _C.Xxh3()
+            member_hash.update(head)
+            member_hash.update(data)
+            self._write(tar_header(name, total, self._mtime) + head)
+            self._write(data)
+            pad = -total % _BLOCK
+            if pad:
+                self._write(b"\0" * pad)
+            self._entry["members"][name] = member_hash.hexdigest()
+        self._partial = False
+        self._note_schema(arrays)
+        self._entry["samples"] += 1
+        self.index["samples"] += 1
+        if not self.index["generations"] or self.index["generations"][-1] != gen:
+            self.index["generations"].append(gen)
+
+    def _note_schema(self, arrays):
+        seen = [{"dtype": d, "shape": list(s)} for d, s, _ in arrays]
+        if self.index["schema"] is None:
+            self.index["schema"] = dict(zip(self.index["fields"], seen))
+            return
+        for field, now in zip(self.index["fields"], seen):
+            had = self.index["schema"][field]
+            if had["dtype"] != now["dtype"]:
+                had["dtype"] = None  # varies between samples
+            if had["shape"] is not None and had["shape"] != now["shape"]:
+                had["shape"] = None
+
+    def close_shard(self):
+        if self._f is None:
+            return
+        self._write(_END)
+        os.fsync(self._f.fileno())
+        self._f.close()
+        self._f = None
+        self._entry["xxh3"] = self._hash.hexdigest()
+        final = os.path.join(self.out, self._entry["name"])
+        os.rename(self._tmp, final)
+        self.index["shards"].append(self._entry)
+        self._write_index()
+
+    def _write_index(self):
+        tmp = os.path.join(self.out, f".{INDEX_NAME}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.index, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, os.path.join(self.out, INDEX_NAME))
+        fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def finish(self):
+        """Completes the shard being written; one holding part of a sample
+        (an error in the middle of writing it: a full disk) is dropped
+        instead, so every shard on disk holds whole samples only."""
+        if self._partial:
+            self._partial = False
+            self.abandon()
+        self.close_shard()
+
+    def abandon(self):
+        if self._f is not None:
+            self.index["samples"] -= self._entry["samples"]
+            self._f.close()
+            self._f = None
+            os.unlink(self._tmp)
+
+
+def _prepare_out(out, prefix):
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if name == INDEX_NAME or (name.startswith(prefix + "-") and name.endswith(".tar")):
+            raise ShardError(f"{out} holds an export already ({name}); give an empty or new "
+                             f"directory")
+    for name in os.listdir(out):  # a killed export's unfinished shard or index
+        if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
+                name == f".{INDEX_NAME}.tmp":
+            os.unlink(os.path.join(out, name))
+
+
+def export_shards(out, config_path=None, config=None, *, generations=None, samples=None,
+                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True):
+    """Writes sealed generations of the store as tar shards into directory
+    out (docs/shards.md); returns the index (a dict, also out/index.json).
+
+    Starts at the newest sealed generation, exports every position of it
+    through the store's verified read path, then waits (up to ``timeout``,
+    default READ_TIMEOUT) for the next newer one, until ``generations``
+    whole generations (default 1) or exactly ``samples`` samples are
+    written. A sample is held in memory one at a time. SIGTERM/SIGINT end
+    the export after the current sample, with the shards so far complete."""
+    cfg = get_config(config_path, config)
+    if generations is not None and samples is not None:
+        raise ValueError("give generations= or samples=, not both")
+    for what, v in (("generations", generations), ("samples", samples)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    if generations is None and samples is None:
+        generations = 1
+    try:
+        limit = parse_bytes(shard_size, key="shard_size", where="export")
+    except ValueError:
+        raise ValueError(f"shard_size must be a byte count like 1073741824 or '1GiB', got "
+                         f"{shard_size!r}") from None
+    if limit < _BLOCK * 4:
+        raise ValueError(f"shard_size {shard_size!r} is too small (at least 2 KiB)")
+    fields = list(cfg["SAMPLE"])
+    for f in fields:
+        if "/" in f or not f.isprintable():
+            raise ShardError(f"SAMPLE field {f!r} cannot name a tar member (a '/' or an "
+                             f"unprintable character)")
+    timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
+    _prepare_out(out, prefix)
+    store_handle = ProcessStore(cfg)  # opened as the readers open it
+    w = _ShardWriter(out, limit, fields, prefix)
+    say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
+    done_gens = moved = corrupt = 0
+    last = 0
+    try:
+        with StopFlag() as stop:
+            store = store_handle.get()
+            swap_cap = store.swap_cap
+            while not stop:
+                gen = _wait_generation(store, cfg, timeout, last, stop)
+                if gen is None:
+                    break
+                pos = 0
+                while pos < swap_cap and not stop:
+                    try:
+                        got, gpos, _pad, arrs, _sk = store.read_sample(gen, pos, None, timeout,
+                                                                       False)
+                    except _C.CorruptSampleError as e:
+                        corrupt += 1
+                        log.warning("wirehead export: generation %d position %d not exported: "
+                                    "%s", gen, pos, e)
+                        pos += 1
+                        continue
+                    if got != gen:  # reclaimed under us: start over on the newer one
+                        moved += 1
+                        log.warning("wirehead export: generation %d was reclaimed after %d of "
+                                    "%d positions; going on with generation %d", gen, pos,
+                                    swap_cap, got)
+                        gen, pos = got, 0
+                        continue
+                    w.add(gen, gpos, [(a.dtype, a.shape, _bytes_of(a)) for a in arrs])
+                    del arrs
+                    pos += 1
+                    if samples is not None and w.index["samples"] >= samples:
+                        break
+                last = gen
+                if pos >= swap_cap:
+                    done_gens += 1
+                    say(f"generation {gen} written ({w.index['samples']} samples so far)")
+                if samples is not None and w.index["samples"] >= samples:
+                    break
+                if generations is not None and done_gens >= generations:
+                    break
+        w.finish()
+    except BaseException:
+        w.finish()  # the whole samples written so far stay
+        raise
+    finally:
+        store_handle.close()
+    w.index["reclaimed_during_export"] = moved
+    w.index["corrupt_skipped"] = corrupt
+    w._write_index()
+    say(f"{w.index['samples']} samples of {len(w.index['generations'])} generations in "
+        f"{len(w.index['shards'])} shards under {out}")
+    return w.index
+
+
+def _wait_generation(store, cfg, timeout, newer_than, stop):
+    """The newest sealed generation newer than newer_than, waiting up to
+    timeout (None when stopped first); torch-free, unlike the readers'."""
+    start = time.monotonic()
+    deadline = start + timeout
+    note = start + _WAIT_NOTE_EVERY
+    what = "sealed generation" if not newer_than else f"generation newer than {newer_than}"
+    while not stop:
+        now = time.monotonic()
+        left = deadline - now
+        if now >= note:
+            note = now + _WAIT_NOTE_EVERY
+            log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s", now - start,
+                        timeout, what, redact(cfg["STORE"]))
+        try:
+            return store.wait_generation(newer_than, max(0.0, min(left, 1.0)))
+        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError):
+            if left <= 0:
+                raise TimeoutError(f"no {what} in {redact(cfg['STORE'])} after {timeout:g}s: "
+                                   f"are generators running, and sealing (SELF_SEAL, or a "
+                                   f"manager)? Wait longer with timeout= (--timeout) or "
+                                   f"READ_TIMEOUT") from None
+    return None
+
+
+def _bytes_of(arr):
+    """The C-contiguous bytes of a store Array (bfloat16 as its raw bits)."""
+    if arr.dtype == "bfloat16":
+        raise ShardError("field of dtype bfloat16 has no .npy form (NumPy has no bfloat16); "
+                         "store it as float32 or its raw bits as int16 to export it")
+    return np.from_dlpack(arr)
+
+
+# --------------------------------------------------------------------------
+# import
+
+
+def expand_urls(urls):
+    """A list of local shard paths from a path, a brace pattern
+    (``shards-{000..099}.tar``, ``{a,b}``) or a list of them."""
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [urls]
+    out = []
+    for u in urls:
+        u = os.fspath(u)
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", u) and not os.path.exists(u):
+            raise ShardError(f"{u!r}: only local paths are read (no URLs or pipes)")
+        out.extend(_brace(u))
+    if not out:
+        raise ShardError("no shards given")
+    return out
+
+
+def _brace(s):
+    m = re.search(r"\{([^{}]*)\}", s)
+    if m is None:
+        return [s]
+    head, body, tail = s[:m.start()], m.group(1), s[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = int(r.group(1)), int(r.group(2))
+        width = len(r.group(1)) if r.group(1).startswith("0") else 0
+        if hi - lo > 1_000_000:
+            raise ShardError(f"brace range {{{body}}} names more than a million shards")
+        step = 1 if hi >= lo else -1
+        items = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    else:
+        items = body.split(",")
+    return [x for it in items for x in _brace(head + it + tail)]
+
+
+class _Reader:
+    """Reads one shard member by member from a binary file, bounded by the
+    file's size, feeding every byte to the shard checksum when asked."""
+
+    def __init__(self, f, shard, size, hasher):
+        self.f, self.shard, self.size, self.hasher = f, shard, size, hasher
+        self.offset = 0
+
+    def read_exact(self, n, member=None):
+        if n > self.size - self.offset:
+            raise ShardError(f"truncated: {n} bytes wanted at offset {self.offset}, the file "
+                             f"has {self.size}", self.shard, member)
+        buf = bytearray(n)
+        self.readinto(memoryview(buf), member)
+        return buf
+
+    def readinto(self, view, member=None):
+        want = view.nbytes
+        if want > self.size - self.offset:
+            raise ShardError(f"truncated: {want} bytes wanted at offset {self.offset}, the "
+                             f"file has {self.size}", self.shard, member)
+        got = 0
+        while got < want:
+            n = self.f.readinto(view[got:got + _READ_CHUNK])
+            if not n:
+                raise ShardError(f"truncated: the file ended at offset {self.offset + got}",
+                                 self.shard, member)
+            got += n
+        if self.hasher is not None:
+            self.hasher.update(view)
+        self.offset += want
+
+    def skip(self, n, member=None):
+        while n:
+            k = min(n, _READ_CHUNK)
+            self.read_exact(k, member)
+            n -= k
+
+
+def _members(rd):
+    """(name, size) of each regular member, the reader left at its data;
+    the caller consumes exactly size bytes plus padding."""
+    pending_name = None
+    pending_size = None
+    while True:
+        if rd.offset == rd.size:
+            raise ShardError("truncated: the archive ends without its end-of-archive blocks",
+                             rd.shard)
+        h = rd.read_exact(_BLOCK)
+        if not any(h):
+            return
+        stored = _parse_number(h[148:156], "checksum", rd.shard, None)
+        blank = h[:148] + b" " * 8 + h[156:]
+        if stored not in (sum(blank), sum(b - 256 if b > 127 else b for b in blank)):
+            raise ShardError(f"tar header at offset {rd.offset - _BLOCK} fails its checksum "
+                             f"(not a tar file, or damaged)", rd.shard)
+        name = h[0:100].split(b"\0", 1)[0]
+        if h[257:263] == b"ustar\0" and h[345]:  # POSIX ustar only: old GNU keeps times there
+            name = h[345:500].split(b"\0", 1)[0] + b"/" + name
+        name = name.decode("utf-8", "replace")
+        if pending_name is not None:
+            name, pending_name = pending_name, None
+        size = _parse_number(h[124:136], "size", rd.shard, name)
+        if pending_size is not None:
+            size, pending_size = pending_size, None
+        kind = bytes(h[156:157])
+        padded = size + (-size % _BLOCK)
+        if padded > rd.size - rd.offset:
+            raise ShardError(f"truncated: the member's {size} bytes run past the file's end "
+                             f"({rd.size} bytes)", rd.shard, name)
+        if kind in (b"x", b"L"):  # pax extended header, GNU long name: of the next member
+            if size > _PAX_MAX:
+                raise ShardError(f"extended header of {size} bytes (at most {_PAX_MAX})",
+                                 rd.shard, name)
+            data = bytes(rd.read_exact(padded, name)[:size])
+            if kind == b"L":
+                pending_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+            else:
+                pending_name, pending_size = _pax(data, rd.shard, name)
+            continue
+        if kind in (b"g", b"5"):  # pax global header, directory: nothing to read
+            rd.skip(padded, name)
+            continue
+        yield name, size, kind
+
+
+def _pax(data, shard, member):
+    """(path, size) of a pax extended header's records (None where absent)."""
+    path = size = None
+    pos = 0
+    while pos < len(data):
+        sp = data.find(b" ", pos)
+        try:
+            n = int(data[pos:sp])
+        except ValueError:
+            raise ShardError("malformed pax record", shard, member) from None
+        if sp < 0 or n <= 0 or pos + n > len(data):
+            raise ShardError("malformed pax record", shard, member)
+        key, _, value = data[sp + 1:pos + n - 1].partition(b"=")
+        if key == b"path":
+            path = value.decode("utf-8", "replace")
+        elif key == b"size":
+            try:
+                size = int(value)
+            except ValueError:
+                raise ShardError("malformed pax size", shard, member) from None
+        pos += n
+    return path, size
+
+
+def _load_index(directory, cache):
+    if directory not in cache:
+        path = os.path.join(directory, INDEX_NAME)
+        idx = None
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    idx = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ShardError(f"{path}: not a readable index ({e})") from None
+            if not isinstance(idx, dict) or idx.get("format") != INDEX_FORMAT:
+                idx = None
+        cache[directory] = idx
+    return cache[directory]
+
+
+class ShardSource:
+    """What from_shards returns: an iterable of sample tuples (one array per
+    field, in SAMPLE order). ``samples`` counts the samples yielded,
+    ``skipped`` the samples and ``skipped_shards`` the shards dropped with
+    on_error="skip"; ``errors`` holds the last few such errors' messages."""
+
+    def __init__(self, paths, fields, shuffle, seed, loop, shuffle_buffer, on_error, verify):
+        self.paths = paths
+        self.fields = fields
+        self.shuffle = shuffle
+        self.seed = seed
+        self.loop = loop
+        self.shuffle_buffer = shuffle_buffer
+        self.on_error = on_error
+        self.verify = verify
+        self.samples = 0
+        self.skipped = 0
+        self.skipped_shards = 0
+        self.errors = []
+        self._it = None
+        self._indexes = {}
+
+    def __iter__(self):
+        return self._run()
+
+    def __next__(self):
+        if self._it is None:
+            self._it = self._run()
+        return next(self._it)
+
+    def _fail(self, e, shard_level):
+        if self.on_error != "skip":
+            raise e
+        if shard_level:
+            self.skipped_shards += 1
+        else:
+            self.skipped += 1
+        self.errors = (self.errors + [str(e)])[-16:]
+        log.warning("wirehead shards: skipped %s: %s", "the rest of a shard" if shard_level
+                    else "a sample", e)
+
+    def _run(self):
+        epoch = 0
+        while True:
+            order = list(self.paths)
+            if self.shuffle:
+                random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            before = self.samples
+            stream = self._chain(order)
+            if self.shuffle and self.shuffle_buffer > 1:
+                stream = _buffered_shuffle(stream, self.shuffle_buffer,
+                                           random.Random(f"{self.seed}:{epoch}:buffer"))
+            for s in stream:
+                self.samples += 1
+                yield s
+                del s  # not held while the next sample is read: one sample in memory
+            epoch += 1
+            if not self.loop:
+                return
+            if self.samples == before:
+                raise ShardError(f"loop=True over shards that yielded no sample in a whole "
+                                 f"pass ({len(self.paths)} shards)")
+
+    def _chain(self, order):
+        for p in order:
+            for s in self._shard(p):
+                yield s
+                del s
+
+    def _fields_for(self, idx):
+        fields = self.fields
+        if fields is None:
+            if idx is None:
+                raise ShardError("the shards have no index.json naming their fields: give "
+                                 "from_shards config_path= or config= (its SAMPLE) or fields=")
+            fields = list(idx["fields"])
+        return fields
+
+    def _shard(self, path):
+        try:
+            f = open(path, "rb", buffering=0)
+        except OSError as e:
+            self._fail(ShardError(f"cannot open: {e.strerror}", path), True)
+            return
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                self._fail(ShardError("empty file (0 bytes), not a tar archive", path), True)
+                return
+            idx = _load_index(os.path.dirname(os.path.abspath(path)), self._indexes)
+            entry = None
+            if idx is not None:
+                entry = next((s for s in idx.get("shards", [])
+                              if s.get("name") == os.path.basename(path)), None)
+            check = bool(self.verify) and entry is not None
+            if check and entry.get("bytes") != size:
+                self._fail(ShardError(f"the file has {size} bytes, {INDEX_NAME} says "
+                                      f"{entry.get('bytes')}: damaged or replaced", path), True)
+                return
+            try:
+                fields = self._fields_for(idx)
+            except ShardError as e:
+                self._fail(e, True)
+                return
+            schema = (idx or {}).get("schema") if entry is not None else None
+            whole = check and self.verify == "full"
+            rd = _Reader(f, path, size, _C.Xxh3() if whole else None)
+            yield from self._samples(rd, fields, schema, entry if check else None)
+
+    def _samples(self, rd, fields, schema, entry):
+        pos = {name: i for i, name in enumerate(fields)}
+        key, arrays, bad = None, None, None
+        members = _members(rd)
+        while True:
+            try:
+                item = next(members, None)
+            except ShardError as e:
+                self._fail(e, True)
+                return
+            if item is not None:
+                name, size, kind = item
+            this = None if item is None else _split(name)
+            if key is not None and (this is None or this[0] != key[0]):
+                # a new key: the sample before is complete, or an error
+                done = self._finish(rd.shard, key, arrays, fields, bad)
+                key = arrays = None
+                if done is not None:
+                    yield done
+                    done = None
+            if item is None:
+                break
+            if key is None:
+                key, arrays, bad = this, {}, None
+            try:
+                start = rd.offset
+                self._member(rd, name, size, kind, this, arrays, pos, schema, entry, bad)
+            except _SampleError as e:
+                try:  # read past the rest of the bad member: the next one is intact
+                    rd.skip(start + size + (-size % _BLOCK) - rd.offset, name)
+                except ShardError as e2:
+                    self._fail(e2, True)
+                    return
+                if bad is None:
+                    self._fail(e, False)
+                bad = e
+            except ShardError as e:
+                self._fail(e, True)
+                return
+        if rd.hasher is not None:
+            try:
+                rd.skip(rd.size - rd.offset)
+                got = rd.hasher.hexdigest()
+                if got != entry.get("xxh3"):
+                    raise ShardError(f"XXH3-64 {got} differs from {INDEX_NAME}'s "
+                                     f"{entry.get('xxh3')}: damaged", rd.shard)
+            except ShardError as e:
+                self._fail(e, True)
+
+    def _member(self, rd, name, size, kind, key, arrays, pos, schema, entry, bad):
+        """Reads one member into arrays; a _SampleError leaves the rest of
+        the member to the caller to read past."""
+        padded = size + (-size % _BLOCK)
+        if bad is not None:  # the rest of a bad sample is read past
+            rd.skip(padded, name)
+            return
+        _safe_name(name, rd.shard)
+        if kind not in (b"0", b"\0", b"7"):
+            what = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device",
+                    b"4": "a block device", b"6": "a FIFO"}.get(kind, f"of type {kind!r}")
+            raise _SampleError(f"member is {what}; shards hold regular files of "
+                               f"{SUPPORTED_MEMBERS}", rd.shard, name)
+        if not key[1].endswith(".npy"):
+            raise _SampleError(f"unsupported member type; shards hold {SUPPORTED_MEMBERS} "
+                               f"members named KEY.FIELD.npy", rd.shard, name)
+        field = key[1][:-4]
+        if field not in pos:
+            raise _SampleError(f"field {field!r} is not one of the fields {list(pos)}",
+                               rd.shard, name)
+        if field in arrays:
+            raise _SampleError(f"field {field!r} twice in one sample", rd.shard, name)
+        head = rd.read_exact(min(size, _NPY_HEADER_MAX + 12), name)
+        dtype, shape, fortran, hsize = parse_npy(head, size, rd.shard, name)
+        want = (schema or {}).get(field)
+        if want is not None and (
+                (want.get("dtype") is not None and want["dtype"] != dtype) or
+                (want.get("shape") is not None and list(want["shape"]) != list(shape))):
+            raise _SampleError(f"{dtype} of shape {list(shape)} contradicts the schema of "
+                               f"{INDEX_NAME}: {want.get('dtype')} of shape "
+                               f"{want.get('shape')}", rd.shard, name)
+        buf = np.empty(size - hsize, np.uint8)  # not zeroed: every byte is read into it
+        have = len(head) - hsize
+        buf[:have] = np.frombuffer(head, np.uint8, have, hsize)
+        rd.readinto(memoryview(buf)[have:], name)
+        if entry is not None and entry.get("members"):
+            want_hash = entry["members"].get(name)
+            if want_hash is None:
+                raise _SampleError(f"member not listed in {INDEX_NAME}: damaged or added",
+                                   rd.shard, name)
+            h = _C.Xxh3()
+            h.update(head[:hsize])
+            h.update(buf)
+            if h.hexdigest() != want_hash:
+                raise _SampleError(f"XXH3-64 {h.hexdigest()} differs from {INDEX_NAME}'s "
+                                   f"{want_hash}: damaged", rd.shard, name)
+        rd.skip(padded - size, name)
+        arrays[field] = buf.view(_DESCR[dtype]).reshape(shape, order="F" if fortran else "C")
+
+    def _finish(self, shard, key, arrays, fields, bad):
+        if bad is not None:
+            return None
+        missing = [f for f in fields if f not in arrays]
+        if missing:
+            self._fail(_SampleError(f"sample {key[0]!r} lacks field(s) {missing} (has "
+                                    f"{sorted(arrays)})", shard, f"{key[0]}.{missing[0]}.npy"),
+                       False)
+            return None
+        return tuple(arrays[f] for f in fields)
+
+
+def _split(name):
+    """(key, suffix) as WebDataset splits a member name: the key runs to the
+    first dot of the file's base name."""
+    d, _, base = name.rpartition("/")
+    k, _, suffix = base.partition(".")
+    return (f"{d}/{k}" if d else k), suffix
+
+
+def _buffered_shuffle(stream, n, rng):
+    buf = []
+    for s in stream:
+        if len(buf) < n:
+            buf.append(s)
+            continue
+        i = rng.randrange(n)
+        buf[i], s = s, buf[i]
+        yield s
+    rng.shuffle(buf)
+    yield from buf
+
+
+def from_shards(urls, shuffle=False, seed=0, loop=False, *, config_path=None, config=None,
+                fields=None, shuffle_buffer=0, on_error="raise", verify=True):
+    """A generator source over tar shards (docs/shards.md): sample tuples in
+    SAMPLE order (of config_path=/config=, else fields=, else the shards'
+    index.json), ready for ``WireheadGenerator(from_shards(...), ...)``.
+
+    urls: a path, a brace pattern (``shards-{000..099}.tar``) or a list.
+    shuffle: shard order shuffled by seed (each pass of loop=True anew);
+    shuffle_buffer=N also mixes samples within N held samples. verify:
+    checks each shard's size, schema and members' XXH3 against an
+    index.json beside it ("full": the whole file's XXH3 too).
+    on_error="skip" drops a bad sample (or the rest of a bad shard), counts
+    it and goes on; "raise" (default) stops with a ShardError naming shard
+    and member. Only complete samples are ever yielded."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        raise ValueError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
+    if fields is not None and (config_path is not None or config is not None):
+        raise ValueError("give fields= or a config, not both")
+    if config_path is not None or config is not None:
+        fields = list(get_config(config_path, config)["SAMPLE"])
+    elif fields is not None:
+        fields = list(fields)
+    if verify not in (True, False, "full"):
+        raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
+    return ShardSource(expand_urls(urls), fields, bool(shuffle), seed, bool(loop),
+                       shuffle_buffer, on_error, verify)
+
+
+def mix(sources, weights=None, seed=0):
+    """One stream from several sources (iterables of samples), each next
+    sample drawn from source i with probability weights[i] / sum(weights)
+    (default: equal), reproducibly by seed; an exhausted source drops out
+    and the mix ends when all have."""
+    its = [iter(s) for s in sources]
+    if not its:
+        raise ValueError("mix() needs at least one source")
+    if weights is None:
+        weights = [1.0] * len(its)
+    weights = [float(w) for w in weights]
+    if len(weights) != len(its):
+        raise ValueError(f"{len(its)} sources but {len(weights)} weights")
+    if any(not (w >= 0) or w == float("inf") for w in weights) or not sum(weights) > 0:
+        raise ValueError(f"weights must be finite, non-negative and not all 0: {weights}")
+    rng = random.Random(seed)
+    live = [i for i, w in enumerate(weights) if w > 0]
+    while live:
+        i = rng.choices(live, [weights[j] for j in live])[0]
+        try:
+            s = next(its[i])
+        except StopIteration:
+            live.remove(i)
+            continue
+        yield s
