@@ -24,13 +24,16 @@ typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout, *unavail,
         *notfound, *nostore, *lease, *pinned, *cuda;
     PyTypeObject *array, *store, *loader, *map, *stage;
+    /* the named records results come in (struct sequences: still tuples) */
+    PyTypeObject *rec_put, *rec_read, *rec_copy, *rec_layout, *rec_batch, *rec_items, *rec_resume;
 } wh_py_state_t;
 
 /* one X() per field, laid out by hand */
 /* clang-format off */
 #define WH_PY_STATE_FIELDS(X)                                                                 \
     X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
-    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage)
+    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage) \
+    X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume)
 /* clang-format on */
 
 static inline wh_py_state_t *wh_py_mstate(PyObject *module) {
@@ -56,6 +59,17 @@ void wh_py_list_put(PyObject **list, Py_ssize_t i, PyObject *item);
  * added to m. 0 or -1 with an exception set. */
 int wh_py_add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases, const char *doc);
 int wh_py_add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec);
+
+/* A named record type (a struct sequence: a tuple whose items also have
+ * names), kept in *slot and added to m. 0 or -1 with an exception set. */
+int wh_py_add_record(PyObject *m, PyTypeObject **slot, PyStructSequence_Desc *desc);
+
+/* A new record of type from its n items, in order (references stolen); a
+ * NULL item (its exception set) releases the others and gives NULL. */
+PyObject *wh_py_record(PyTypeObject *type, int n, ...);
+
+/* s as a str, or None when s is NULL. */
+PyObject *wh_py_str_or_none(const char *s);
 
 /* A store configuration from keyword arguments (wh_py_store.c). */
 typedef struct {

@@ -208,16 +208,16 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     PyObject *pad = fields ? wh_array_new(S->array, b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
     PyObject *gen = pad ? wh_array_new(S->array, b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
     PyObject *pos = gen ? wh_array_new(S->array, b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
-    if (pos && self->feed) /* device batches: whether padding is in, known on the host */
-        res = Py_BuildValue("(NNNNKO)", fields, pad, gen, pos, (unsigned long long)b.index,
-                            any_pad ? Py_True : Py_False);
-    else if (pos)
-        res = Py_BuildValue("(NNNNK)", fields, pad, gen, pos, (unsigned long long)b.index);
-    if (!res) {
+    if (pos) {
+        /* device batches: whether padding is in, known on the host */
+        PyObject *anyp = self->feed ? PyBool_FromLong(any_pad) : Py_None;
+        if (!self->feed) Py_INCREF(anyp);
+        res = wh_py_record(S->rec_batch, 6, fields, pad, gen, pos,
+                           PyLong_FromUnsignedLongLong(b.index), anyp);
+    } else {
         Py_XDECREF(fields);
         Py_XDECREF(pad);
         Py_XDECREF(gen);
-        Py_XDECREF(pos);
     }
     wh_buf_unref(b.buf); /* arrays hold their own references now */
     return res;
@@ -262,7 +262,8 @@ static PyMethodDef wh__loader_methods[] = {
     {"start", (PyCFunction)wh__loader_start, METH_VARARGS,
      "start(epoch, start_batch, generation): begin an epoch (generation 0: newest)"},
     {"next", (PyCFunction)wh__loader_next, METH_NOARGS,
-     "next batch: (fields, is_pad, generation, position, index), or None at the epoch's end"},
+     "next batch: LoaderBatch(fields, is_pad, generation, position, index, any_pad), or None "
+     "at the epoch's end"},
     {"info", (PyCFunction)wh__loader_info, METH_NOARGS, "sizes and counters"},
     {"close", (PyCFunction)wh__loader_close, METH_NOARGS, "stop the reader threads"},
     {NULL, NULL, 0, NULL},
@@ -281,6 +282,26 @@ static PyType_Spec wh__loader_spec = {
     "wirehead_torch._C.Loader", sizeof(wh__pyloader_t), 0, Py_TPFLAGS_DEFAULT, wh__loader_slots,
 };
 
+static PyStructSequence_Field wh__batch_fields[] = {
+    {"fields", "one Array per stored field, the batch as its first dim; None for a field not "
+               "wanted"},
+    {"is_pad", "bool Array: which rows are padding"},
+    {"generation", "int64 Array: the generation each row was read from"},
+    {"position", "int64 Array: the position each row was read from"},
+    {"index", "the batch's index in its epoch"},
+    {"any_pad", "whether any row is padding, known on the host for device batches; None for "
+                "host batches (read is_pad)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__batch_desc = {
+    "wirehead_torch._C.LoaderBatch",
+    "A batch as Loader.next gives it.",
+    wh__batch_fields,
+    6,
+};
+
 int wh_py_loader_exec(PyObject *m, wh_py_state_t *S) {
-    return wh_py_add_type(m, &S->loader, &wh__loader_spec);
+    if (wh_py_add_type(m, &S->loader, &wh__loader_spec) < 0) return -1;
+    return wh_py_add_record(m, &S->rec_batch, &wh__batch_desc);
 }

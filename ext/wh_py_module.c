@@ -4,6 +4,7 @@
  * come from the wh_py_*.c files, one per bound type. */
 #include "wh_py.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "wh_fault.h"
@@ -71,6 +72,35 @@ int wh_py_add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *base
 int wh_py_add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec) {
     *slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, spec, NULL);
     return *slot ? PyModule_AddType(m, *slot) : -1;
+}
+
+int wh_py_add_record(PyObject *m, PyTypeObject **slot, PyStructSequence_Desc *desc) {
+    *slot = PyStructSequence_NewType(desc);
+    return *slot ? PyModule_AddType(m, *slot) : -1;
+}
+
+PyObject *wh_py_record(PyTypeObject *type, int n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    PyObject *r = PyStructSequence_New(type);
+    bool ok = r != NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = va_arg(ap, PyObject *);
+        if (!v) ok = false;
+        if (ok)
+            PyStructSequence_SET_ITEM(r, i, v);
+        else
+            Py_XDECREF(v);
+    }
+    va_end(ap);
+    if (!ok) Py_CLEAR(r); /* the items it holds go with it */
+    return r;
+}
+
+PyObject *wh_py_str_or_none(const char *s) {
+    if (s) return PyUnicode_FromString(s);
+    Py_INCREF(Py_None);
+    return Py_None;
 }
 
 static int wh__add_excs(PyObject *m, wh_py_state_t *S) {

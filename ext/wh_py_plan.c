@@ -45,7 +45,8 @@ static PyObject *wh__plan_info(PyObject *m, PyObject *args, PyObject *kw) {
                          (unsigned long long)wh_plan_rank_pads(&p));
 }
 
-/* plan_items(plan..., epoch=0, start=0, stop=all) -> (positions bytes int64, is_pad bytes uint8). */
+/* plan_items(plan..., epoch=0, start=0, stop=all) -> PlanItems(positions: bytes of
+ * int64, is_pad: bytes of uint8). */
 static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_mstate(m);
     wh_plan_t p;
@@ -74,10 +75,10 @@ static PyObject *wh__plan_items(PyObject *m, PyObject *args, PyObject *kw) {
         po[i] = q;
         pa[i] = isp;
     }
-    return Py_BuildValue("(NN)", pos, pad);
+    return wh_py_record(S->rec_items, 2, pos, pad);
 }
 
-/* plan_resume(plan..., consumed=batches) -> (role, step): the plan worker
+/* plan_resume(plan..., consumed=batches) -> PlanResume(role, step): the plan worker
  * this DataLoader worker plays for the rest of the epoch and its first step. */
 static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_mstate(m);
@@ -88,20 +89,50 @@ static PyObject *wh__plan_resume(PyObject *m, PyObject *args, PyObject *kw) {
     uint32_t role;
     uint64_t step;
     wh_plan_resume(&p, consumed, &role, &step);
-    return Py_BuildValue("(IK)", (unsigned int)role, (unsigned long long)step);
+    return wh_py_record(S->rec_resume, 2, PyLong_FromUnsignedLong(role),
+                        PyLong_FromUnsignedLongLong(step));
 }
 
 static PyMethodDef wh__plan_functions[] = {
     {"plan_info", (PyCFunction)(void (*)(void))wh__plan_info, METH_VARARGS | METH_KEYWORDS,
      "steps per worker, items and batches per rank"},
     {"plan_items", (PyCFunction)(void (*)(void))wh__plan_items, METH_VARARGS | METH_KEYWORDS,
-     "positions and padding flags of steps [start, stop) of an epoch"},
+     "PlanItems(positions, is_pad) of steps [start, stop) of an epoch"},
     {"plan_resume", (PyCFunction)(void (*)(void))wh__plan_resume, METH_VARARGS | METH_KEYWORDS,
-     "(role, step) of this DataLoader worker after the rank consumed `consumed` batches"},
+     "PlanResume(role, step) of this DataLoader worker after the rank consumed `consumed` "
+     "batches"},
     {NULL, NULL, 0, NULL},
 };
 
+static PyStructSequence_Field wh__items_fields[] = {
+    {"positions", "bytes of int64: the position each step reads"},
+    {"is_pad", "bytes of uint8: 1 where the step is padding"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__items_desc = {
+    "wirehead_torch._C.PlanItems",
+    "Steps of an epoch as plan_items gives them.",
+    wh__items_fields,
+    2,
+};
+
+static PyStructSequence_Field wh__resume_fields[] = {
+    {"role", "the plan worker this DataLoader worker plays for the rest of the epoch"},
+    {"step", "its first step"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__resume_desc = {
+    "wirehead_torch._C.PlanResume",
+    "Where a resumed DataLoader worker goes on (plan_resume).",
+    wh__resume_fields,
+    2,
+};
+
 int wh_py_plan_exec(PyObject *m, wh_py_state_t *S) {
-    (void)S;
+    if (wh_py_add_record(m, &S->rec_items, &wh__items_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_resume, &wh__resume_desc) < 0)
+        return -1;
     return PyModule_AddFunctions(m, wh__plan_functions);
 }

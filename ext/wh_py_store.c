@@ -204,8 +204,9 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
         bool ok;
         WH_PY_CALL(self, st, ok, &err,
                    wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
-        res =
-            ok ? Py_BuildValue("(iK)", (int)status, (unsigned long long)gen) : wh_py_raise(S, &err);
+        res = ok ? wh_py_record(S->rec_put, 2, PyLong_FromLong((long)status),
+                                PyLong_FromUnsignedLongLong(gen))
+                 : wh_py_raise(S, &err);
     }
 out:
     for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
@@ -385,18 +386,18 @@ static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_r
     return true;
 }
 
-/* (gen, pos, is_pad, arrays, skipped) of a policy read; steals arrs. */
-static PyObject *wh__at_result(const wh_read_at_t *at, PyObject *arrs) {
-    if (!arrs) return NULL;
-    PyObject *out =
-        Py_BuildValue("KIOOs", (unsigned long long)at->gen, at->pos, at->pad ? Py_True : Py_False,
-                      arrs, at->corrupt ? at->last_skip : NULL);
-    Py_DECREF(arrs);
-    return out;
+/* The record (type: SampleRead or SampleCopy) of a policy read: where it
+ * read, whether that is padding, items (its arrays or layouts; stolen) and
+ * what it skipped. */
+static PyObject *wh__at_result(PyTypeObject *type, const wh_read_at_t *at, PyObject *items) {
+    if (!items) return NULL;
+    return wh_py_record(type, 5, PyLong_FromUnsignedLongLong(at->gen),
+                        PyLong_FromUnsignedLong(at->pos), PyBool_FromLong(at->pad), items,
+                        wh_py_str_or_none(at->corrupt ? at->last_skip : NULL));
 }
 
-/* read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos,
- * is_pad, arrays, skipped): the one read policy (wh_store_read_sample):
+/* read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> SampleRead
+ * (generation, position, is_pad, arrays, skipped): the one read policy (wh_store_read_sample):
  * moves to the newest generation when gen (0: the newest) was reclaimed,
  * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
  * or, with skip=False, raises CorruptSampleError. */
@@ -412,9 +413,9 @@ static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyOb
     WH_PY_CALL(
         self, st, ok, &err,
         wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
-    PyObject *out =
-        ok ? wh__at_result(&at, wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
-           : wh_py_raise(S, &err);
+    PyObject *out = ok ? wh__at_result(S->rec_read, &at,
+                                       wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
+                       : wh_py_raise(S, &err);
     for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
     return out;
 }
@@ -455,7 +456,8 @@ static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyOb
     wh_buf_t *bufs[WH_MAX_FIELDS] = {0};
     for (int i = 0; i < self->nfields; i++)
         if (mask & (1u << i)) bufs[i] = v; /* every Array holds the view, hence the pin */
-    PyObject *out = wh__at_result(&at, wh__array_list(S, self->nfields, bufs, true, &meta));
+    PyObject *out =
+        wh__at_result(S->rec_read, &at, wh__array_list(S, self->nfields, bufs, true, &meta));
     wh_buf_unref(v); /* the arrays hold their own references */
     return out;
 }
@@ -496,15 +498,18 @@ static bool wh__get_views(wh_py_state_t *S, PyObject *seq, Py_buffer *views, int
     return true;
 }
 
-/* [(dtype name, shape tuple) or None] for the fields copied into views. */
-static PyObject *wh__layouts(const Py_buffer *views, int n, const wh_sample_meta_t *meta) {
+/* [FieldLayout(dtype name, shape tuple) or None] for the fields copied into views. */
+static PyObject *wh__layouts(wh_py_state_t *S, const Py_buffer *views, int n,
+                             const wh_sample_meta_t *meta) {
     PyObject *out = PyList_New(n);
     for (int i = 0; out && i < n; i++) {
         PyObject *o = Py_None;
         if (views[i].buf && i < meta->nfields) {
             const wh_field_meta_t *f = &meta->f[i];
             PyObject *shape = wh_py_shape_tuple(f->ndim, f->shape);
-            o = shape ? Py_BuildValue("(sN)", wh_dtype_name(f->dtype), shape) : NULL;
+            o = shape ? wh_py_record(S->rec_layout, 2,
+                                     PyUnicode_FromString(wh_dtype_name(f->dtype)), shape)
+                      : NULL;
             if (!o) {
                 Py_CLEAR(out);
                 break;
@@ -542,7 +547,7 @@ static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, 
         else
             WH_PY_CALL(self, st, ok, &err,
                        wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
-        res = ok ? wh__layouts(views, got, &meta) : wh_py_raise(S, &err);
+        res = ok ? wh__layouts(S, views, got, &meta) : wh_py_raise(S, &err);
     }
     for (int i = 0; i < got; i++)
         if (views[i].buf) PyBuffer_Release(&views[i]);
@@ -563,11 +568,11 @@ static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos,
- * is_pad, layouts, skipped): read_sample's policy, copying each field once
+/* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy
+ * (generation, position, is_pad, layouts, skipped): read_sample's policy, copying each field once
  * into the caller's buffer of exactly its size (None skips a field), as the
- * DataLoader ring does into its shared slots; layouts[i] is (dtype, shape) of
- * field i as read. A size mismatch is a WireheadValueError naming the field. */
+ * DataLoader ring does into its shared slots; layouts[i] is the FieldLayout
+ * (dtype, shape) of field i as read. A size mismatch is a WireheadValueError naming the field. */
 static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"gen", "pos", "buffers", "timeout", "skip", NULL};
     unsigned long long gen;
@@ -584,8 +589,7 @@ static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args,
     at.strict = !skip;
     PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout);
     if (!lay) return NULL;
-    return Py_BuildValue("KIONs", (unsigned long long)at.gen, at.pos, at.pad ? Py_True : Py_False,
-                         lay, at.corrupt ? at.last_skip : NULL);
+    return wh__at_result(wh_py_tstate(self)->rec_copy, &at, lay);
 }
 
 static PyObject *wh__status_dict(const wh_status_t *s) {
@@ -655,7 +659,7 @@ static PyObject *wh__store_get_swap_cap(wh__pystore_t *self, void *c) {
 
 static PyMethodDef wh__store_methods[] = {
     {"put", (PyCFunction)(void (*)(void))wh__store_put, METH_VARARGS | METH_KEYWORDS,
-     "put(arrays, wait_ms=100) -> (status, generation)"},
+     "put(arrays, wait_ms=100) -> PutResult(status, generation)"},
     {"lead", (PyCFunction)wh__store_lead, METH_NOARGS, "acquire or renew the manager lease"},
     {"resign", (PyCFunction)wh__store_resign, METH_NOARGS, "give the manager lease up"},
     {"seal", (PyCFunction)wh__store_seal, METH_NOARGS,
@@ -666,8 +670,8 @@ static PyMethodDef wh__store_methods[] = {
      "read(gen, pos, want=None) -> list of Array"},
     {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
      METH_VARARGS | METH_KEYWORDS,
-     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> (gen, pos, is_pad, arrays, "
-     "skipped)"},
+     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> SampleRead(generation, "
+     "position, is_pad, arrays, skipped)"},
     {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
      METH_VARARGS | METH_KEYWORDS,
      "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
@@ -680,8 +684,8 @@ static PyMethodDef wh__store_methods[] = {
      "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
     {"read_sample_into", (PyCFunction)(void (*)(void))wh__store_read_sample_into,
      METH_VARARGS | METH_KEYWORDS,
-     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> (gen, pos, is_pad, layouts, "
-     "skipped)"},
+     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy(generation, "
+     "position, is_pad, layouts, skipped)"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
     {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
     {NULL, NULL, 0, NULL},
@@ -792,7 +796,74 @@ static PyMethodDef wh__store_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* ---- the records the store's results come in ---- */
+
+static PyStructSequence_Field wh__put_fields[] = {
+    {"status", "PUT_ACCEPTED, PUT_DISCARDED (the generation is full) or PUT_WAIT (no "
+               "space yet: try again)"},
+    {"generation", "the write generation the sample was offered to"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__put_desc = {
+    "wirehead_torch._C.PutResult",
+    "What Store.put did with a sample.",
+    wh__put_fields,
+    2,
+};
+
+/* SampleRead and SampleCopy: the same five, the fourth being arrays or layouts */
+static PyStructSequence_Field wh__read_fields[] = {
+    {"generation", "the generation read (the newest when the one asked for was reclaimed)"},
+    {"position", "the position read (a neighbour's when a corrupt sample was skipped)"},
+    {"is_pad", "True when a neighbour stands in for a skipped corrupt sample"},
+    {"arrays", "one Array per field, None for a field not wanted"},
+    {"skipped", "why the sample asked for was skipped (str), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__read_desc = {
+    "wirehead_torch._C.SampleRead",
+    "A sample as Store.read_sample or view_sample read it through the read policy.",
+    wh__read_fields,
+    5,
+};
+
+static PyStructSequence_Field wh__copy_fields[] = {
+    {"generation", "the generation read (the newest when the one asked for was reclaimed)"},
+    {"position", "the position read (a neighbour's when a corrupt sample was skipped)"},
+    {"is_pad", "True when a neighbour stands in for a skipped corrupt sample"},
+    {"layouts", "one FieldLayout per field copied, None for a field skipped"},
+    {"skipped", "why the sample asked for was skipped (str), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__copy_desc = {
+    "wirehead_torch._C.SampleCopy",
+    "A sample as Store.read_sample_into copied it into the caller's buffers.",
+    wh__copy_fields,
+    5,
+};
+
+static PyStructSequence_Field wh__layout_fields[] = {
+    {"dtype", "the stored dtype's name"},
+    {"shape", "the field's shape (a tuple of ints)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__layout_desc = {
+    "wirehead_torch._C.FieldLayout",
+    "The dtype and shape of a field as read.",
+    wh__layout_fields,
+    2,
+};
+
 int wh_py_store_exec(PyObject *m, wh_py_state_t *S) {
-    if (wh_py_add_type(m, &S->store, &wh__store_spec) < 0) return -1;
+    if (wh_py_add_type(m, &S->store, &wh__store_spec) < 0 ||
+        wh_py_add_record(m, &S->rec_put, &wh__put_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_read, &wh__read_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_copy, &wh__copy_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_layout, &wh__layout_desc) < 0)
+        return -1;
     return PyModule_AddFunctions(m, wh__store_functions);
 }
