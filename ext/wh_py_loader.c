@@ -262,7 +262,7 @@ static PyMethodDef wh__loader_methods[] = {
     {"start", (PyCFunction)wh__loader_start, METH_VARARGS,
      "start(epoch, start_batch, generation): begin an epoch (generation 0: newest)"},
     {"next", (PyCFunction)wh__loader_next, METH_NOARGS,
-     "next batch: LoaderBatch(fields, is_pad, generation, position, index, any_pad), or None "
+     "next batch: LoaderBatch(fields, is_pad, generation, position, batch_index, any_pad), or None "
      "at the epoch's end"},
     {"info", (PyCFunction)wh__loader_info, METH_NOARGS, "sizes and counters"},
     {"close", (PyCFunction)wh__loader_close, METH_NOARGS, "stop the reader threads"},
@@ -288,7 +288,7 @@ static PyStructSequence_Field wh__batch_fields[] = {
     {"is_pad", "bool Array: which rows are padding"},
     {"generation", "int64 Array: the generation each row was read from"},
     {"position", "int64 Array: the position each row was read from"},
-    {"index", "the batch's index in its epoch"},
+    {"batch_index", "the batch's index in its epoch"},
     {"any_pad", "whether any row is padding, known on the host for device batches; None for "
                 "host batches (read is_pad)"},
     {NULL, NULL},
