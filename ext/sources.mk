@@ -12,7 +12,7 @@ WH_HDRS    := $(wildcard ext/*.h)
 WH_PLAN_SRCS  := ext/wh.c ext/wh_plan.c
 # the store (both backends) and what it stands on: every ext/ file but the
 # Python glue, the readers built on the store, and the CUDA stage
-WH_NOT_STORE  := ext/wh_module.c ext/wh_dlpack.c ext/wh_loader.c ext/wh_plan.c ext/wh_cuda.c \
-                 ext/wh_cudart.c
+WH_NOT_STORE  := $(wildcard ext/wh_py*.c) ext/wh_dlpack.c ext/wh_loader.c ext/wh_plan.c \
+                 ext/wh_cuda.c ext/wh_cudart.c
 WH_STORE_SRCS := $(sort $(filter-out $(WH_NOT_STORE),$(wildcard ext/*.c)))
 WH_MONGO_SRCS := $(sort $(wildcard ext/wh_mongo*.c))

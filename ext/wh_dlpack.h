@@ -1,5 +1,5 @@
 /* DLPack export of C-owned buffers (CPU and CUDA): the instances of
- * wirehead_torch._C.Array and their __dlpack__. wh_module.c defines the
+ * wirehead_torch._C.Array and their __dlpack__. wh_py_array.c defines the
  * type (its methods and slots) over these. */
 #ifndef WH_DLPACK_H
 #define WH_DLPACK_H

@@ -13,6 +13,7 @@ in-process, into the batch's tensors.
 import logging
 import os
 import weakref
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -51,6 +52,23 @@ def refuse_with_batches(**given):
             raise ValueError(f"{key}= with batches=True: {_REFUSED[key]}")
 
 
+class LayoutEntry(NamedTuple):
+    """A field of the samples a batch stacks, as learnt from one of them."""
+    index: int  # in the stored sample
+    name: str  # stored name
+    dtype: str
+    shape: tuple  # of one sample's field
+    nbytes: int  # of one sample's field
+    cast: Optional[str]  # the dtype asked for by cast=, None: as stored
+
+
+class RowRead(NamedTuple):
+    """Where one row of a batch was read from (the read policy may move it)."""
+    generation: int
+    position: int
+    is_pad: bool
+
+
 class _NewLayout(Exception):
     """A batch's first sample has another layout than the one cached."""
 
@@ -71,10 +89,11 @@ class Batch:
 
     def row(self, k, r):
         """Layout entry k of row r as a flat, writable tensor over the batch's memory."""
-        _, _, dtype, _, nb, _ = self.layout[k]
+        dtype, nb = self.layout[k].dtype, self.layout[k].nbytes
         torch = _import_torch()
         return torch.frombuffer(memoryview(self.mem).cast("B"), dtype=getattr(torch, dtype),
-                                offset=self.fields[k][3] + r * nb, count=nb // _itemsize(dtype))
+                                offset=self.fields[k].offset + r * nb,
+                                count=nb // _itemsize(dtype))
 
 
 class BatchRing:
@@ -152,10 +171,10 @@ class BatchRing:
 
     # --- layout ------------------------------------------------------------
     def layout(self, store, gen, pos, skip=True):
-        """[(field index, name, dtype, shape, nbytes, cast target)] of the
-        sample at (gen, pos), checked against what torch can hold."""
+        """[LayoutEntry] of the sample at (gen, pos), checked against what
+        torch can hold."""
         torch = _import_torch()
-        arrs = store.read_sample(gen, pos, self.want, self.timeout, skip)[3]
+        arrs = store.read_sample(gen, pos, self.want, self.timeout, skip).arrays
         out = []
         for i, name in zip(self.want, self.names):
             a = arrs[i]
@@ -170,20 +189,21 @@ class BatchRing:
                                 f"{torch.__version__} cannot view; batches=True needs a dtype "
                                 f"torch has (use batches=False with cast=)")
             nbytes = int(np.prod(a.shape, dtype=np.int64)) * _itemsize(a.dtype)
-            out.append((i, name, a.dtype, tuple(a.shape), nbytes, target))
+            out.append(LayoutEntry(i, name, a.dtype, tuple(a.shape), nbytes, target))
         return out
 
     def _shape_error(self, store, gen, pos, layout, skip, cause=None):
         """Raises the error naming the field of the sample at (gen, pos)
         that differs from the batch's layout; cause: the read's own error."""
         # the generation the read policy finds it in (the newest if gen was reclaimed)
-        gen, pos, _, arrs, _ = store.read_sample(gen, pos, self.want, self.timeout, skip)
-        for i, name, dtype, shape, _, _ in layout:
-            other = (arrs[i].dtype, tuple(arrs[i].shape))
-            if other != (dtype, shape):
+        got = store.read_sample(gen, pos, self.want, self.timeout, skip)
+        gen, pos = got.generation, got.position
+        for e in layout:
+            a = got.arrays[e.index]
+            if (a.dtype, tuple(a.shape)) != (e.dtype, e.shape):
                 raise ValueError(
-                    f"{self.what} stacks samples of one shape: field '{name}' is {dtype} "
-                    f"{list(shape)} in this batch but {other[0]} {list(other[1])} at "
+                    f"{self.what} stacks samples of one shape: field '{e.name}' is {e.dtype} "
+                    f"{list(e.shape)} in this batch but {a.dtype} {list(a.shape)} at "
                     f"generation {gen} position {pos}; use batches=False with a collate_fn "
                     f"for samples of varying shape") from cause
         raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch"
@@ -196,7 +216,7 @@ class BatchRing:
         moves to the newest; a corrupt sample is skipped and a neighbour
         stands in, or with skip=False raises CorruptSampleError naming it)
         into its row of a free slot of this process's ring. rows: one
-        (generation, position, is_pad) per sample, as read. worker: the
+        RowRead (generation, position, is_pad) per sample, as read. worker: the
         DataLoader worker id, None in-process."""
         ring = self.worker_ring(worker)
         pid, layout = self._layout
@@ -216,9 +236,9 @@ class BatchRing:
     def _one(self, store, ring, layout, gen, positions, worker, skip, may_relayout):
         n = len(positions)
         fields, off = [], 0
-        for (i, name, dtype, shape, nb, target), key in zip(layout, self.keys):
-            fields.append((key, dtype, (n,) + shape, off, nb * n, target))
-            off += -(-nb * n // _ALIGN) * _ALIGN
+        for e, key in zip(layout, self.keys):
+            fields.append(_ring.SlotField(key, e.dtype, (n,) + e.shape, off, e.nbytes * n, e.cast))
+            off += -(-e.nbytes * n // _ALIGN) * _ALIGN
         got = ring.acquire(off, RING_WAIT_S if worker is not None else 0) if ring else None
         if got is None:
             slot, mem = None, np.empty(off, np.uint8)
@@ -244,24 +264,25 @@ class BatchRing:
         rows = []
         for r, pos in enumerate(positions):
             bufs = [None] * self.nfields
-            for (i, _, _, _, nb, _), f in zip(layout, fields):
-                bufs[i] = view[f[3] + r * nb:f[3] + (r + 1) * nb]
+            for e, f in zip(layout, fields):
+                bufs[e.index] = view[f.offset + r * e.nbytes:f.offset + (r + 1) * e.nbytes]
             cause = None
             if batch.slot is not None:
                 batch.mem.check()  # the slot file still whole: the copy cannot SIGBUS
+            got = None
             try:
-                gen, pos, is_pad, lay, skipped = store.read_sample_into(
-                    gen, pos, bufs, self.timeout, skip)
-            except _C.InvalidSampleError as e:
-                lay, cause = None, e  # a field of another size: named below
-            if lay is None or any(lay[e[0]] != (e[2], e[3]) for e in layout):
+                got = store.read_sample_into(gen, pos, bufs, self.timeout, skip)
+                gen, pos = got.generation, got.position
+            except _C.InvalidSampleError as err:
+                cause = err  # a field of another size: named below
+            if got is None or any(got.layouts[e.index] != (e.dtype, e.shape) for e in layout):
                 if r == 0 and may_relayout:
                     raise _NewLayout
                 self._shape_error(store, gen, pos, layout, skip, cause)
-            if skipped:
+            if got.skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
-                            "in as padding", skipped)
-            rows.append((gen, pos, bool(is_pad)))
+                            "in as padding", got.skipped)
+            rows.append(RowRead(gen, pos, bool(got.is_pad)))
         return rows
 
     def give_back(self, batch):

@@ -37,6 +37,7 @@ import stat
 import threading
 import time
 import weakref
+from typing import NamedTuple, Optional
 
 from . import _C
 
@@ -48,6 +49,16 @@ _WORDS = 4
 _OWNER, _SEQ, _CAP, _VER = range(_WORDS)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _swept = False
+
+
+class SlotField(NamedTuple):
+    """One field of a batch in a ring slot (what crosses to the main process)."""
+    key: str  # the batch's name for it
+    dtype: str  # as stored
+    shape: tuple  # the batch's: rows first
+    offset: int  # where its rows start in the slot
+    nbytes: int  # bytes of all its rows
+    cast: Optional[str]  # the dtype asked for by cast=, None: as stored
 
 
 class RingBusy(Exception):

@@ -106,15 +106,15 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):
-    """(generation, position, is_pad, arrays) through the one C read policy:
-    a reclaimed generation moves to the newest; a corrupt sample is skipped
-    (logged) and its neighbour stands in as padding, or with skip=False
-    raises CorruptSampleError."""
-    gen, pos, is_pad, arrs, skipped = store.read_sample(gen, pos, want, timeout, skip)
-    if skipped:
+    """The _C.SampleRead (generation, position, is_pad, arrays, skipped)
+    through the one C read policy: a reclaimed generation moves to the
+    newest; a corrupt sample is skipped (logged) and its neighbour stands in
+    as padding, or with skip=False raises CorruptSampleError."""
+    got = store.read_sample(gen, pos, want, timeout, skip)
+    if got.skipped:
         log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
-                    "padding", skipped)
-    return gen, pos, is_pad, arrs
+                    "padding", got.skipped)
+    return got
 
 
 def check_views_store(cfg):
@@ -130,13 +130,13 @@ def view_sample(store, gen, pos, want, timeout, skip=True):
     refuses (this process still holds views of another generation): the
     caller reads a copy instead."""
     try:
-        gen, pos, is_pad, arrs, skipped = store.view_sample(gen, pos, want, timeout, skip)
+        got = store.view_sample(gen, pos, want, timeout, skip)
     except _C.PinLimitError:
         return None
-    if skipped:
+    if got.skipped:
         log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
-                    "padding", skipped)
-    return gen, pos, is_pad, arrs
+                    "padding", got.skipped)
+    return got
 
 
 class _CurrentGenerationReader(_Base):
@@ -250,7 +250,7 @@ class _CurrentGenerationReader(_Base):
         viewed = got is not None
         if not viewed:
             got = read_sample(store, gen, i, self.fields, self.timeout, skip=False)
-        arrs = got[3]
+        arrs = got.arrays
         x, y = (to_output(a, name, self.output, self.cast)
                 for a, name in zip([arrs[f] for f in self.fields], self.names))
         if viewed and self.output == "numpy":

@@ -248,8 +248,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             viewed = got is not None
             if not viewed:  # a copy, also when the pin policy refuses the view
                 got = read_sample(store, gen, pos, o.want, self.timeout)
-            gen, pos, skipped, arrs = got
-            is_pad = is_pad or skipped
+            gen, pos, arrs = got.generation, got.position, got.arrays
+            is_pad = is_pad or got.is_pad
             item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
                     for i, name in zip(o.want, o.fields)}
             if is_pad and o.pad == "ignore":
@@ -280,26 +280,27 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     pass
             batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
                                     worker if in_worker else None)
-            pad_l = [bool(pads[b0 + r]) or pad for r, (_, _, pad) in enumerate(rows)]
+            pad_l = [bool(pads[b0 + r]) or row.is_pad for r, row in enumerate(rows)]
             if o.pad == "ignore":
                 try:
                     self._fill_ignore(batch, pad_l)
                 except BaseException:
                     ring.give_back(batch)
                     raise
-            gen = rows[-1][0]
+            gen = rows[-1].generation
             self._progress = (epoch, start + b0 + n, gen)
             yield ring.deliver(batch, {"is_pad": (pad_l, "bool"),
-                                       "generation": ([r[0] for r in rows], "int64"),
-                                       "position": ([r[1] for r in rows], "int64")}, in_worker)
+                                       "generation": ([r.generation for r in rows], "int64"),
+                                       "position": ([r.position for r in rows], "int64")},
+                                  in_worker)
 
     def _fill_ignore(self, batch, pad_l):
         """ignore_index into the label fields of the padding rows."""
-        for k, (_, name, _, _, _, _) in enumerate(batch.layout):
-            if name in self.order.label_fields:
+        for k, entry in enumerate(batch.layout):
+            if entry.name in self.order.label_fields:
                 for r in (r for r, pad in enumerate(pad_l) if pad):
                     t = batch.row(k, r)
-                    check_ignore_fits(t.dtype, self.order.ignore_index, name)
+                    check_ignore_fits(t.dtype, self.order.ignore_index, entry.name)
                     t.fill_(self.order.ignore_index)
 
     def __getstate__(self):

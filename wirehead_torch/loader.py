@@ -141,10 +141,11 @@ class WireheadLoader:
             got = ld.next()
             if got is None:
                 break
-            fields, is_pad, gens, pos, index = got[:5]
+            fields, is_pad, gens, pos, index = (got.fields, got.is_pad, got.generation,
+                                                got.position, got.batch_index)
             # on a CUDA device from_dlpack makes the current stream wait on the
             # batch's copy; whether it holds padding is known on the host
-            any_pad = got[5] if len(got) > 5 else None
+            any_pad = got.any_pad
             pad_t = torch.from_dlpack(is_pad).view(torch.bool)
             batch = {}
             for i, name in zip(o.want, o.fields):

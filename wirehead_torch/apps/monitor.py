@@ -192,7 +192,7 @@ class WireheadLogger:
             self._sample_mb = st["write_bytes"] / st["write_fill"] / 2**20
         elif self._sample_mb is None and st["read_gen"]:
             try:
-                arrs = self._store.get().read_sample(st["read_gen"], 0, None, 1.0)[3]
+                arrs = self._store.get().read_sample(st["read_gen"], 0, None, 1.0).arrays
                 self._sample_mb = sum(np.dtype(a.dtype).itemsize * math.prod(a.shape)
                                       for a in arrs) / 2**20
             except (_C.WireheadError, TimeoutError, TypeError):

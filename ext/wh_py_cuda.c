@@ -1,0 +1,237 @@
+/* The CUDA bindings (wh_cuda.c): cuda_init, the runtime probe; CudaStage,
+ * the GPU stage; CudaError. */
+#include "wh_py.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "wh_dlpack.h"
+
+static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
+    wh_py_state_t *S = wh_py_mstate(mod);
+    int device = 0;
+    if (!PyArg_ParseTuple(args, "|i", &device)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS ok = wh_cuda_init(device, &err);
+    Py_END_ALLOW_THREADS if (!ok) return wh_py_raise(S, &err);
+    return Py_BuildValue("{sssi}", "lib", wh_cuda_lib_name(), "runtime_version",
+                         wh_cuda_runtime_version());
+}
+
+int wh_py_gpu_stats_into(PyObject *d, wh_gpu_t *g) {
+    wh_gpu_stats_t st;
+    Py_BEGIN_ALLOW_THREADS wh_gpu_stats(g, &st);
+    Py_END_ALLOW_THREADS PyObject *x = Py_BuildValue(
+        "{sKsKsdsKsdsKsIsIsK}", "copies", (unsigned long long)st.copies, "h2d_bytes",
+        (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
+        (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
+        "stream_waits", (unsigned long long)st.stream_waits, "device_buffers", st.device_bufs,
+        "pinned_buffers", st.pinned_bufs, "device_bytes", (unsigned long long)st.device_bytes);
+    if (!x) return -1;
+    int r = PyDict_Update(d, x);
+    Py_DECREF(x);
+    return r;
+}
+
+typedef struct {
+    PyObject_HEAD wh_gpu_t *g;
+    long pid;
+    pthread_mutex_t mu;
+    bool inited;
+} wh__pystage_t;
+
+static int wh__stage_init(wh__pystage_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"device", NULL};
+    int device;
+    if (self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "CudaStage already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i", kwlist, &device)) return -1;
+    wh_err_t err = {0};
+    Py_BEGIN_ALLOW_THREADS self->g = wh_gpu_new(device, &err);
+    Py_END_ALLOW_THREADS if (!self->g) {
+        wh_py_raise(S, &err);
+        return -1;
+    }
+    pthread_mutex_init(&self->mu, NULL);
+    self->pid = (long)getpid();
+    self->inited = true;
+    return 0;
+}
+
+static void wh__stage_close_g(wh__pystage_t *self) {
+    if (!self->inited) return;
+    wh_gpu_t *g;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    g = self->g;
+    self->g = NULL;
+    pthread_mutex_unlock(&self->mu);
+    if ((long)getpid() == self->pid) wh_gpu_destroy(g); /* no CUDA calls after fork */
+    Py_END_ALLOW_THREADS
+}
+
+static void wh__stage_dealloc(wh__pystage_t *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    wh__stage_close_g(self);
+    if (self->inited) pthread_mutex_destroy(&self->mu);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static bool wh__stage_ok(wh__pystage_t *self) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    if (!self->g) {
+        PyErr_SetString(S->value, "CudaStage is closed");
+        return false;
+    }
+    if ((long)getpid() != self->pid) {
+        PyErr_SetString(S->cuda, "CUDA: a CudaStage cannot be used after fork (DataLoader "
+                                 "workers must not create CUDA state)");
+        return false;
+    }
+    return true;
+}
+
+typedef struct {
+    const void *src;
+    size_t n, off;
+    int dtype, ndim;
+    int64_t shape[WH_MAX_NDIM + 1];
+} wh__stage_item_t;
+
+static bool wh__stage_copy_c(wh_gpu_t *g, wh__stage_item_t *it, Py_ssize_t k, size_t total,
+                             wh_buf_t **dev, wh_err_t *err) {
+    wh_buf_t *h = wh_gpu_pinned(g, total, err);
+    if (!h) return false;
+    for (Py_ssize_t i = 0; i < k; i++) memcpy((char *)h->data + it[i].off, it[i].src, it[i].n);
+    *dev = wh_gpu_copy(g, h, total, err);
+    wh_buf_unref(h); /* the stage holds it until the copy's event */
+    return *dev != NULL;
+}
+
+/* copy([(data_ptr, nbytes, dtype, shape), ...]): the host bytes (C order,
+ * alive for the call) through one page-locked buffer and one async copy;
+ * returns device Arrays. */
+static PyObject *wh__stage_copy(wh__pystage_t *self, PyObject *items) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    if (!wh__stage_ok(self)) return NULL;
+    PyObject *seq =
+        PySequence_Fast(items, "copy() takes a sequence of (ptr, nbytes, dtype, shape)");
+    if (!seq) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    wh__stage_item_t *it = PyMem_Calloc(k ? (size_t)k : 1, sizeof *it);
+    PyObject *res = NULL;
+    size_t total = 0;
+    if (!it) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *ptr, *shape;
+        unsigned long long n;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i),
+                              "OKiO;copy() items are (ptr, "
+                              "nbytes, dtype, shape)",
+                              &ptr, &n, &it[i].dtype, &shape))
+            goto out;
+        it[i].src = PyLong_AsVoidPtr(ptr);
+        if (PyErr_Occurred()) goto out;
+        PyObject *sh = PySequence_Fast(shape, "shape must be a sequence");
+        if (!sh) goto out;
+        Py_ssize_t nd = PySequence_Fast_GET_SIZE(sh);
+        uint64_t want = wh_dtype_size(it[i].dtype);
+        bool bad = want == 0 || nd > WH_MAX_NDIM + 1;
+        for (Py_ssize_t d = 0; !bad && d < nd; d++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sh, d));
+            bad = v < 0 || !wh_mul_ok(want, (uint64_t)v, &want);
+            it[i].shape[d] = v;
+        }
+        Py_DECREF(sh);
+        if (PyErr_Occurred()) goto out;
+        if (bad || want != n) {
+            PyErr_Format(S->value,
+                         "copy() item %zd: %llu bytes do not match dtype %d and "
+                         "its shape (at most %d dims)",
+                         i, n, it[i].dtype, WH_MAX_NDIM + 1);
+            goto out;
+        }
+        it[i].ndim = (int)nd;
+        it[i].n = n;
+        it[i].off = total;
+        total += WH_ALIGN_UP(n);
+    }
+    wh_err_t err = {0};
+    wh_buf_t *dev = NULL;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    ok = self->g ? wh__stage_copy_c(self->g, it, k, total, &dev, &err)
+                 : wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS if (!ok) {
+        wh_py_raise(S, &err);
+        goto out;
+    }
+    res = PyList_New(k);
+    for (Py_ssize_t i = 0; res && i < k; i++) {
+        wh_py_list_put(
+            &res, i, wh_array_new(S->array, dev, it[i].off, it[i].dtype, it[i].ndim, it[i].shape));
+    }
+    wh_buf_unref(dev);
+out:
+    PyMem_Free(it);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *wh__stage_stats(wh__pystage_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__stage_ok(self)) return NULL;
+    PyObject *d = PyDict_New();
+    if (d && wh_py_gpu_stats_into(d, self->g) < 0) Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *wh__stage_close(wh__pystage_t *self, PyObject *unused) {
+    (void)unused;
+    wh__stage_close_g(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef wh__stage_methods[] = {
+    {"copy", (PyCFunction)wh__stage_copy, METH_O,
+     "copy([(ptr, nbytes, dtype, shape), ...]) -> device Arrays (pinned ring, async copy)"},
+    {"stats", (PyCFunction)wh__stage_stats, METH_NOARGS, "copy counters"},
+    {"close", (PyCFunction)wh__stage_close, METH_NOARGS, "free the stage (exports stay valid)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot wh__stage_slots[] = {
+    {Py_tp_init, wh__stage_init},
+    {Py_tp_dealloc, wh__stage_dealloc},
+    {Py_tp_methods, wh__stage_methods},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "Host-to-device copies through page-locked memory on a side stream."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__stage_spec = {
+    "wirehead_torch._C.CudaStage", sizeof(wh__pystage_t), 0, Py_TPFLAGS_DEFAULT, wh__stage_slots,
+};
+
+static PyMethodDef wh__cuda_methods[] = {
+    {"cuda_init", wh__cuda_init_py, METH_VARARGS,
+     "cuda_init(device=0): load the CUDA runtime, check the device; {lib, runtime_version}"},
+    {NULL, NULL, 0, NULL},
+};
+
+int wh_py_cuda_exec(PyObject *m, wh_py_state_t *S) {
+    PyObject *b = PyTuple_Pack(2, S->base, PyExc_RuntimeError);
+    int r = b ? wh_py_add_exc(m, &S->cuda, "CudaError", b, "The CUDA runtime is missing or failed.")
+              : -1;
+    Py_XDECREF(b);
+    if (r < 0 || wh_py_add_type(m, &S->stage, &wh__stage_spec) < 0) return -1;
+    return PyModule_AddFunctions(m, wh__cuda_methods);
+}

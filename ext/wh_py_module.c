@@ -1,0 +1,206 @@
+/* wirehead_torch._C: the module definition (multi-phase init with module
+ * state), the exception types and the mapping of wh_err_t codes onto them,
+ * and the helpers the binding files share (wh_py.h). The types and functions
+ * come from the wh_py_*.c files, one per bound type. */
+#include "wh_py.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "wh_fault.h"
+
+#define WH__ONE(f) +1
+_Static_assert(sizeof(wh_py_state_t) == (0 WH_PY_STATE_FIELDS(WH__ONE)) * sizeof(void *),
+               "WH_PY_STATE_FIELDS names every field of the module state");
+#undef WH__ONE
+
+PyObject *wh_py_raise(wh_py_state_t *S, const wh_err_t *err) {
+    PyObject *cls = S->base;
+    switch (err->code) {
+    case WH_E_INVALID: cls = S->value; break;
+    case WH_E_SCHEMA: cls = S->schema; break;
+    case WH_E_GONE: cls = S->gone; break;
+    case WH_E_CORRUPT: cls = S->corrupt; break;
+    case WH_E_NOSPACE: cls = S->nospace; break;
+    case WH_E_TOOBIG: cls = S->toobig; break;
+    case WH_E_TIMEOUT: cls = S->timeout; break;
+    case WH_E_UNAVAIL: cls = S->unavail; break;
+    case WH_E_NOTFOUND: cls = S->notfound; break;
+    case WH_E_NOSTORE: cls = S->nostore; break;
+    case WH_E_LEASE: cls = S->lease; break;
+    case WH_E_PINNED: cls = S->pinned; break;
+    case WH_E_CUDA: cls = S->cuda; break;
+    default: break;
+    }
+    PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");
+    return NULL;
+}
+
+PyObject *wh_py_shape_tuple(int ndim, const int64_t *shape) {
+    PyObject *t = PyTuple_New(ndim);
+    for (int d = 0; t && d < ndim; d++) {
+        PyObject *v = PyLong_FromLongLong(shape[d]);
+        if (!v)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, d, v);
+    }
+    return t;
+}
+
+void wh_py_list_put(PyObject **list, Py_ssize_t i, PyObject *item) {
+    if (!item)
+        Py_CLEAR(*list);
+    else
+        PyList_SET_ITEM(*list, i, item);
+}
+
+int wh_py_add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *bases,
+                  const char *doc) {
+    char full[128];
+    snprintf(full, sizeof full, "wirehead_torch.%s", name);
+    *slot = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+    if (!*slot) return -1;
+    Py_INCREF(*slot);
+    if (PyModule_AddObject(m, name, *slot) < 0) {
+        Py_DECREF(*slot);
+        return -1;
+    }
+    return 0;
+}
+
+int wh_py_add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec) {
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, spec, NULL);
+    return *slot ? PyModule_AddType(m, *slot) : -1;
+}
+
+int wh_py_add_record(PyObject *m, PyTypeObject **slot, PyStructSequence_Desc *desc) {
+    *slot = PyStructSequence_NewType(desc);
+    return *slot ? PyModule_AddType(m, *slot) : -1;
+}
+
+PyObject *wh_py_record(PyTypeObject *type, int n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    PyObject *r = PyStructSequence_New(type);
+    bool ok = r != NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = va_arg(ap, PyObject *);
+        if (!v) ok = false;
+        if (ok)
+            PyStructSequence_SET_ITEM(r, i, v);
+        else
+            Py_XDECREF(v);
+    }
+    va_end(ap);
+    if (!ok) Py_CLEAR(r); /* the items it holds go with it */
+    return r;
+}
+
+PyObject *wh_py_str_or_none(const char *s) {
+    if (s) return PyUnicode_FromString(s);
+    Py_INCREF(Py_None);
+    return Py_None;
+}
+
+static int wh__add_excs(PyObject *m, wh_py_state_t *S) {
+    if (wh_py_add_exc(m, &S->base, "WireheadError", NULL, "Base of wirehead_torch errors."))
+        return -1;
+#define WH__SUB(slot, name, extra, doc)                                                            \
+    do {                                                                                           \
+        PyObject *b = (extra) ? PyTuple_Pack(2, S->base, (extra)) : PyTuple_Pack(1, S->base);      \
+        int r = b ? wh_py_add_exc(m, &S->slot, name, b, doc) : -1;                                 \
+        Py_XDECREF(b);                                                                             \
+        if (r) return -1;                                                                          \
+    } while (0)
+    WH__SUB(value, "InvalidSampleError", PyExc_ValueError, "Bad input (sample, argument).");
+    WH__SUB(schema, "SchemaMismatchError", PyExc_ValueError,
+            "The store was made with another format, SAMPLE or SWAP_CAP.");
+    WH__SUB(gone, "GenerationGoneError", NULL, "The generation was reclaimed during a read.");
+    WH__SUB(corrupt, "CorruptSampleError", NULL, "Stored bytes failed validation.");
+    WH__SUB(nospace, "StoreSpaceError", PyExc_OSError, "Not enough space to create the store.");
+    WH__SUB(toobig, "SampleTooLargeError", PyExc_ValueError,
+            "A sample does not fit the store's byte budget.");
+    WH__SUB(timeout, "StoreTimeoutError", PyExc_TimeoutError, "A bounded wait ran out.");
+    WH__SUB(unavail, "StoreUnavailableError", PyExc_ConnectionError,
+            "The store's server cannot be reached.");
+    WH__SUB(notfound, "NotFoundError", PyExc_LookupError, "No such generation or position.");
+    {
+        PyObject *b = PyTuple_Pack(1, S->notfound);
+        int r = b ? wh_py_add_exc(m, &S->nostore, "StoreNotCreatedError", b,
+                                  "The shm store does not exist yet: with BYTE_BUDGET auto the "
+                                  "first generator's first sample creates it.")
+                  : -1;
+        Py_XDECREF(b);
+        if (r) return -1;
+    }
+    WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
+    WH__SUB(pinned, "PinLimitError", NULL,
+            "A store-backed view would break the pin policy; read a copy instead.");
+#undef WH__SUB
+    return 0;
+}
+
+static int wh__exec(PyObject *m) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    if (wh_py_store_exec(m, S) < 0 || wh_py_loader_exec(m, S) < 0 || wh_py_map_exec(m, S) < 0 ||
+        wh_py_array_exec(m, S) < 0 || wh__add_excs(m, S) < 0 || wh_py_cuda_exec(m, S) < 0 ||
+        wh_py_plan_exec(m, S) < 0 || wh_py_hash_exec(m, S) < 0)
+        return -1;
+    PyObject *d = PyDict_New();
+    for (int i = 1; d && i < WH_DT_MAX_; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (!v || PyDict_SetItemString(d, wh_dtype_name(i), v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    if (!d) return -1;
+    if (PyModule_AddObject(m, "DTYPES", d) < 0) {
+        Py_DECREF(d);
+        return -1;
+    }
+    if (PyModule_AddIntConstant(m, "PUT_ACCEPTED", WH_PUT_ACCEPTED) ||
+        PyModule_AddIntConstant(m, "PUT_DISCARDED", WH_PUT_DISCARDED) ||
+        PyModule_AddIntConstant(m, "PUT_WAIT", WH_PUT_WAIT) ||
+        PyModule_AddIntConstant(m, "FORMAT_VERSION", WH_FORMAT_VERSION) ||
+        PyModule_AddIntConstant(m, "FAULT_HOOKS", WH_FAULTS_BUILT) ||
+        PyModule_AddIntConstant(m, "MAX_FIELDS", WH_MAX_FIELDS) ||
+        PyModule_AddIntConstant(m, "MAX_NDIM", WH_MAX_NDIM))
+        return -1;
+    return 0;
+}
+
+static int wh__traverse(PyObject *m, visitproc visit, void *arg) {
+    wh_py_state_t *S = wh_py_mstate(m);
+#define WH__VISIT(f) Py_VISIT(S->f);
+    WH_PY_STATE_FIELDS(WH__VISIT)
+#undef WH__VISIT
+    return 0;
+}
+
+static int wh__clear(PyObject *m) {
+    wh_py_state_t *S = wh_py_mstate(m);
+#define WH__CLEAR(f) Py_CLEAR(S->f);
+    WH_PY_STATE_FIELDS(WH__CLEAR)
+#undef WH__CLEAR
+    return 0;
+}
+
+static void wh__free(void *m) { wh__clear((PyObject *)m); }
+
+static PyModuleDef_Slot wh__slots[] = {
+    {Py_mod_exec, (void *)wh__exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef wh__module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "wirehead_torch._C",
+    .m_doc = "wirehead_torch C core",
+    .m_size = sizeof(wh_py_state_t),
+    .m_slots = wh__slots,
+    .m_traverse = wh__traverse,
+    .m_clear = wh__clear,
+    .m_free = wh__free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&wh__module); }

@@ -1,0 +1,869 @@
+/* wirehead_torch._C.Store: a handle on a store (wh_store.h), every call
+ * made with the GIL released; and the module functions over a store's
+ * configuration (clean, mongo_collections) and the process's copy counters. */
+#include "wh_py.h"
+
+#include <string.h>
+
+#include "wh_backend.h" /* only for shm_layout, which tests use to forge damage */
+#include "wh_dlpack.h"
+
+/* ---- store configuration from keyword arguments ---- */
+
+static const char *wh__opt_str(PyObject *o, PyObject *keep) {
+    if (!o || o == Py_None) return NULL;
+    PyObject *b = PyUnicode_AsUTF8String(o);
+    if (!b) return NULL;
+    PyList_Append(keep, b);
+    Py_DECREF(b);
+    return PyBytes_AS_STRING(b);
+}
+
+bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbuf_t *out) {
+    static char *kwlist[] = {"uri",    "swap_cap", "fields",  "byte_budget",       "chunk_bytes",
+                             "dbname", "prefix",   "lease_s", "connect_timeout_s", "verify_reads",
+                             "create", NULL};
+    PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
+    unsigned long swap_cap = 0;
+    unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
+    double lease_s = 10.0, connect_timeout_s = 10.0;
+    int verify = 1, create = 1;
+    memset(out, 0, sizeof *out);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddpp", kwlist, &uri, &swap_cap, &fields,
+                                     &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
+                                     &connect_timeout_s, &verify, &create))
+        return false;
+    out->keep = PyList_New(0);
+    if (!out->keep) return false;
+    wh_store_config_t *c = &out->cfg;
+    c->uri = wh__opt_str(uri, out->keep);
+    c->dbname = wh__opt_str(dbname, out->keep);
+    c->prefix = wh__opt_str(prefix, out->keep);
+    if (PyErr_Occurred()) goto fail;
+    if (swap_cap == 0 || swap_cap > (1ul << 30)) {
+        PyErr_SetString(S->value, "SWAP_CAP must be between 1 and 2**30");
+        goto fail;
+    }
+    if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {
+        PyErr_SetString(S->value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
+                                  "numbers of seconds below 10^6");
+        goto fail;
+    }
+    c->swap_cap = (uint32_t)swap_cap;
+    c->byte_budget = byte_budget;
+    c->chunk_bytes = chunk_bytes;
+    c->lease_s = lease_s;
+    c->connect_timeout_s = connect_timeout_s;
+    c->verify_reads = verify;
+    c->no_create = !create;
+    PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
+    if (!seq) goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char *names[WH_MAX_FIELDS];
+    if (n > WH_MAX_FIELDS) n = WH_MAX_FIELDS + 1; /* let schema_init report it */
+    for (Py_ssize_t i = 0; i < n && i < WH_MAX_FIELDS; i++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(seq, i);
+        names[i] = PyUnicode_Check(s) ? wh__opt_str(s, out->keep) : NULL;
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    wh_err_t err = {0};
+    if (!wh_schema_init(&c->schema, (int)n, names, &err)) {
+        wh_py_raise(S, &err);
+        goto fail;
+    }
+    return true;
+fail:
+    Py_CLEAR(out->keep);
+    return false;
+}
+
+/* ---- Store ---- */
+
+typedef struct {
+    PyObject_HEAD wh_store_t *st;
+    pthread_mutex_t mu; /* one C call at a time per handle; lives until dealloc */
+    bool inited;
+    int nfields; /* copies, readable after close */
+    uint32_t swap_cap;
+} wh__pystore_t;
+
+static int wh__store_init(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_cfgbuf_t cb;
+    if (self->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "Store already initialised");
+        return -1;
+    }
+    if (!wh_py_parse_cfg(wh_py_tstate(self), args, kw, &cb)) return -1;
+    wh_err_t err = {0};
+    wh_store_t *st;
+    Py_BEGIN_ALLOW_THREADS st = wh_store_open(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
+    if (!st) {
+        wh_py_raise(wh_py_tstate(self), &err);
+        return -1;
+    }
+    pthread_mutex_init(&self->mu, NULL);
+    self->st = st;
+    self->inited = true;
+    self->nfields = wh_store_config(st)->schema.nfields;
+    self->swap_cap = wh_store_config(st)->swap_cap;
+    return 0;
+}
+
+static void wh__store_dealloc(wh__pystore_t *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->inited) {
+        wh_store_destroy(self->st);
+        pthread_mutex_destroy(&self->mu);
+    }
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static bool wh__open(wh__pystore_t *self) {
+    if (!self->st) PyErr_SetString(wh_py_tstate(self)->value, "store is closed");
+    return self->st != NULL;
+}
+
+static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
+    (void)unused;
+    if (self->inited) {
+        wh_store_t *st;
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(
+            &self->mu); /* waits for a call in another thread */
+        st = self->st;
+        self->st = NULL;
+        pthread_mutex_unlock(&self->mu);
+        wh_store_destroy(st);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+/* put(arrays, wait_ms=100): arrays is a sequence of (buffer, dtype_code). */
+static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"arrays", "wait_ms", NULL};
+    PyObject *arrays;
+    unsigned int wait_ms = 100;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|I", kwlist, &arrays, &wait_ms)) return NULL;
+    if (!wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > WH_MAX_FIELDS) {
+        Py_DECREF(seq);
+        PyErr_Format(S->value, "sample has %zd fields, at most %d", n, WH_MAX_FIELDS);
+        return NULL;
+    }
+    Py_buffer views[WH_MAX_FIELDS];
+    wh_array_t arr[WH_MAX_FIELDS];
+    int got = 0;
+    PyObject *res = NULL;
+    for (; got < n; got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, got), *obj;
+        int code;
+        if (!PyArg_ParseTuple(item, "Oi;each array must be (buffer, dtype_code)", &obj, &code))
+            goto out;
+        size_t isz = wh_dtype_size(code);
+        if (!isz) {
+            PyErr_Format(S->value, "field %d: unknown dtype code %d", got, code);
+            goto out;
+        }
+        if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto out;
+        Py_buffer *v = &views[got];
+        if ((size_t)v->itemsize != isz || v->ndim > WH_MAX_NDIM) {
+            PyErr_Format(S->value, "field %d: itemsize %zd or ndim %d does not fit dtype %s", got,
+                         v->itemsize, v->ndim, wh_dtype_name(code));
+            PyBuffer_Release(v);
+            goto out;
+        }
+        arr[got].dtype = code;
+        arr[got].ndim = v->ndim;
+        arr[got].data = v->buf;
+        for (int d = 0; d < v->ndim; d++) {
+            arr[got].shape[d] = v->shape[d];
+            arr[got].strides[d] = v->strides ? v->strides[d] : 0;
+        }
+        if (!v->strides) { /* C-contiguous exporter */
+            int64_t s = (int64_t)isz;
+            for (int d = v->ndim - 1; d >= 0; d--) {
+                arr[got].strides[d] = s;
+                s *= v->shape[d];
+            }
+        }
+    }
+    {
+        wh_err_t err = {0};
+        wh_put_status_t status = WH_PUT_WAIT;
+        uint64_t gen = 0;
+        bool ok;
+        WH_PY_CALL(self, st, ok, &err,
+                   wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
+        res = ok ? wh_py_record(S->rec_put, 2, PyLong_FromLong((long)status),
+                                PyLong_FromUnsignedLongLong(gen))
+                 : wh_py_raise(S, &err);
+    }
+out:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *wh__store_lead(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    bool ok, leader = false;
+    WH_PY_CALL(self, st, ok, &err, wh_store_lead(self->st, &leader, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return PyBool_FromLong(leader);
+}
+
+static PyObject *wh__store_resign(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_resign(self->st, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    wh_seal_info_t info = {0};
+    bool ok, sealed = false;
+    WH_PY_CALL(self, st, ok, &err, wh_store_seal(self->st, &sealed, &info, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    if (!sealed && info.blocked_pid && info.blocked_reader)
+        return Py_BuildValue("{sKsOsK}", "blocked_pid", (unsigned long long)info.blocked_pid,
+                             "blocked_reader", Py_True, "blocked_gen",
+                             (unsigned long long)info.blocked_gen);
+    if (!sealed && info.blocked_pid)
+        return Py_BuildValue("{sK}", "blocked_pid", (unsigned long long)info.blocked_pid);
+    if (!sealed) Py_RETURN_NONE;
+    return Py_BuildValue("{sKsKsKsd}", "generation", (unsigned long long)info.generation,
+                         "generated", (unsigned long long)info.generated, "discarded",
+                         (unsigned long long)info.discarded, "seal_s", (double)info.seal_ns / 1e9);
+}
+
+static PyObject *wh__store_current(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t gen = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_current(self->st, &gen, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return PyLong_FromUnsignedLongLong(gen);
+}
+
+typedef struct {
+    uint32_t want; /* bit i: field i requested */
+    wh_buf_t *bufs[WH_MAX_FIELDS];
+} wh__readctx_t;
+
+/* Called once per attempt of the read policy: a retry (a generation
+ * reclaimed mid-copy, a corrupt sample skipped) reuses the last attempt's
+ * buffer of a field when its size fits, else returns it to the pool first,
+ * so a read holds one buffer per field whatever it retried. */
+static bool wh__read_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    wh__readctx_t *c = ctx;
+    for (int i = 0; i < WH_MAX_FIELDS; i++) {
+        bool want = i < meta->nfields && (c->want & (1u << i));
+        if (c->bufs[i] && (!want || c->bufs[i]->size != meta->f[i].nbytes)) {
+            wh_buf_unref(c->bufs[i]);
+            c->bufs[i] = NULL;
+        }
+        if (!want) continue;
+        if (c->bufs[i]) {
+            dst[i] = c->bufs[i]->data;
+            continue;
+        }
+        c->bufs[i] = wh_buf_new(meta->f[i].nbytes);
+        if (!c->bufs[i])
+            return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte field",
+                              (unsigned long long)meta->f[i].nbytes);
+        dst[i] = c->bufs[i]->data;
+    }
+    return true;
+}
+
+/* want (None: every field) as a bit mask of field indices. */
+static bool wh__want_mask(wh_py_state_t *S, int nf, PyObject *want, uint32_t *mask) {
+    *mask = 0;
+    if (want == Py_None) {
+        *mask = (nf >= 32) ? 0xffffffffu : ((1u << nf) - 1);
+        return true;
+    }
+    PyObject *seq = PySequence_Fast(want, "want must be a sequence of field indices");
+    if (!seq) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (k < 0 || k >= nf) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_Format(S->value, "field index %ld out of range", k);
+            return false;
+        }
+        *mask |= 1u << k;
+    }
+    Py_DECREF(seq);
+    return true;
+}
+
+/* List of Array, one per field: field i in bufs[i] (at its offset in the
+ * encoded sample when in_sample, i.e. a view; else at 0), None where
+ * bufs[i] is NULL (not wanted). Each Array holds a reference to its buffer. */
+static PyObject *wh__array_list(wh_py_state_t *S, int nf, wh_buf_t *const *bufs, bool in_sample,
+                                const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(nf);
+    for (int i = 0; out && i < nf; i++) {
+        PyObject *a = Py_None;
+        if (bufs[i]) {
+            a = wh_array_new(S->array, bufs[i], in_sample ? meta->f[i].offset : 0, meta->f[i].dtype,
+                             meta->f[i].ndim, meta->f[i].shape);
+        } else {
+            Py_INCREF(a);
+        }
+        wh_py_list_put(&out, i, a);
+    }
+    return out;
+}
+
+/* read(gen, pos, want=None) -> list of Array (None for fields not wanted);
+ * exactly that sample or an error, no retry. */
+static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"gen", "pos", "want", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|O", kwlist, &gen, &pos, &want)) return NULL;
+    if (!wh__open(self)) return NULL;
+    wh__readctx_t ctx = {0};
+    if (!wh__want_mask(S, self->nfields, want, &ctx.want)) return NULL;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err,
+               wh_store_read(self->st, gen, pos, wh__read_dest, &ctx, &meta, &err));
+    PyObject *out =
+        ok ? wh__array_list(S, self->nfields, ctx.bufs, false, &meta) : wh_py_raise(S, &err);
+    for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
+    return out;
+}
+
+/* Arguments (gen, pos, want=None, timeout=60.0, skip=True) of read_sample
+ * and view_sample. */
+static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_read_at_t *at,
+                         uint32_t *mask, double *timeout) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *want = Py_None;
+    int skip = 1;
+    *timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, timeout,
+                                     &skip) ||
+        !wh__open(self) || !wh__want_mask(S, self->nfields, want, mask))
+        return false;
+    memset(at, 0, sizeof *at);
+    at->gen = gen;
+    at->pos = pos;
+    at->strict = !skip;
+    return true;
+}
+
+/* The record (type: SampleRead or SampleCopy) of a policy read: where it
+ * read, whether that is padding, items (its arrays or layouts; stolen) and
+ * what it skipped. */
+static PyObject *wh__at_result(PyTypeObject *type, const wh_read_at_t *at, PyObject *items) {
+    if (!items) return NULL;
+    return wh_py_record(type, 5, PyLong_FromUnsignedLongLong(at->gen),
+                        PyLong_FromUnsignedLong(at->pos), PyBool_FromLong(at->pad), items,
+                        wh_py_str_or_none(at->corrupt ? at->last_skip : NULL));
+}
+
+/* read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> SampleRead
+ * (generation, position, is_pad, arrays, skipped): the one read policy (wh_store_read_sample):
+ * moves to the newest generation when gen (0: the newest) was reclaimed,
+ * skips a corrupt sample for its neighbour (is_pad True, skipped says why)
+ * or, with skip=False, raises CorruptSampleError. */
+static PyObject *wh__store_read_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    wh__readctx_t ctx = {0};
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &ctx.want, &timeout)) return NULL;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    bool ok;
+    WH_PY_CALL(
+        self, st, ok, &err,
+        wh_store_read_sample(self->st, &at, timeout, NULL, wh__read_dest, &ctx, &meta, &err));
+    PyObject *out = ok ? wh__at_result(S->rec_read, &at,
+                                       wh__array_list(S, self->nfields, ctx.bufs, false, &meta))
+                       : wh_py_raise(S, &err);
+    for (int i = 0; i < WH_MAX_FIELDS; i++) wh_buf_unref(ctx.bufs[i]);
+    return out;
+}
+
+/* wait_generation(newer_than=0, timeout=60.0) -> newest read generation
+ * other than newer_than, waiting with the read policy's backoff. */
+static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"newer_than", "timeout", NULL};
+    unsigned long long newer = 0;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Kd", kwlist, &newer, &timeout)) return NULL;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t gen = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_wait_gen(self->st, newer, timeout, NULL, &gen, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return PyLong_FromUnsignedLongLong(gen);
+}
+
+/* view_sample(gen, pos, want=None, timeout=60.0, skip=True) -> as
+ * read_sample, but the arrays view the store (read-only, pinned until the
+ * last of them dies) instead of holding copies. shm:// only. */
+static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    uint32_t mask;
+    wh_read_at_t at;
+    double timeout;
+    if (!wh__parse_at(self, args, kw, &at, &mask, &timeout)) return NULL;
+    wh_err_t err = {0};
+    wh_sample_meta_t meta;
+    wh_buf_t *v = NULL;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err,
+               wh_store_view_sample(self->st, &at, timeout, NULL, &v, &meta, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    wh_buf_t *bufs[WH_MAX_FIELDS] = {0};
+    for (int i = 0; i < self->nfields; i++)
+        if (mask & (1u << i)) bufs[i] = v; /* every Array holds the view, hence the pin */
+    PyObject *out =
+        wh__at_result(S->rec_read, &at, wh__array_list(S, self->nfields, bufs, true, &meta));
+    wh_buf_unref(v); /* the arrays hold their own references */
+    return out;
+}
+
+typedef struct {
+    Py_buffer *views;
+    int n;
+} wh__intoctx_t;
+
+static bool wh__into_dest(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    wh__intoctx_t *c = ctx;
+    for (int i = 0; i < meta->nfields && i < c->n; i++) {
+        if (!c->views[i].buf) continue;
+        if ((uint64_t)c->views[i].len != meta->f[i].nbytes)
+            return wh_err_set(err, WH_E_INVALID,
+                              "field %d: buffer has %zd bytes, the sample's "
+                              "field has %llu",
+                              i, c->views[i].len, (unsigned long long)meta->f[i].nbytes);
+        dst[i] = c->views[i].buf;
+    }
+    return true;
+}
+
+/* Writable C-contiguous views of bufs (None: field skipped) into views[];
+ * *got counts the entries filled, each to be released by the caller. */
+static bool wh__get_views(wh_py_state_t *S, PyObject *seq, Py_buffer *views, int *got) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > WH_MAX_FIELDS) {
+        PyErr_SetString(S->value, "too many buffers");
+        return false;
+    }
+    for (; *got < n; (*got)++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, *got);
+        if (o != Py_None &&
+            PyObject_GetBuffer(o, &views[*got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            return false;
+    }
+    return true;
+}
+
+/* [FieldLayout(dtype name, shape tuple) or None] for the fields copied into views. */
+static PyObject *wh__layouts(wh_py_state_t *S, const Py_buffer *views, int n,
+                             const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *o = Py_None;
+        if (views[i].buf && i < meta->nfields) {
+            const wh_field_meta_t *f = &meta->f[i];
+            PyObject *shape = wh_py_shape_tuple(f->ndim, f->shape);
+            o = shape ? wh_py_record(S->rec_layout, 2,
+                                     PyUnicode_FromString(wh_dtype_name(f->dtype)), shape)
+                      : NULL;
+            if (!o) {
+                Py_CLEAR(out);
+                break;
+            }
+        } else {
+            Py_INCREF(o);
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    return out;
+}
+
+/* Copies (gen, pos) into the caller's buffers (a sequence; None skips a
+ * field), with the read policy when at is given (at->gen/pos set), else
+ * exactly that sample. Returns the fields' layouts (wh__layouts). */
+static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, PyObject *bufs,
+                               wh_read_at_t *at, double timeout) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    if (!wh__open(self)) return NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
+    if (!seq) return NULL;
+    Py_buffer views[WH_MAX_FIELDS];
+    memset(views, 0, sizeof views);
+    PyObject *res = NULL;
+    int got = 0;
+    if (wh__get_views(S, seq, views, &got)) {
+        wh__intoctx_t ctx = {views, got};
+        wh_err_t err = {0};
+        wh_sample_meta_t meta;
+        bool ok;
+        if (at)
+            WH_PY_CALL(self, st, ok, &err,
+                       wh_store_read_sample(self->st, at, timeout, NULL, wh__into_dest, &ctx, &meta,
+                                            &err));
+        else
+            WH_PY_CALL(self, st, ok, &err,
+                       wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
+        res = ok ? wh__layouts(S, views, got, &meta) : wh_py_raise(S, &err);
+    }
+    for (int i = 0; i < got; i++)
+        if (views[i].buf) PyBuffer_Release(&views[i]);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* read_into(gen, pos, buffers): copies each field into the caller's writable
+ * C-contiguous buffer of exactly its size (None skips a field). */
+static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *bufs;
+    if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs)) return NULL;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, NULL, 0);
+    if (!lay) return NULL;
+    Py_DECREF(lay);
+    Py_RETURN_NONE;
+}
+
+/* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy
+ * (generation, position, is_pad, layouts, skipped): read_sample's policy, copying each field once
+ * into the caller's buffer of exactly its size (None skips a field), as the
+ * DataLoader ring does into its shared slots; layouts[i] is the FieldLayout
+ * (dtype, shape) of field i as read. A size mismatch is a WireheadValueError naming the field. */
+static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"gen", "pos", "buffers", "timeout", "skip", NULL};
+    unsigned long long gen;
+    unsigned int pos;
+    PyObject *bufs;
+    double timeout = 60.0;
+    int skip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO|dp", kwlist, &gen, &pos, &bufs, &timeout,
+                                     &skip))
+        return NULL;
+    wh_read_at_t at = {0};
+    at.gen = gen;
+    at.pos = pos;
+    at.strict = !skip;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout);
+    if (!lay) return NULL;
+    return wh__at_result(wh_py_tstate(self)->rec_copy, &at, lay);
+}
+
+static PyObject *wh__status_dict(const wh_status_t *s) {
+    PyObject *hist = PyList_New(s->nhistory);
+    for (int i = 0; hist && i < s->nhistory; i++)
+        wh_py_list_put(&hist, i,
+                       Py_BuildValue("{sKsdsKsKsd}", "generation",
+                                     (unsigned long long)s->history[i].generation, "time",
+                                     (double)s->history[i].time_ns / 1e9, "generated",
+                                     (unsigned long long)s->history[i].generated, "discarded",
+                                     (unsigned long long)s->history[i].discarded, "seal_s",
+                                     (double)s->history[i].seal_ns / 1e9));
+    if (!hist) return NULL;
+    PyObject *areas = PyList_New(s->nareas);
+    for (int i = 0; areas && i < s->nareas; i++)
+        wh_py_list_put(&areas, i,
+                       Py_BuildValue("{sKsIsIsL}", "generation",
+                                     (unsigned long long)s->areas[i].generation, "pins",
+                                     s->areas[i].pins, "pinners", s->areas[i].pinners, "pin_pid",
+                                     (long long)s->areas[i].pin_pid));
+    PyObject *readers = areas ? PyList_New(s->nreaders) : NULL;
+    for (int i = 0; readers && i < s->nreaders; i++) {
+        const typeof(s->readers[0]) *r = &s->readers[i];
+        double cap = s->swap_cap ? (double)s->swap_cap : 1.0;
+        wh_py_list_put(
+            &readers, i,
+            Py_BuildValue("{sKsssKsKsKsdsdsdsd}", "pid", (unsigned long long)r->pid, "host",
+                          r->host, "generation", (unsigned long long)r->generation, "reads",
+                          (unsigned long long)r->reads, "gen_reads",
+                          (unsigned long long)r->gen_reads, "reuse", (double)r->gen_reads / cap,
+                          "samples_per_s", r->up_s > 0 ? (double)r->reads / r->up_s : 0.0, "up_s",
+                          r->up_s, "age_s", r->age_s));
+    }
+    if (!readers) {
+        Py_XDECREF(areas);
+        Py_DECREF(hist);
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsN}", "read_gen", (unsigned long long)s->read_gen,
+        "write_gen", (unsigned long long)s->write_gen, "write_fill", s->write_fill, "swap_cap",
+        s->swap_cap, "write_bytes", (unsigned long long)s->write_bytes, "byte_budget",
+        (unsigned long long)s->byte_budget, "store_bytes", (unsigned long long)s->store_bytes,
+        "creator_pid", (unsigned long long)s->creator_pid, "generated",
+        (unsigned long long)s->generated, "discarded", (unsigned long long)s->discarded, "seals",
+        (unsigned long long)s->seals, "leader_pid", (unsigned long long)s->leader_pid,
+        "lease_left_s", s->lease_left_s, "history", hist, "areas", areas, "readers", readers);
+}
+
+static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    wh_status_t s;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_status(self->st, &s, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return wh__status_dict(&s);
+}
+
+static PyObject *wh__store_get_swap_cap(wh__pystore_t *self, void *c) {
+    (void)c;
+    if (!wh__open(self)) return NULL;
+    return PyLong_FromUnsignedLong(self->swap_cap);
+}
+
+static PyMethodDef wh__store_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))wh__store_put, METH_VARARGS | METH_KEYWORDS,
+     "put(arrays, wait_ms=100) -> PutResult(status, generation)"},
+    {"lead", (PyCFunction)wh__store_lead, METH_NOARGS, "acquire or renew the manager lease"},
+    {"resign", (PyCFunction)wh__store_resign, METH_NOARGS, "give the manager lease up"},
+    {"seal", (PyCFunction)wh__store_seal, METH_NOARGS,
+     "seal if full: info dict; {'blocked_pid': P} while a live writer holds the next area; else "
+     "None"},
+    {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
+    {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
+     "read(gen, pos, want=None) -> list of Array"},
+    {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,
+     METH_VARARGS | METH_KEYWORDS,
+     "read_sample(gen, pos, want=None, timeout=60.0, skip=True) -> SampleRead(generation, "
+     "position, is_pad, arrays, skipped)"},
+    {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
+     METH_VARARGS | METH_KEYWORDS,
+     "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
+     "arrays viewing the store (shm:// only; read-only; the generation stays pinned while any "
+     "of them lives)"},
+    {"wait_generation", (PyCFunction)(void (*)(void))wh__store_wait_generation,
+     METH_VARARGS | METH_KEYWORDS,
+     "wait_generation(newer_than=0, timeout=60.0) -> newest read generation"},
+    {"read_into", (PyCFunction)wh__store_read_into, METH_VARARGS,
+     "read_into(gen, pos, buffers): copy each field into a caller buffer of its size"},
+    {"read_sample_into", (PyCFunction)(void (*)(void))wh__store_read_sample_into,
+     METH_VARARGS | METH_KEYWORDS,
+     "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy(generation, "
+     "position, is_pad, layouts, skipped)"},
+    {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
+    {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef wh__store_getset[] = {
+    {"swap_cap", (getter)wh__store_get_swap_cap, NULL, "SWAP_CAP", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot wh__store_slots[] = {
+    {Py_tp_init, wh__store_init},
+    {Py_tp_dealloc, wh__store_dealloc},
+    {Py_tp_methods, wh__store_methods},
+    {Py_tp_getset, wh__store_getset},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A handle on a wirehead store (one per process; open after fork)."},
+    {0, NULL},
+};
+
+static PyType_Spec wh__store_spec = {
+    "wirehead_torch._C.Store", sizeof(wh__pystore_t), 0, Py_TPFLAGS_DEFAULT, wh__store_slots,
+};
+
+/* ---- module functions ---- */
+
+static PyObject *wh__clean(PyObject *m, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    wh_py_cfgbuf_t cb;
+    if (!wh_py_parse_cfg(S, args, kw, &cb)) return NULL;
+    wh_err_t err = {0};
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS ok = wh_store_clean(&cb.cfg, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
+    if (!ok) return wh_py_raise(S, &err);
+    Py_RETURN_NONE;
+}
+
+/* mongo_collections(uri, ...): the names of the collections in a MongoDB
+ * store's database, whoever made them. */
+static PyObject *wh__mongo_collections(PyObject *m, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    wh_py_cfgbuf_t cb;
+    if (!wh_py_parse_cfg(S, args, kw, &cb)) return NULL;
+    wh_err_t err = {0};
+    char **names = NULL;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS ok = wh_store_collections(&cb.cfg, &names, &err);
+    Py_END_ALLOW_THREADS Py_DECREF(cb.keep);
+    if (!ok) return wh_py_raise(S, &err);
+    PyObject *list = PyList_New(0);
+    for (char **p = names; list && *p; p++) {
+        PyObject *s = PyUnicode_DecodeUTF8(*p, (Py_ssize_t)strlen(*p), "replace");
+        if (!s || PyList_Append(list, s) < 0) Py_CLEAR(list);
+        Py_XDECREF(s);
+    }
+    wh_store_names_free(names);
+    return list;
+}
+
+static PyObject *wh__counters(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_counters_t c;
+    wh_counters_get(&c);
+    uint64_t hits, misses, idle;
+    wh_pool_stats(&hits, &misses, &idle);
+    return Py_BuildValue(
+        "{sKsKsKsKsKsK}", "bytes_copied_out", (unsigned long long)c.bytes_copied_out,
+        "bytes_copied_in", (unsigned long long)c.bytes_copied_in, "copies_out",
+        (unsigned long long)c.copies_out, "pool_hits", (unsigned long long)hits, "pool_misses",
+        (unsigned long long)misses, "pool_idle_bytes", (unsigned long long)idle);
+}
+
+/* shm_layout() -> byte offsets inside an shm segment (tests that forge
+ * damage) and the header's size (what a store reserves in /dev/shm). */
+static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_shm_layout_t l;
+    wh_shm_layout(&l);
+    return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
+                         "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token",
+                         (Py_ssize_t)l.leader_token, "lease_expiry_ns",
+                         (Py_ssize_t)l.lease_expiry_ns, "lease_ns", (Py_ssize_t)l.lease_ns, "slots",
+                         (Py_ssize_t)l.slots, "slot_size", (Py_ssize_t)l.slot_size, "slot_lock",
+                         (Py_ssize_t)l.slot_lock, "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used",
+                         (Py_ssize_t)l.slot_used, "slot_count", (Py_ssize_t)l.slot_count,
+                         "slot_nholes", (Py_ssize_t)l.slot_nholes, "slot_holes",
+                         (Py_ssize_t)l.slot_holes, "hdr_size", (Py_ssize_t)l.hdr_size);
+}
+
+static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_counters_reset();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef wh__store_functions[] = {
+    {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
+     "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
+    {"mongo_collections", (PyCFunction)(void (*)(void))wh__mongo_collections,
+     METH_VARARGS | METH_KEYWORDS, "collection names of a mongodb:// store's database"},
+    {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
+    {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
+    {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- the records the store's results come in ---- */
+
+static PyStructSequence_Field wh__put_fields[] = {
+    {"status", "PUT_ACCEPTED, PUT_DISCARDED (the generation is full) or PUT_WAIT (no "
+               "space yet: try again)"},
+    {"generation", "the write generation the sample was offered to"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__put_desc = {
+    "wirehead_torch._C.PutResult",
+    "What Store.put did with a sample.",
+    wh__put_fields,
+    2,
+};
+
+/* SampleRead and SampleCopy: the same five, the fourth being arrays or layouts */
+static PyStructSequence_Field wh__read_fields[] = {
+    {"generation", "the generation read (the newest when the one asked for was reclaimed)"},
+    {"position", "the position read (a neighbour's when a corrupt sample was skipped)"},
+    {"is_pad", "True when a neighbour stands in for a skipped corrupt sample"},
+    {"arrays", "one Array per field, None for a field not wanted"},
+    {"skipped", "why the sample asked for was skipped (str), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__read_desc = {
+    "wirehead_torch._C.SampleRead",
+    "A sample as Store.read_sample or view_sample read it through the read policy.",
+    wh__read_fields,
+    5,
+};
+
+static PyStructSequence_Field wh__copy_fields[] = {
+    {"generation", "the generation read (the newest when the one asked for was reclaimed)"},
+    {"position", "the position read (a neighbour's when a corrupt sample was skipped)"},
+    {"is_pad", "True when a neighbour stands in for a skipped corrupt sample"},
+    {"layouts", "one FieldLayout per field copied, None for a field skipped"},
+    {"skipped", "why the sample asked for was skipped (str), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__copy_desc = {
+    "wirehead_torch._C.SampleCopy",
+    "A sample as Store.read_sample_into copied it into the caller's buffers.",
+    wh__copy_fields,
+    5,
+};
+
+static PyStructSequence_Field wh__layout_fields[] = {
+    {"dtype", "the stored dtype's name"},
+    {"shape", "the field's shape (a tuple of ints)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__layout_desc = {
+    "wirehead_torch._C.FieldLayout",
+    "The dtype and shape of a field as read.",
+    wh__layout_fields,
+    2,
+};
+
+int wh_py_store_exec(PyObject *m, wh_py_state_t *S) {
+    if (wh_py_add_type(m, &S->store, &wh__store_spec) < 0 ||
+        wh_py_add_record(m, &S->rec_put, &wh__put_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_read, &wh__read_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_copy, &wh__copy_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_layout, &wh__layout_desc) < 0)
+        return -1;
+    return PyModule_AddFunctions(m, wh__store_functions);
+}
