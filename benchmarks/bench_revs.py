@@ -1,0 +1,78 @@
+"""Two commits of the package against each other: bench_loader.py (this
+tree's copy, so both sides run the same measurement) over each commit's
+package, alternating commit by commit for --rounds rounds, one repetition
+per run. Each run reports every read path as a ratio to raw store reads in
+that same run; this prints, per read path, the median ratio for each commit
+and the second's median over the first's.
+
+    .venv/bin/python benchmarks/bench_revs.py 90b2d32 HEAD --mib 64 --rounds 3
+
+Each commit is checked out with `git worktree add` under a temporary folder
+and its extension built there (a minute each); the worktrees are removed at
+the end.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "benchmarks", "bench_loader.py")
+
+
+def checkout(rev, into):
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "-q", "--detach", into, rev], check=True)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into,
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def one_run(tree, mib, out):
+    env = dict(os.environ, PYTHONPATH=tree)
+    subprocess.run([sys.executable, BENCH, "--mib", str(mib), "--reps", "1", "--json", out],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        rows = json.load(f)["results"][0]["rows"]
+    return {r["reader"]: r["vs_raw"] for r in rows}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--mib", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="bench-revs-")
+    trees = {}
+    try:
+        for rev in (a.before, a.after):
+            trees[rev] = os.path.join(tmp, rev.replace("/", "_"))
+            checkout(rev, trees[rev])
+        got = {rev: {} for rev in trees}
+        for k in range(a.rounds):
+            order = list(trees) if k % 2 == 0 else list(reversed(trees))
+            for rev in order:
+                for name, ratio in one_run(trees[rev], a.mib, os.path.join(tmp, "out.json")).items():
+                    got[rev].setdefault(name, []).append(ratio)
+        print(f"\n{a.mib} MiB samples, median of {a.rounds} rounds (commits alternating), "
+              f"each a ratio to raw reads in the same run\n")
+        print(f"| reader | {a.before} | {a.after} | after / before |")
+        print("|---|---:|---:|---:|")
+        for name in got[a.before]:
+            b = statistics.median(got[a.before][name])
+            if name not in got[a.after]:
+                print(f"| {name} | {b * 100:.0f}% | (absent) | |")
+                continue
+            f = statistics.median(got[a.after][name])
+            print(f"| {name} | {b * 100:.0f}% | {f * 100:.0f}% | {f / b:.2f} |", flush=True)
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    main()
