@@ -374,23 +374,23 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                 pos = 0
                 while pos < swap_cap and not stop:
                     try:
-                        got, gpos, _pad, arrs, _sk = store.read_sample(gen, pos, None, timeout,
-                                                                       False)
+                        got = store.read_sample(gen, pos, None, timeout, False)
                     except _C.CorruptSampleError as e:
                         corrupt += 1
                         log.warning("wirehead export: generation %d position %d not exported: "
                                     "%s", gen, pos, e)
                         pos += 1
                         continue
-                    if got != gen:  # reclaimed under us: start over on the newer one
+                    if got.generation != gen:  # reclaimed under us: start over on the newer one
                         moved += 1
                         log.warning("wirehead export: generation %d was reclaimed after %d of "
                                     "%d positions; going on with generation %d", gen, pos,
-                                    swap_cap, got)
-                        gen, pos = got, 0
+                                    swap_cap, got.generation)
+                        gen, pos = got.generation, 0
                         continue
-                    w.add(gen, gpos, [(a.dtype, a.shape, _bytes_of(a)) for a in arrs])
-                    del arrs
+                    w.add(gen, got.position,
+                          [(a.dtype, a.shape, _bytes_of(a)) for a in got.arrays])
+                    del got
                     pos += 1
                     if samples is not None and w.index["samples"] >= samples:
                         break
