@@ -117,6 +117,9 @@ def test_every_byte_read_through_the_tier(relay_cfg):
         assert st["read_gen"] == gen and st["lag_generations"] == 1
         assert st["relay"]["generations"] == 3 and st["relay"]["bytes"] == pulled
         assert pulled >= 3 * SWAP_CAP * N * 4
+        from wirehead_torch.apps.cli import _fmt_status
+        text = _fmt_status(wt.status(config=cfg))
+        assert "3 generations mirrored" in text and "1 behind MongoDB's newest" in text, text
         assert relay.step()["generation"] == newer
         assert wt.status(config=cfg)["local_cache"]["lag_generations"] == 0
     finally:

@@ -45,7 +45,7 @@ def _fmt_status(st, now=None):
     ]
     loc = st.get("local_cache")
     if loc:
-        lines += _fmt_local(loc)
+        lines += _fmt_local(loc, st)
     from ..manager import stall_text
     stall = stall_text(st)  # readers' views pin every area a seal could take
     if stall:
@@ -68,10 +68,11 @@ def _fmt_status(st, now=None):
     return "\n".join(lines)
 
 
-def _fmt_local(loc):
+def _fmt_local(loc, st):
     """The node-local tier's lines of `status` (LOCAL_CACHE set)."""
     out = [f"local cache      {loc['store']} (this node: {loc['node']})",
-           "  read gen.      " + (str(loc["read_gen"]) if loc["read_gen"] else "none yet")
+           "  read gen.      " + (gen_label(loc["read_gen"], st) if loc["read_gen"]
+                                  else "none yet")
            + f", {loc['lag_generations']} behind MongoDB's newest"]
     r = loc.get("relay")
     if not r:
@@ -81,7 +82,7 @@ def _fmt_local(loc):
     state = f"pid {r['pid']}" + ("" if r["running"] else " (not running)")
     mean = r["pull_s_total"] / r["generations"] if r["generations"] else None
     out.append(f"  relay          {state}: {r['generations']} generations mirrored, "
-               f"{r['bytes'] / 2**20:.1f} MiB pulled from MongoDB"
+               f"{r['bytes'] / 2**20:.2f} MiB pulled from MongoDB"
                + (f", last pull {r['last_pull_s']:.3f}s, mean {mean:.3f}s" if mean else ""))
     return out
 
