@@ -34,20 +34,23 @@ def status(config=None, config_path=None):
 
 def local_status(cfg, source_gen):
     """This node's LOCAL_CACHE: its read generation, how many generations
-    it is behind the store's newest (source_gen), and its relay's figures."""
+    it is behind the store's newest (source_gen), its relay's figures and
+    the readers reading it."""
     from .config import local_cache_uri, node_name
     from .relay import relay_figures
     ps = ProcessStore(cfg, create=False, local=True)
     try:
-        gen = ps.get().current()
+        local = ps.get().status()
+        gen, readers = local["read_gen"], local["readers"]
     except _C.NotFoundError:  # no relay has made it yet
-        gen = 0
+        gen, readers = 0, []
     finally:
         ps.close()
     # generation numbers count up by one per seal
     lag = (source_gen - gen if gen else (1 if source_gen else 0)) if source_gen >= gen else 0
     return {"store": local_cache_uri(cfg), "node": node_name(), "read_gen": gen,
-            "lag_generations": lag, "relay": relay_figures(cfg)}
+            "lag_generations": lag, "relay": relay_figures(cfg),
+            "readers": readers}  # this node's readers beat into the copy they read
 
 
 def _exists(cfg):

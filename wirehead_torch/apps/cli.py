@@ -73,7 +73,8 @@ def _fmt_local(loc, st):
     out = [f"local cache      {loc['store']} (this node: {loc['node']})",
            "  read gen.      " + (gen_label(loc["read_gen"], st) if loc["read_gen"]
                                   else "none yet")
-           + f", {loc['lag_generations']} behind MongoDB's newest"]
+           + f", {loc['lag_generations']} behind MongoDB's newest, "
+           f"{len(loc['readers'])} reader process(es) on this node"]
     r = loc.get("relay")
     if not r:
         out.append("  relay          none has run on this node: start wirehead-torch relay "
