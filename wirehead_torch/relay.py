@@ -109,7 +109,12 @@ class WireheadRelay:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                if self._still_named(fd, path):
+                    break
+                # the holder removed the file as it ended: lock the one named now
+                os.close(fd)
+                fd = _open_owned(path, os.O_RDWR | os.O_CREAT)
+                continue
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     os.close(fd)
@@ -135,6 +140,15 @@ class WireheadRelay:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
         return True
+
+    @staticmethod
+    def _still_named(fd, path):
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
     def _write_figures(self, force=False):
         now = time.time()
@@ -219,7 +233,11 @@ class WireheadRelay:
         self._src.close()
         self._dst.close()
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # lets the lock go
+            # removed while held (a waiting relay then locks a new file), then let go
+            path = _files(self.local)[0]
+            if self._still_named(self._lock_fd, path):
+                os.unlink(path)
+            os.close(self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self):

@@ -45,7 +45,7 @@ def relay_cfg(mongo_server, tmp_path):
     yield make
     for cfg in made:
         wt.clean(cfg)
-        try:
+        try:  # a SIGKILLed relay leaves its lock file (a clean exit removes it)
             os.unlink(f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock")
         except FileNotFoundError:
             pass
@@ -263,6 +263,11 @@ def test_one_relay_per_node(relay_cfg):
         a.kill()
         a.wait(10)
         whlib.wait_line(c.stderr, "fills", 30)
+        # a relay that ends cleanly removes its lock file
+        lock = f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock"
+        assert os.path.exists(lock)
+        assert whlib.stop(c) == 0
+        assert not os.path.exists(lock)
     finally:
         for p in (a, b, c):
             if p is not None:
