@@ -114,7 +114,7 @@ def _cmd_status(args):
 
 def _cmd_relay(args):
     from ..relay import WireheadRelay
-    with WireheadRelay(config_path=args.config, wait=not args.no_wait, out=sys.stdout) as r:
+    with WireheadRelay(config_path=args.config, wait=not args.no_wait) as r:  # logs to stderr
         r.run(max_generations=args.max_generations)
     return 0
 
