@@ -451,7 +451,7 @@ def get_config(config_path=None, config=None):
 
 # The keys that say which store a config names; the rest only say how to use it.
 STORE_KEYS = ("STORE", "MONGOHOST", "PORT", "DBNAME", "COLLECTION_PREFIX", "WRITE_COLLECTION",
-              "CONNECT_TIMEOUT")
+              "CONNECT_TIMEOUT", "LOCAL_CACHE")
 
 
 def get_store_config(config_path=None, config=None):
