@@ -74,6 +74,7 @@ def _relay_proc(path, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.asan
 def test_every_byte_read_through_the_tier(relay_cfg):
     cfg, _ = relay_cfg()
     src = whlib.open_store(cfg)
@@ -155,6 +156,7 @@ def test_ranks_and_workers_read_disjoint_positions(relay_cfg):
         src.close()
 
 
+@pytest.mark.asan
 def test_generation_reclaimed_mid_copy_is_abandoned_for_the_newest(relay_cfg):
     cfg, _ = relay_cfg()
     src = whlib.open_store(cfg)
