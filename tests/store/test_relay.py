@@ -113,6 +113,13 @@ def test_every_byte_read_through_the_tier(relay_cfg):
                 got.append(whlib.check_sample(ident.numpy(), data.numpy()))
         assert sorted(got) == [(3, p) for p in range(SWAP_CAP)]
         ld.close()
+        dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg, shuffle=False), batch_size=4,
+                           num_workers=2)
+        got = []
+        for b in dl:
+            assert set(b["generation"].tolist()) == {gen}
+            got += [whlib.check_sample(i.numpy(), d.numpy()) for i, d in zip(b["id"], b["data"])]
+        assert sorted(got) == [(3, p) for p in range(SWAP_CAP)]
         # observability: what the relay pulled, and the lag behind MongoDB
         st = wt.status(config=cfg)["local_cache"]
         assert st["read_gen"] == gen and st["lag_generations"] == 1
