@@ -9,6 +9,7 @@ order (readers, then relay, then generators); one relay per node."""
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ def _feed(store, tag, n=N):
 def _relay_proc(path, *args):
     return subprocess.Popen([sys.executable, "-m", "wirehead_torch.apps.cli", "relay",
                              "--config", path, *args], env=whlib.env_for_child(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.asan
@@ -197,6 +198,7 @@ def test_relay_killed_at_random_instants(relay_cfg):
     try:
         first = _relay_proc(path, "--max-generations", "1")
         assert first.wait(60) == 0, first.stderr.read()
+        whlib.stop(first)
         reader = whlib.spawn("read", cfg, "loader", 10 ** 9)
         whlib.wait_line(reader.stderr, "READER", 60)
         local = _local(cfg)
@@ -206,8 +208,7 @@ def test_relay_killed_at_random_instants(relay_cfg):
             p = _relay_proc(path)
             whlib.wait_line(p.stderr, "fills", 30)
             time.sleep(rng.uniform(0.0, 0.4))  # a random instant, not a synchronisation
-            p.kill()
-            p.wait(10)
+            whlib.stop(p, signal.SIGKILL)  # and closes its pipes
             kills += 1
             fill = local.status()["write_fill"]
             mid += 0 < fill < 16  # killed with a copy half done
@@ -269,8 +270,7 @@ def test_one_relay_per_node(relay_cfg):
         assert f"another relay (pid {a.pid})" in err, err
         c = _relay_proc(path)  # waits, and takes over when the first ends
         whlib.wait_line(c.stderr, "waiting to take over", 30)
-        a.kill()
-        a.wait(10)
+        whlib.stop(a, signal.SIGKILL)
         whlib.wait_line(c.stderr, "fills", 30)
         # a relay that ends cleanly removes its lock file
         lock = f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock"
