@@ -70,6 +70,27 @@ typedef struct {
     size_t hdr_size; /* the header, before page rounding (the /dev/shm a store reserves) */
 } wh_shm_layout_t;
 void wh_shm_layout(wh_shm_layout_t *l);
+/* The relay's mirror of a sealed generation (wh_relay.c): an shm store
+ * whose lease the caller holds takes generation gen with the same number
+ * and positions. begin opens gen as the write generation (creating the
+ * segment with budget bytes per area when it does not exist; WH_E_PINNED
+ * while readers pin every free area); reserve gives size bytes of its area
+ * for position pos (pos must be the next uncommitted one); commit makes pos
+ * readable once the caller has written and checked its encoded bytes; the
+ * ordinary seal then publishes gen. A kill at any point leaves the read
+ * generation readable; the next begin takes the area over. */
+bool wh_shm_mirror_begin(wh_store_t *st, uint64_t gen, uint64_t budget, wh_err_t *err);
+bool wh_shm_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
+                           wh_err_t *err);
+bool wh_shm_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err);
+
+/* Gives the buffer an encoded sample of meta->total_size bytes is written
+ * into (the header first, then the data chunks as stored). */
+typedef bool (*wh_raw_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err);
+/* Reads the encoded sample at (gen, pos) of a mongodb store whole into the
+ * buffer fn gives, every field's checksum checked. */
+bool wh_mongo_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                           wh_sample_meta_t *meta, wh_err_t *err);
 wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
 /* Collection names of the store's database; *names: wh_mongo_names_free. */

@@ -122,8 +122,11 @@ static bool wh__parse_chunk(const bson_t *doc, const wh__manifest_t *mf, const u
     return true;
 }
 
-bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
-                    wh_sample_meta_t *meta_out, wh_err_t *err) {
+/* raw: the encoded sample whole (header from the manifest, then every
+ * chunk byte, padding included) into the one buffer raw gives, checked
+ * field by field; fn is not used then. */
+static bool wh__read_impl(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                          wh_raw_fn raw, wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     const wh_schema_t *schema = &st->cfg.schema;
     if (pos >= st->cfg.swap_cap)
@@ -158,6 +161,19 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
     wh__manifest_t mf = {0};
     wh_sample_meta_t meta;
     ok = wh__parse_manifest(&man, schema, gen, pos, &mf, &meta, err);
+    char *base = NULL;
+    if (ok && raw) {
+        /* the header bytes as stored (checked by the parse above) */
+        bson_iter_t hi;
+        const uint8_t *hdr = NULL;
+        uint32_t hlen = 0;
+        if (bson_iter_init_find(&hi, &man, "h") && BSON_ITER_HOLDS_BINARY(&hi))
+            bson_iter_binary(&hi, NULL, &hlen, &hdr);
+        ok = raw(ctx, &meta, (void **)&base, err);
+        if (ok && (!hdr || hlen != meta.header_size))
+            ok = wh__corrupt(gen, pos, err, "manifest header changed");
+        if (ok) memcpy(base, hdr, hlen);
+    }
     bson_destroy(&man);
     if (!ok) return false;
     const int64_t sid = mf.sid;
@@ -184,8 +200,11 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
         }
     }
     void *dst[WH_MAX_FIELDS] = {0};
-    if (fn && !fn(ctx, &meta, dst, err)) return false;
-    bool any = false;
+    if (raw)
+        for (int i = 0; i < meta.nfields; i++) dst[i] = base + meta.f[i].offset;
+    else if (fn && !fn(ctx, &meta, dst, err))
+        return false;
+    bool any = raw != NULL;
     for (int i = 0; i < meta.nfields; i++) any |= dst[i] != NULL && meta.f[i].nbytes > 0;
 
     if (any && nchunks) {
@@ -213,7 +232,10 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
             uint64_t off = (uint64_t)dc * cb;
             m->seen[dc] = 1;
             got++;
-            wh__scatter(&meta, dst, meta.header_size + off, bytes, blen);
+            if (raw)
+                memcpy(base + meta.header_size + off, bytes, blen);
+            else
+                wh__scatter(&meta, dst, meta.header_size + off, bytes, blen);
         }
         bson_error_t e;
         bool cerr = !bad && mongoc_cursor_error(cur, &e);
@@ -244,10 +266,22 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
     }
     for (int i = 0; i < meta.nfields; i++) {
         if (!dst[i]) continue;
-        if (st->cfg.verify_reads && !wh_sample_verify(schema, &meta, i, dst[i], err))
+        if ((raw || st->cfg.verify_reads) && !wh_sample_verify(schema, &meta, i, dst[i], err))
             return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
         wh_count_out(meta.f[i].nbytes);
     }
     if (meta_out) *meta_out = meta;
     return true;
+}
+
+bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                    wh_sample_meta_t *meta_out, wh_err_t *err) {
+    return wh__read_impl(st, gen, pos, fn, ctx, NULL, meta_out, err);
+}
+
+bool wh_mongo_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                           wh_sample_meta_t *meta, wh_err_t *err) {
+    if (strncmp(st->cfg.uri, "mongodb://", 10) != 0)
+        return wh_err_set(err, WH_E_INVALID, "a relay pulls from a mongodb:// store only");
+    return wh__read_impl(st, gen, pos, NULL, ctx, fn, meta, err);
 }

@@ -7,6 +7,7 @@
 
 #include "wh_backend.h" /* only for shm_layout, which tests use to forge damage */
 #include "wh_dlpack.h"
+#include "wh_relay.h"
 
 /* ---- store configuration from keyword arguments ---- */
 
@@ -255,6 +256,38 @@ static PyObject *wh__store_seal(wh__pystore_t *self, PyObject *unused) {
     return Py_BuildValue("{sKsKsKsd}", "generation", (unsigned long long)info.generation,
                          "generated", (unsigned long long)info.generated, "discarded",
                          (unsigned long long)info.discarded, "seal_s", (double)info.seal_ns / 1e9);
+}
+
+/* pull_from(src, gen, budget=0, wait_s=30.0): this shm store mirrors sealed
+ * generation gen of the mongodb store src (the relay; docs/relay.md). */
+static PyObject *wh__store_pull_from(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kws[] = {"src", "gen", "budget", "wait_s", NULL};
+    PyObject *srcobj;
+    unsigned long long gen, budget = 0;
+    double wait_s = 30.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|Kd", kws, S->store, &srcobj, &gen, &budget,
+                                     &wait_s))
+        return NULL;
+    wh__pystore_t *src = (wh__pystore_t *)srcobj;
+    if (!wh__open(self) || !wh__open(src)) return NULL;
+    if (src == self) return PyErr_Format(S->value, "a store cannot mirror itself");
+    wh_err_t err = {0};
+    wh_relay_info_t info;
+    bool ok;
+    /* both handles held for the copy: dst's first (only the relay pairs them) */
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    pthread_mutex_lock(&src->mu);
+    if (self->st && src->st)
+        ok = wh_relay_pull(src->st, self->st, gen, budget, wait_s, &info, &err);
+    else
+        ok = wh_err_set(&err, WH_E_INVALID, "the handle was closed");
+    pthread_mutex_unlock(&src->mu);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS if (!ok) return wh_py_raise(S, &err);
+    return Py_BuildValue("{sKsIsKsd}", "generation", (unsigned long long)info.gen, "samples",
+                         (unsigned)info.samples, "bytes", (unsigned long long)info.bytes, "pull_s",
+                         (double)info.ns / 1e9);
 }
 
 static PyObject *wh__store_current(wh__pystore_t *self, PyObject *unused) {
@@ -666,6 +699,8 @@ static PyMethodDef wh__store_methods[] = {
      "seal if full: info dict; {'blocked_pid': P} while a live writer holds the next area; else "
      "None"},
     {"current", (PyCFunction)wh__store_current, METH_NOARGS, "read generation (0: none)"},
+    {"pull_from", (PyCFunction)(void (*)(void))wh__store_pull_from, METH_VARARGS | METH_KEYWORDS,
+     "pull_from(src, gen, budget=0, wait_s=30.0): mirror sealed generation gen of src here"},
     {"read", (PyCFunction)(void (*)(void))wh__store_read, METH_VARARGS | METH_KEYWORDS,
      "read(gen, pos, want=None) -> list of Array"},
     {"read_sample", (PyCFunction)(void (*)(void))wh__store_read_sample,

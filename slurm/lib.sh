@@ -55,6 +55,13 @@ wh_store_kind() {
 print(load_config(sys.argv[1])["STORE"].split("://")[0])' "$WH_CONFIG"
 }
 
+# The config's LOCAL_CACHE (empty when unset): with a mongodb:// store, one
+# relay per node fills it (docs/relay.md).
+wh_local_cache() {
+    "$WH_PYTHON" -c 'import sys; from wirehead_torch.config import load_config
+print(load_config(sys.argv[1])["LOCAL_CACHE"] or "")' "$WH_CONFIG"
+}
+
 # Runs a command (not a shell function: see WH_CLI) in the background and
 # passes SIGTERM/SIGINT on to it, so SLURM's --signal=B:TERM@N (pre-emption,
 # the time limit coming) reaches the wirehead process, which finishes its

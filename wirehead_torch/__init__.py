@@ -38,6 +38,7 @@ from .admin import clean, status  # noqa: E402
 from .config import Config, ConfigError, load_config  # noqa: E402
 from .generator import WireheadGenerator  # noqa: E402
 from .manager import WireheadManager  # noqa: E402
+from .relay import WireheadRelay  # noqa: E402
 from .shards import ShardError, export_shards, from_shards, mix  # noqa: E402
 
 # The readers need torch (the map-style ones also run without it, with
@@ -71,7 +72,8 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = [
-    "WireheadGenerator", "WireheadManager", "WireheadIterableDataset", "WireheadLoader",
+    "WireheadGenerator", "WireheadManager", "WireheadRelay", "WireheadIterableDataset",
+    "WireheadLoader",
     "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
     "load_config", "Config", "ConfigError", "status", "clean", "WireheadError",
     "InvalidSampleError",

@@ -27,9 +27,10 @@ class ProcessStore:
     handle follows a store removed or re-created under its name
     (``wirehead-torch clean``) by itself."""
 
-    def __init__(self, cfg, create=True):
+    def __init__(self, cfg, create=True, local=False):
         self.cfg = cfg
         self.create = create
+        self.local = local  # a reader's: the node-local copy under LOCAL_CACHE
         self._st = None
         self._pid = None
         self._noted = False
@@ -60,7 +61,7 @@ class ProcessStore:
         """This process's handle."""
         if self._st is None or self._pid != os.getpid():
             with secrets_hidden(self.cfg["STORE"]):  # a C error may quote the URI
-                self._st = _C.Store(**store_kwargs(self.cfg, self.create))
+                self._st = _C.Store(**store_kwargs(self.cfg, self.create, self.local))
             self._pid = os.getpid()
             self._noted = False
             if self.cfg["BYTE_BUDGET"] is not None:
@@ -73,7 +74,8 @@ class ProcessStore:
         self._st = None
 
     def __getstate__(self):
-        return {"cfg": self.cfg, "create": self.create, "_st": None, "_pid": None,
+        return {"cfg": self.cfg, "create": self.create, "local": self.local, "_st": None,
+                "_pid": None,
                 "_noted": False}
 
 

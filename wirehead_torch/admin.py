@@ -27,7 +27,30 @@ def status(config=None, config_path=None):
     if len(hist) >= 2 and hist[-1]["time"] > hist[0]["time"]:
         rate = (hist[-1]["generated"] - hist[0]["generated"]) / (hist[-1]["time"] - hist[0]["time"])
     st["samples_per_s"] = rate
+    if cfg["LOCAL_CACHE"]:
+        st["local_cache"] = local_status(cfg, st["read_gen"])
     return st
+
+
+def local_status(cfg, source_gen):
+    """This node's LOCAL_CACHE: its read generation, how many generations
+    it is behind the store's newest (source_gen), its relay's figures and
+    the readers reading it."""
+    from .config import local_cache_uri, node_name
+    from .relay import relay_figures
+    ps = ProcessStore(cfg, create=False, local=True)
+    try:
+        local = ps.get().status()
+        gen, readers = local["read_gen"], local["readers"]
+    except _C.NotFoundError:  # no relay has made it yet
+        gen, readers = 0, []
+    finally:
+        ps.close()
+    # generation numbers count up by one per seal
+    lag = (source_gen - gen if gen else (1 if source_gen else 0)) if source_gen >= gen else 0
+    return {"store": local_cache_uri(cfg), "node": node_name(), "read_gen": gen,
+            "lag_generations": lag, "relay": relay_figures(cfg),
+            "readers": readers}  # this node's readers beat into the copy they read
 
 
 def _exists(cfg):
@@ -43,7 +66,8 @@ def _exists(cfg):
 
 def clean(config=None, config_path=None):
     """Removes everything this store holds (its shm segment, or its MongoDB
-    collections); nothing else. Returns whether there was anything."""
+    collections, and with LOCAL_CACHE this node's copy); nothing else.
+    Returns whether there was anything."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg, bad = get_store_config(config_path, config)
@@ -52,4 +76,14 @@ def clean(config=None, config_path=None):
     with secrets_hidden(cfg["STORE"]):
         existed = _exists(cfg)
         _C.clean(**store_kwargs(cfg))
+    if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files too
+        from .config import local_cache_uri
+        from .relay import _files
+        local = local_cache_uri(cfg)
+        existed |= os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")
+        _C.clean(**store_kwargs(cfg, local=True))
+        try:  # the figures; the lock file stays (a running relay holds it)
+            os.unlink(_files(local)[1])
+        except FileNotFoundError:
+            pass
     return existed

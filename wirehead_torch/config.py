@@ -6,9 +6,11 @@ rest of the package takes values from it as they are.
 """
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
 import re
+import socket
 import stat
 import warnings
 from collections.abc import Mapping
@@ -49,6 +51,8 @@ DEFAULTS = {
     "CONNECT_TIMEOUT": 10.0,      # MongoDB: bounded wait for the server
     "VERIFY_READS": True,         # check every field's XXH3 checksum on read
     "MANAGER_POLL": 0.01,         # seconds between seal checks
+    "LOCAL_CACHE": None,          # mongodb:// only: shm://NAME or auto, the node-local
+                                  # copy a relay fills and readers read (docs/relay.md)
 }
 
 REQUIRED = ("SWAP_CAP", "SAMPLE")
@@ -194,9 +198,23 @@ def _check_value(key, v, where):
         return v
     if key == "STORE":
         return None if v is None else _store(v, key, where)
+    if key == "LOCAL_CACHE":
+        return _local_cache(v, where)
     if key in _NAME_KEYS:
         return None if v is None else _name(v, key, where, limit=200)
     return v
+
+
+def _local_cache(v, where):
+    """A LOCAL_CACHE value: None (off), 'auto', or an shm:// store."""
+    if v is None or v is False:
+        return None
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
+    if not isinstance(v, str) or not v.startswith("shm://"):
+        raise ConfigError(f"{where}: LOCAL_CACHE must be shm://NAME or auto (the node-local "
+                          f"copy of a mongodb:// STORE), got {v!r}")
+    return _store(v, "LOCAL_CACHE", where)
 
 
 def check_value(key, value, where="config"):
@@ -235,6 +253,7 @@ class Config(Mapping):
     verify_reads: bool
     manager_poll: float
     source: str = "config"
+    local_cache: Optional[str] = None
 
     def __getitem__(self, key):
         if not isinstance(key, str) or key not in KNOWN_KEYS:
@@ -292,6 +311,10 @@ def resolve(raw, where="config"):
             store = f"shm://{vals['DBNAME']}"
         store = _store(store, "STORE (made from MONGOHOST/PORT/DBNAME)", where)
     vals["STORE"] = store
+    if vals["LOCAL_CACHE"] and not store.startswith("mongodb://"):
+        raise ConfigError(f"{where}: LOCAL_CACHE is the node-local copy of a mongodb:// STORE; "
+                          f"STORE is {redact(store)!r}: remove LOCAL_CACHE or use a MongoDB "
+                          f"store")
     if not vals["COLLECTION_PREFIX"]:
         prefix = raw.get("WRITE_COLLECTION") or "wirehead"
         vals["COLLECTION_PREFIX"] = _name(prefix, "COLLECTION_PREFIX", where, limit=200)
@@ -428,7 +451,7 @@ def get_config(config_path=None, config=None):
 
 # The keys that say which store a config names; the rest only say how to use it.
 STORE_KEYS = ("STORE", "MONGOHOST", "PORT", "DBNAME", "COLLECTION_PREFIX", "WRITE_COLLECTION",
-              "CONNECT_TIMEOUT")
+              "CONNECT_TIMEOUT", "LOCAL_CACHE")
 
 
 def get_store_config(config_path=None, config=None):
@@ -592,11 +615,42 @@ def secrets_hidden(uri):
 
 # ---- what the C store is given ----
 
-def store_kwargs(cfg, create=True):
+def node_name():
+    """This node's identity for LOCAL_CACHE auto: SLURM's node name when set
+    (several "nodes" of one host then keep apart), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def local_cache_uri(cfg):
+    """The shm:// store readers read on this node (None without
+    LOCAL_CACHE). auto: a name made from the store, its database and
+    collection prefix, and this node, so configs of other stores or nodes
+    never share one."""
+    cfg = resolve(cfg)
+    if not cfg.local_cache:
+        return None
+    if cfg.local_cache != "auto":
+        return cfg.local_cache
+    node = node_name()
+    key = "\0".join((cfg.store, cfg.dbname, cfg.collection_prefix, node))
+    tag = hashlib.sha256(key.encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", node)[:80]
+    return f"shm://relay-{safe}-{tag}"
+
+
+def store_kwargs(cfg, create=True, local=False):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
     (create=False: open only an existing store). BYTE_BUDGET auto is 0: the
-    C store then lets only a put create an shm store, sized from its sample."""
+    C store then lets only a put create an shm store, sized from its sample.
+    local=True: a reader's store, the node-local copy when LOCAL_CACHE is
+    set (only its relay creates it)."""
     cfg = resolve(cfg)
+    uri = local_cache_uri(cfg) if local else None
+    if uri:
+        return dict(create=create, uri=uri, swap_cap=cfg.swap_cap, fields=list(cfg.sample),
+                    byte_budget=0, chunk_bytes=int(cfg.chunksize * (1 << 20)),
+                    dbname=cfg.dbname, prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
+                    connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
     return dict(
         create=create,
         uri=cfg.store,

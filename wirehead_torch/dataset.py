@@ -54,8 +54,22 @@ def unit_interval_normalize(img):
 WAIT_NOTE_EVERY = 5.0
 
 
+def _relay_wait(cfg):
+    """What a reader of the node-local copy (LOCAL_CACHE) waits for."""
+    from .config import local_cache_uri
+    from .relay import RELAY_COMMAND, relay_figures
+    fig = relay_figures(cfg)
+    if fig and fig["running"]:
+        return (f"the relay (pid {fig['pid']}) to copy the first generation of "
+                f"{redact(cfg['STORE'])} into {local_cache_uri(cfg)}", "start a generator")
+    return (f"a relay to fill this node's copy {local_cache_uri(cfg)} (LOCAL_CACHE) of "
+            f"{redact(cfg['STORE'])}", f"start one relay per node ({RELAY_COMMAND})")
+
+
 def _waiting_for(store, cfg):
     """What a reader with no generation to read waits for, in words."""
+    if cfg["LOCAL_CACHE"]:
+        return _relay_wait(cfg)[0]
     try:
         st = store.status()
     except _C.StoreNotCreatedError:
@@ -94,14 +108,17 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
             hint = original_layout_hint(cfg)
             if hint:
                 log.warning("wirehead reader: no generation yet%s", hint)
-        log.warning("wirehead reader (pid %d): waiting %.0fs of its %gs timeout for %s; "
-                    "start a generator (WireheadGenerator)", os.getpid(), waited, timeout,
-                    _waiting_for(store, cfg))
+        advice = (_relay_wait(cfg)[1] if cfg["LOCAL_CACHE"] else
+                  "start a generator (WireheadGenerator)")
+        log.warning("wirehead reader (pid %d): waiting %.0fs of its %gs timeout for %s; %s",
+                    os.getpid(), waited, timeout, _waiting_for(store, cfg), advice)
     raise TimeoutError(
         f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: waited for "
-        f"{_waiting_for(store, cfg)}; start generators (WireheadGenerator; with SELF_SEAL they "
-        f"seal full generations themselves) or a manager (wirehead-torch manager "
-        f"--config ...), or wait longer (READ_TIMEOUT, or the reader's timeout=)"
+        f"{_waiting_for(store, cfg)}; "
+        f"{_relay_wait(cfg)[1] + ', ' if cfg['LOCAL_CACHE'] else ''}"
+        f"start generators (WireheadGenerator; with SELF_SEAL they seal full generations "
+        f"themselves) or a manager (wirehead-torch manager --config ...), or wait longer "
+        f"(READ_TIMEOUT, or the reader's timeout=)"
         f"{original_layout_hint(cfg)}") from None
 
 
@@ -119,7 +136,7 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
 
 def check_views_store(cfg):
     """views=True needs the shm store: MongoDB bytes arrive as copies."""
-    if not str(cfg["STORE"]).startswith("shm://"):
+    if not str(cfg["STORE"]).startswith("shm://") and not cfg["LOCAL_CACHE"]:
         raise ValueError(f"views=True needs an shm:// store (STORE is "
                          f"{redact(cfg['STORE'])}); MongoDB samples are read as copies")
 
@@ -206,7 +223,7 @@ class _CurrentGenerationReader(_Base):
 
     def _fresh_state(self):
         """Store handle and ring of this object alone."""
-        self._store = ProcessStore(self.cfg)
+        self._store = ProcessStore(self.cfg, local=True)
         self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.fields, self.names,
                                      keys=self._KEYS, form=self._FORM, cast=self.cast,

@@ -97,7 +97,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.order.want,
                                      self.order.fields, cast=self.cast, timeout=self.timeout)
-        self._store = ProcessStore(self.cfg)
+        self._store = ProcessStore(self.cfg, local=True)
         # Shared with worker processes (fork, spawn, forkserver) so that
         # persistent and fresh workers agree on the epoch.
         self._raw = multiprocessing.RawArray("q", _REGION * _RANK_REGIONS)
@@ -305,5 +305,5 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d["_store"] = ProcessStore(self.cfg)
+        d["_store"] = ProcessStore(self.cfg, local=True)
         return d

@@ -60,7 +60,7 @@ class WireheadLoader:
         self._pid = None
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
-        self._store = ProcessStore(self.cfg)
+        self._store = ProcessStore(self.cfg, local=True)
         self._pad_memo = {}  # the epoch whose padding was last reported
 
     def _plan(self):
@@ -91,7 +91,7 @@ class WireheadLoader:
             self._rw = rw
             with secrets_hidden(self.cfg["STORE"]):
                 self._ld = _C.Loader(
-                    store=store_kwargs(self.cfg), batch=self.batch_size,
+                    store=store_kwargs(self.cfg, local=True), batch=self.batch_size,
                     threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
                     world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                     pad_batches=o.pad != "drop" or self.drop_last, want=o.want,

@@ -27,6 +27,8 @@
 #include <mongoc/mongoc.h>
 #include <xxhash.h>
 
+#include "wh_backend.h"
+#include "wh_relay.h"
 #include "wh_store.h"
 
 extern char **environ;
@@ -910,6 +912,86 @@ static void test_large_sample(void) {
     wh_store_clean(&c, &err);
 }
 
+/* The relay's mirror (ext/wh_relay.c): a sealed generation copied into an
+ * shm store reads back the same samples under the same number; a copier
+ * that dies half way leaves the mirrored generation readable; a reclaimed
+ * source generation and a second copier are refused with nothing changed. */
+static void check_all(wh_store_t *st, uint64_t gen, uint32_t cap, int64_t first, dest_t *d) {
+    wh_err_t err = {0};
+    for (uint32_t p = 0; p < cap; p++) {
+        int64_t id[2];
+        CHECK(read_check(st, gen, p, 2000, d, id, &err) && id[0] == 9 && id[1] == first + p,
+              "mirrored gen %llu pos %u: %s", (unsigned long long)gen, p, err.message);
+    }
+}
+
+static void test_relay_mirror(void) {
+    char uri[300], local[64];
+    uri_for(uri, sizeof uri, "t_relay");
+    snprintf(local, sizeof local, "shm://wh-ctest-relay-%d", (int)getpid());
+    wh_store_config_t c = config(uri, 4, 512), lc = config(local, 4, 0);
+    wh_store_t *src = open_store(&c), *dst = open_store(&lc);
+    wh_err_t err = {0};
+    bool leader;
+    REQUIRE(wh_store_lead(src, &leader, &err) && leader, "%s", err.message);
+    int64_t counter = 0;
+    dest_t d = {0};
+    uint64_t g1 = fill_and_seal(src, 4, 9, &counter, 2000);
+    wh_relay_info_t info;
+    REQUIRE(wh_relay_pull(src, dst, g1, 0, 5.0, &info, &err), "pull: %s", err.message);
+    uint64_t cur = 0;
+    CHECK(wh_store_current(dst, &cur, &err) && cur == g1 && info.samples == 4 && info.bytes > 0,
+          "mirrored generation is the read generation: %llu", (unsigned long long)cur);
+    check_all(dst, g1, 4, 0, &d);
+
+    /* a copier killed after two of four positions */
+    uint64_t g2 = fill_and_seal(src, 4, 9, &counter, 2000);
+    REQUIRE(wh_store_resign(dst, &err), "%s", err.message); /* the child relays now */
+    pid_t kid = fork();
+    if (kid == 0) {
+        wh_store_t *k = wh_store_open(&lc, &err);
+        void *buf = NULL;
+        if (!k || !wh_shm_mirror_begin(k, g2, 0, &err)) _exit(3);
+        for (uint32_t p = 0; p < 2; p++)
+            if (!wh_shm_mirror_reserve(k, g2, p, 64, &buf, &err) ||
+                !wh_shm_mirror_commit(k, g2, p, &err))
+                _exit(4);
+        _exit(0); /* no seal, no resign: as a SIGKILL leaves it */
+    }
+    int status = 0;
+    waitpid(kid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child copier: %d", status);
+    CHECK(wh_store_current(dst, &cur, &err) && cur == g1, "half a copy publishes nothing");
+    check_all(dst, g1, 4, 0, &d);
+    REQUIRE(wh_relay_pull(src, dst, g2, 0, 5.0, &info, &err), "resume: %s", err.message);
+    check_all(dst, g2, 4, 4, &d);
+
+    /* positions in order only; a second copier is refused */
+    void *buf = NULL;
+    wh_err_clear(&err);
+    uint64_t g3 = fill_and_seal(src, 4, 9, &counter, 2000);
+    CHECK(wh_shm_mirror_begin(dst, g3, 0, &err) &&
+              !wh_shm_mirror_reserve(dst, g3, 1, 64, &buf, &err) && err.code == WH_E_INVALID,
+          "out of order: %d %s", err.code, err.message);
+    wh_store_t *other = open_store(&lc);
+    wh_err_clear(&err);
+    CHECK(!wh_relay_pull(src, other, g3, 0, 5.0, &info, &err) && err.code == WH_E_LEASE,
+          "second copier refused: %d %s", err.code, err.message);
+    wh_store_destroy(other);
+
+    /* a source generation reclaimed before the copy: GONE, g2 still read */
+    for (int k = 0; k < 3; k++) fill_and_seal(src, 4, 9, &counter, 2000);
+    wh_err_clear(&err);
+    CHECK(!wh_relay_pull(src, dst, g3, 0, 5.0, &info, &err) && err.code == WH_E_GONE,
+          "reclaimed: %d %s", err.code, err.message);
+    CHECK(wh_store_current(dst, &cur, &err) && cur == g2, "still the last mirrored");
+    check_all(dst, g2, 4, 4, &d);
+    dest_free(&d);
+    wh_store_destroy(dst);
+    wh_store_destroy(src);
+    REQUIRE(wh_store_clean(&lc, &err), "%s", err.message);
+}
+
 int main(void) {
     const char *env = getenv("WH_MONGO_URI");
     signal(SIGPIPE, SIG_IGN);
@@ -931,6 +1013,7 @@ int main(void) {
         {"unreachable", test_unreachable},
         {"concurrent", test_concurrent},
         {"large_sample", test_large_sample},
+        {"relay_mirror", test_relay_mirror},
     };
     const char *only = getenv("WH_TEST_ONLY");
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

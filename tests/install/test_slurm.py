@@ -129,6 +129,45 @@ def test_three_node_torchrun_on_mongodb_with_generator_array_and_manager(
     wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
 
 
+def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
+    """LOCAL_CACHE: train.sbatch starts one relay per training node before
+    torchrun; every rank reads its node's copy (auto: named per node)."""
+    swap_cap = 10
+    cfg = write_cfg(tmp_path / "config.yaml", swap_cap, CONNECT_TIMEOUT=10, LOCAL_CACHE="auto")
+    store = f"{mongo_server.uri}/{whlib.unique_name('whslurm')}"
+    run_dir, jobs = submit(cluster, "--config", cfg, "--store", store, "--generators", "1",
+                           "--procs", "1", "--train-nodes", "3", "--seconds", "12",
+                           "--run-dir", str(tmp_path / "run"), "--gen-args", "--size 16",
+                           "--train-args", "--batch-size 2", "--sbatch-args",
+                           "--cpus-per-task=1")
+    wait_ok(cluster, [int(j) for j in jobs.values()], run_dir)
+    (relay,) = read_log(run_dir, "relay-").values()
+    fills = [line for line in relay.splitlines() if " fills shm://relay-" in line]
+    assert sorted(line.split("shm://relay-")[1].split("-")[0] for line in fills) == \
+        ["n1", "n2", "n3"], relay  # one relay on each node, each filling its own copy
+    assert "MiB in" in relay, relay  # a generation was copied
+    (train,) = read_log(run_dir, "train-").values()
+    assert "one relay per node" in train and "train: done (0)" in train
+    check_ranks(run_dir, 3, swap_cap)
+    import wirehead_torch as wt
+    old = os.environ.get("SLURMD_NODENAME")
+    try:
+        from wirehead_torch.config import local_cache_uri
+        for node in ("n1", "n2", "n3"):  # each node's copy is named for it
+            os.environ["SLURMD_NODENAME"] = node
+            c = {"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"],
+                 "LOCAL_CACHE": "auto"}
+            wt.clean(c)
+            lock = f"/dev/shm/wirehead-relay.{local_cache_uri(c)[6:]}.lock"
+            if os.path.exists(lock):  # the step's end may SIGKILL a relay
+                os.unlink(lock)
+    finally:
+        if old is None:
+            os.environ.pop("SLURMD_NODENAME", None)
+        else:
+            os.environ["SLURMD_NODENAME"] = old
+
+
 STAND_IN_MONGOD = """#!{python}
 # stands in for mongod: the in-memory test server on --port, until SIGTERM
 import signal, subprocess, sys

@@ -43,6 +43,9 @@ def _fmt_status(st, now=None):
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
     ]
+    loc = st.get("local_cache")
+    if loc:
+        lines += _fmt_local(loc, st)
     from ..manager import stall_text
     stall = stall_text(st)  # readers' views pin every area a seal could take
     if stall:
@@ -63,6 +66,26 @@ def _fmt_status(st, now=None):
                          f"generation {gen_label(h['generation'], st)} generated={h['generated']} "
                          f"discarded={h['discarded']} seal={h['seal_s'] * 1e3:.3f}ms")
     return "\n".join(lines)
+
+
+def _fmt_local(loc, st):
+    """The node-local tier's lines of `status` (LOCAL_CACHE set)."""
+    out = [f"local cache      {loc['store']} (this node: {loc['node']})",
+           "  read gen.      " + (gen_label(loc["read_gen"], st) if loc["read_gen"]
+                                  else "none yet")
+           + f", {loc['lag_generations']} behind MongoDB's newest, "
+           f"{len(loc['readers'])} reader process(es) on this node"]
+    r = loc.get("relay")
+    if not r:
+        out.append("  relay          none has run on this node: start wirehead-torch relay "
+                   "--config FILE")
+        return out
+    state = f"pid {r['pid']}" + ("" if r["running"] else " (not running)")
+    mean = r["pull_s_total"] / r["generations"] if r["generations"] else None
+    out.append(f"  relay          {state}: {r['generations']} generations mirrored, "
+               f"{r['bytes'] / 2**20:.2f} MiB pulled from MongoDB"
+               + (f", last pull {r['last_pull_s']:.3f}s, mean {mean:.3f}s" if mean else ""))
+    return out
 
 
 def _cmd_status(args):
@@ -86,6 +109,13 @@ def _cmd_status(args):
             n += 1
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def _cmd_relay(args):
+    from ..relay import WireheadRelay
+    with WireheadRelay(config_path=args.config, wait=not args.no_wait) as r:  # logs to stderr
+        r.run(max_generations=args.max_generations)
     return 0
 
 
@@ -152,6 +182,13 @@ def main(argv=None):
     s.add_argument("--watch", action="store_true", help="print the figures every --interval s")
     s.add_argument("--interval", type=float, default=2.0)
     s.add_argument("--count", type=int, default=None, help="with --watch: stop after N prints")
+    r = sub.add_parser("relay", help="copy each MongoDB generation once into this node's "
+                       "LOCAL_CACHE store (one per node; docs/relay.md)")
+    _config_arg(r)
+    r.add_argument("--max-generations", type=int, default=None,
+                   help="stop after copying this many generations")
+    r.add_argument("--no-wait", action="store_true",
+                   help="exit if another relay fills this node's store (default: wait)")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     _config_arg(c)
     jobs.parser(sub)
@@ -171,11 +208,12 @@ def main(argv=None):
             if args.cmd in ("generate", "train", "export"):
                 return jobs.run(args, argv)
             _default_config(args)
-            cmd = {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean}[args.cmd]
+            cmd = {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean,
+                   "relay": _cmd_relay}[args.cmd]
             rc = cmd(args)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
             return rc
-        except (ValueError, _C.WireheadError, TimeoutError) as e:
+        except (ValueError, _C.WireheadError, TimeoutError, RuntimeError) as e:
             print(f"wirehead-torch {args.cmd}: {e}", file=sys.stderr)
             return 2
     except BrokenPipeError:

@@ -143,6 +143,7 @@ class WireheadSnapshot:
     generated: int = 0
     discarded: int = 0
     leader_pid: int = 0
+    local_cache: Optional[dict] = None  # LOCAL_CACHE: this node's copy and relay (status)
 
     def to_jsonl(self) -> str:
         return json.dumps(asdict(self))
@@ -265,7 +266,14 @@ class WireheadLogger:
             db_name=self.db_name, poll_interval=self.poll_interval, timestamp=now,
             recent_swaps=list(self.swap_logs[-self.RECENT:]),
             store=redact(self.cfg["STORE"]), generated=st["generated"],
-            discarded=st["discarded"], leader_pid=st["leader_pid"])
+            discarded=st["discarded"], leader_pid=st["leader_pid"],
+            local_cache=self._local(st))
+
+    def _local(self, st):
+        if not self.cfg["LOCAL_CACHE"]:
+            return None
+        from ..admin import local_status
+        return local_status(self.cfg, st["read_gen"])
 
     def _polls(self, count):
         n = 0
@@ -328,8 +336,15 @@ def tui_lines(s):
         f"{s.write_mb_per_s:.2f} MB/s",
         f"totals            {s.generated} generated, {s.discarded} surplus discarded",
         "lease             " + (f"pid {s.leader_pid}" if s.leader_pid else "free"),
-        "recent swaps:",
     ]
+    loc = s.local_cache
+    if loc:
+        r = loc["relay"] or {}
+        lines.append(f"local cache       {loc['store']}: {loc['lag_generations']} behind, "
+                     f"{r.get('generations', 0)} relayed, "
+                     f"{r.get('bytes', 0) / 2**20:.1f} MiB pulled"
+                     + ("" if r.get("running") else " (no relay running)"))
+    lines.append("recent swaps:")
     for r in reversed(s.recent_swaps[-5:]):
         life = "-" if r.swap_duration is None else f"{r.swap_duration:.2f}s"
         lines.append(f"  #{r.swap_count:<5} {human_time(r.swap_timestamp, s.timestamp)}  "

@@ -1,0 +1,307 @@
+"""The node-local tier: a relay copies each generation sealed in MongoDB
+into the node's shm store (LOCAL_CACHE), and every reader reads that copy.
+
+Checked here: every byte of every sample read through the tier; disjoint
+positions for 2 ranks x 2 workers; a relay SIGKILLed at random instants
+while a reader reads (no torn or wrong sample, the next relay resumes with
+the newest generation); a generation reclaimed in MongoDB mid-copy; start
+order (readers, then relay, then generators); one relay per node."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import wirehead_torch as wt
+from wirehead_torch._arrays import to_store_arrays
+from wirehead_torch.config import ConfigError, local_cache_uri, resolve
+
+import whlib
+
+SWAP_CAP = 8
+N = 4096  # floats per sample: 16 KiB of data
+
+
+@pytest.fixture
+def relay_cfg(mongo_server, tmp_path):
+    """make(**extra) -> (config dict, its YAML file) for a fresh MongoDB store
+    with its own LOCAL_CACHE; both removed afterwards."""
+    made = []
+
+    def make(**extra):
+        cfg = {"STORE": f"{mongo_server.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": SWAP_CAP,
+               "SAMPLE": ["id", "data"], "LEASE_SECONDS": 5, "SELF_SEAL": False,
+               "CONNECT_TIMEOUT": 10, "READ_TIMEOUT": 60,
+               "LOCAL_CACHE": f"shm://{whlib.unique_name('whrelay')}", **extra}
+        path = tmp_path / f"cfg{len(made)}.yaml"
+        path.write_text(json.dumps(cfg))  # JSON is YAML
+        made.append(cfg)
+        return cfg, str(path)
+
+    yield make
+    for cfg in made:
+        wt.clean(cfg)
+        try:  # a SIGKILLed relay leaves its lock file (a clean exit removes it)
+            os.unlink(f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock")
+        except FileNotFoundError:
+            pass
+
+
+def _local(cfg):
+    """A raw handle on the node-local copy."""
+    return whlib.open_store(dict(cfg, STORE=cfg["LOCAL_CACHE"], LOCAL_CACHE=None,
+                                 BYTE_BUDGET="auto"))
+
+
+def _feed(store, tag, n=N):
+    """Fills MongoDB's write generation with samples tagged tag and seals it."""
+    assert store.lead()
+    for i in range(SWAP_CAP):
+        status, _gen = store.put(to_store_arrays(whlib.sample(tag, i, n), ("id", "data")))
+        assert status == 0
+    info = store.seal()
+    assert info and info.get("generation"), info
+    return info["generation"]
+
+
+def _relay_proc(path, *args):
+    return subprocess.Popen([sys.executable, "-m", "wirehead_torch.apps.cli", "relay",
+                             "--config", path, *args], env=whlib.env_for_child(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.asan
+def test_every_byte_read_through_the_tier(relay_cfg):
+    cfg, _ = relay_cfg()
+    src = whlib.open_store(cfg)
+    relay = wt.WireheadRelay(config=cfg)
+    try:
+        pulled = 0
+        for tag in (1, 2, 3):
+            gen = _feed(src, tag)
+            info = relay.step()
+            assert info["generation"] == gen and info["samples"] == SWAP_CAP
+            pulled += info["bytes"]
+            local = _local(cfg)
+            assert local.current() == gen  # same generation number
+            # every position holds the same encoded sample: same arrays, same bytes
+            for pos in range(SWAP_CAP):
+                a = [np.from_dlpack(x) for x in src.read(gen, pos)]
+                b = [np.from_dlpack(x) for x in local.read(gen, pos)]
+                for x, y in zip(a, b):
+                    assert x.dtype == y.dtype and x.shape == y.shape
+                    assert x.tobytes() == y.tobytes()
+                assert whlib.check_sample(b[0], b[1]) == (tag, pos)
+            local.close()
+        # a newer generation sealed in MongoDB but not relayed yet: readers
+        # still read the local copy's newest
+        newer = _feed(src, 4)
+        assert newer > gen
+        ds = wt.MongoheadDataset(config=cfg, timeout=5)
+        seen = [ds[i] for i in range(SWAP_CAP)]
+        for pos, item in enumerate(seen):
+            assert whlib.check_sample(item["input"].numpy(), item["label"].numpy()) == (3, pos)
+        ld = wt.WireheadLoader(config=cfg, batch_size=4, num_threads=2)
+        got = []
+        for b in ld:
+            assert set(b["generation"].tolist()) == {gen}
+            for ident, data in zip(b["id"], b["data"]):
+                got.append(whlib.check_sample(ident.numpy(), data.numpy()))
+        assert sorted(got) == [(3, p) for p in range(SWAP_CAP)]
+        ld.close()
+        dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg, shuffle=False), batch_size=4,
+                           num_workers=2)
+        got = []
+        for b in dl:
+            assert set(b["generation"].tolist()) == {gen}
+            got += [whlib.check_sample(i.numpy(), d.numpy()) for i, d in zip(b["id"], b["data"])]
+        assert sorted(got) == [(3, p) for p in range(SWAP_CAP)]
+        # observability: what the relay pulled, and the lag behind MongoDB
+        st = wt.status(config=cfg)["local_cache"]
+        assert st["read_gen"] == gen and st["lag_generations"] == 1
+        assert st["relay"]["generations"] == 3 and st["relay"]["bytes"] == pulled
+        assert pulled >= 3 * SWAP_CAP * N * 4
+        from wirehead_torch.apps.cli import _fmt_status
+        text = _fmt_status(wt.status(config=cfg))
+        assert "3 generations mirrored" in text and "1 behind MongoDB's newest" in text, text
+        assert relay.step()["generation"] == newer
+        assert wt.status(config=cfg)["local_cache"]["lag_generations"] == 0
+    finally:
+        relay.close()
+        src.close()
+
+
+def test_ranks_and_workers_read_disjoint_positions(relay_cfg):
+    import torch
+    cfg, _ = relay_cfg()
+    src = whlib.open_store(cfg)
+    relay = wt.WireheadRelay(config=cfg)
+    try:
+        gen = _feed(src, 5)
+        assert relay.step()["generation"] == gen
+        items = {}
+        for rank in range(2):
+            ds = wt.WireheadIterableDataset(config=cfg, batch_size=1, num_workers=2, rank=rank,
+                                            world_size=2, seed=3)
+            dl = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2)
+            items[rank] = []
+            for b in dl:
+                tag, counter = whlib.check_sample(b["id"][0].numpy(), b["data"][0].numpy())
+                assert int(b["generation"][0]) == gen and tag == 5
+                assert counter == int(b["position"][0])  # the position means the same sample
+                if not bool(b["is_pad"][0]):
+                    items[rank].append(counter)
+        assert not set(items[0]) & set(items[1]), items
+        assert sorted(items[0] + items[1]) == list(range(SWAP_CAP))
+        assert len(items[0]) == len(items[1]) == SWAP_CAP // 2
+    finally:
+        relay.close()
+        src.close()
+
+
+@pytest.mark.asan
+def test_generation_reclaimed_mid_copy_is_abandoned_for_the_newest(relay_cfg):
+    cfg, _ = relay_cfg()
+    src = whlib.open_store(cfg)
+    relay = wt.WireheadRelay(config=cfg)
+    try:
+        first = _feed(src, 1)
+        relay.step()
+        gens = [_feed(src, tag) for tag in (2, 3, 4)]  # MongoDB keeps the newest two
+        local = relay._dst.get()
+        with pytest.raises(wt.GenerationGoneError):
+            local.pull_from(src, gens[0])
+        # nothing changed locally: the old generation reads whole
+        assert local.current() == first
+        assert whlib.read_generation(local, first, SWAP_CAP) == [(1, p) for p in range(SWAP_CAP)]
+        assert relay.step()["generation"] == gens[-1]
+        assert whlib.read_generation(local, gens[-1], SWAP_CAP) == \
+            [(4, p) for p in range(SWAP_CAP)]
+    finally:
+        relay.close()
+        src.close()
+
+
+def test_relay_killed_at_random_instants(relay_cfg):
+    """SIGKILL at 20 random instants, mostly mid-copy, while a reader reads
+    through the tier and generators keep sealing in MongoDB."""
+    cfg, path = relay_cfg(SWAP_CAP=16)
+    rng = random.Random(1234)
+    feed = [whlib.spawn("gen", cfg, tag, 10 ** 9, 64 * 1024) for tag in (1, 2)]
+    feed.append(whlib.spawn("manager", cfg))
+    reader = None
+    try:
+        first = _relay_proc(path, "--max-generations", "1")
+        assert first.wait(60) == 0, first.stderr.read()
+        whlib.stop(first)
+        reader = whlib.spawn("read", cfg, "loader", 10 ** 9)
+        whlib.wait_line(reader.stderr, "READER", 60)
+        local = _local(cfg)
+        kills = mid = 0
+        t0 = time.monotonic()
+        while kills < 20:
+            p = _relay_proc(path)
+            whlib.wait_line(p.stderr, "fills", 30)
+            time.sleep(rng.uniform(0.0, 0.4))  # a random instant, not a synchronisation
+            whlib.stop(p, signal.SIGKILL)  # and closes its pipes
+            kills += 1
+            fill = local.status()["write_fill"]
+            mid += 0 < fill < 16  # killed with a copy half done
+            # the local copy reads whole at every instant a relay may die
+            gen = local.current()
+            got = whlib.read_generation(local, gen, 16)
+            assert got is None or len(got) == 16
+            assert time.monotonic() - t0 < 120
+        assert mid >= 5, f"only {mid} of {kills} kills came mid-copy"
+        assert reader.poll() is None, whlib.tail(reader.stderr)
+        # the next relay resumes with MongoDB's newest generation
+        src = whlib.open_store(cfg)
+        newest = src.current()
+        p = _relay_proc(path)
+        try:
+            whlib.until(lambda: local.current() >= newest, 60, "the relay to catch up")
+        finally:
+            whlib.stop(p)
+        src.close()
+        got = whlib.read_generation(local, local.current(), 16)
+        assert got is None or len(got) == 16
+        assert reader.poll() is None, whlib.tail(reader.stderr)
+        local.close()
+    finally:
+        if reader is not None:
+            whlib.stop(reader)
+        for f in feed:
+            whlib.stop(f)
+
+
+def test_readers_before_relay_before_generators(relay_cfg):
+    cfg, path = relay_cfg()
+    reader = whlib.spawn("read", cfg, "loader", SWAP_CAP)
+    relay = feed = None
+    try:
+        said = "".join(whlib.wait_line(reader.stderr, "waiting", 60))
+        assert "wirehead-torch relay --config FILE" in said, said
+        assert local_cache_uri(cfg) in said
+        relay = _relay_proc(path)
+        whlib.wait_line(relay.stderr, "fills", 30)
+        feed = [whlib.spawn("gen", cfg, 7, 10 ** 9, N), whlib.spawn("manager", cfg)]
+        whlib.wait_line(reader.stderr, f"READ {SWAP_CAP}", 90)
+        assert reader.wait(60) == 0, whlib.tail(reader.stderr)
+    finally:
+        for p in [reader, relay] + (feed or []):
+            if p is not None:
+                whlib.stop(p)
+
+
+def test_one_relay_per_node(relay_cfg):
+    cfg, path = relay_cfg()
+    a = _relay_proc(path)
+    b = c = None
+    try:
+        whlib.wait_line(a.stderr, "fills", 30)
+        b = _relay_proc(path, "--no-wait")
+        assert b.wait(30) == 2
+        err = b.stderr.read()
+        assert f"another relay (pid {a.pid})" in err, err
+        c = _relay_proc(path)  # waits, and takes over when the first ends
+        whlib.wait_line(c.stderr, "waiting to take over", 30)
+        whlib.stop(a, signal.SIGKILL)
+        whlib.wait_line(c.stderr, "fills", 30)
+        # a relay that ends cleanly removes its lock file
+        lock = f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock"
+        assert os.path.exists(lock)
+        assert whlib.stop(c) == 0
+        assert not os.path.exists(lock)
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                whlib.stop(p)
+
+
+def test_local_cache_config():
+    base = {"SWAP_CAP": 4, "SAMPLE": ["x"]}
+    with pytest.raises(ConfigError, match="LOCAL_CACHE"):
+        resolve(dict(base, STORE="shm://x", LOCAL_CACHE="auto"))
+    with pytest.raises(ConfigError, match="LOCAL_CACHE"):
+        resolve(dict(base, STORE="mongodb://h/db", LOCAL_CACHE="mongodb://h/other"))
+    cfg = resolve(dict(base, STORE="mongodb://h/db", LOCAL_CACHE="auto"))
+    names = set()
+    old = os.environ.get("SLURMD_NODENAME")
+    try:
+        for node in ("node1", "node2"):
+            os.environ["SLURMD_NODENAME"] = node
+            names.add(local_cache_uri(cfg))
+            assert node in local_cache_uri(cfg)
+    finally:
+        if old is None:
+            os.environ.pop("SLURMD_NODENAME", None)
+        else:
+            os.environ["SLURMD_NODENAME"] = old
+    assert len(names) == 2  # two "nodes" on one host keep apart
+    other = resolve(dict(base, STORE="mongodb://h/db2", LOCAL_CACHE="auto"))
+    assert local_cache_uri(other) != local_cache_uri(cfg)

@@ -1,0 +1,248 @@
+"""The node-local tier (docs/relay.md): one relay per node copies each
+generation sealed in a mongodb:// store once into the node's shm:// store
+named by LOCAL_CACHE, and seals it there with the same number; every reader
+on the node then reads local memory. The copy itself is C (Store.pull_from):
+the server's reply goes straight into the shared-memory area."""
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import time
+
+from . import _C
+from ._store import ProcessStore, StopFlag
+from .config import ConfigError, get_config, local_cache_uri, node_name, redact, secrets_hidden
+
+log = logging.getLogger("wirehead_torch")
+
+RELAY_COMMAND = "wirehead-torch relay --config FILE"
+NOTE_EVERY = 5.0  # seconds between a waiting relay's notes, as readers say theirs
+
+
+def _files(local_uri):
+    """The relay's lock file and its figures, next to the local store."""
+    name = local_uri[len("shm://"):]
+    return (f"/dev/shm/wirehead-relay.{name}.lock", f"/dev/shm/wirehead-relay.{name}.json")
+
+
+def _open_owned(path, flags):
+    """A regular file of this user's, mode 0600, never through a link."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise ConfigError(f"{path}: the relay's file must be a regular file of uid "
+                          f"{os.geteuid()} with mode 0600; remove it")
+    return fd
+
+
+def relay_figures(cfg):
+    """The figures this node's relay last wrote for cfg's LOCAL_CACHE (a
+    dict, ``running`` telling whether its process lives), or None when no
+    relay has run here."""
+    local = local_cache_uri(cfg)
+    if not local:
+        return None
+    try:
+        fd = _open_owned(_files(local)[1], os.O_RDONLY)
+    except (FileNotFoundError, ConfigError):
+        return None
+    with os.fdopen(fd) as f:
+        try:
+            fig = json.load(f)
+        except ValueError:
+            return None
+    try:
+        os.kill(int(fig.get("pid", 0)), 0)
+        fig["running"] = True
+    except (OSError, ValueError):
+        fig["running"] = False
+    return fig
+
+
+class RelayBusyError(RuntimeError):
+    """Another relay fills this node's local store (one relay per node)."""
+
+
+class WireheadRelay:
+    """Fills this node's LOCAL_CACHE store from the config's mongodb://
+    STORE: polls the MongoDB state every ``poll`` seconds and, when a newer
+    generation is sealed there, copies it once (same generation number,
+    positions and checksummed bytes) and seals it locally. A generation
+    MongoDB reclaims while it is copied is abandoned for the newest. One
+    relay per node: a second one waits for the first to end
+    (``wait=False``: raises RelayBusyError instead)."""
+
+    def __init__(self, config_path=None, config=None, poll=0.05, wait=True, out=None):
+        self.cfg = get_config(config_path, config)
+        if not self.cfg["LOCAL_CACHE"]:
+            raise ConfigError(f"{self.cfg.source}: a relay needs LOCAL_CACHE (shm://NAME or "
+                              f"auto) with a mongodb:// STORE")
+        self.local = local_cache_uri(self.cfg)
+        self.poll = float(poll)
+        self.wait = wait
+        self.out = out
+        self._src = ProcessStore(self.cfg)
+        self._dst = ProcessStore(self.cfg, local=True)
+        self._lock_fd = None
+        self._stop = StopFlag()
+        self.figures = {"pid": os.getpid(), "node": node_name(), "local": self.local,
+                        "source": redact(self.cfg["STORE"]), "generations": 0, "bytes": 0,
+                        "abandoned": 0, "last_pull_s": None, "pull_s_total": 0.0,
+                        "local_gen": 0, "source_gen": 0, "lag_generations": 0,
+                        "started": time.time(), "updated": time.time()}
+        self._written = 0.0
+
+    def _say(self, text):
+        log.info("wirehead relay: %s", text)
+        if self.out is not None:
+            print(text, file=self.out, flush=True)
+
+    def _acquire(self):
+        """Takes the node's relay lock (flock: the kernel lets go of it when
+        the holder dies, however it dies); True once held."""
+        path = _files(self.local)[0]
+        fd = _open_owned(path, os.O_RDWR | os.O_CREAT)
+        noted = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self._still_named(fd, path):
+                    break
+                # the holder removed the file as it ended: lock the one named now
+                os.close(fd)
+                fd = _open_owned(path, os.O_RDWR | os.O_CREAT)
+                continue
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+            try:
+                holder = os.pread(fd, 32, 0).decode().strip() or "?"
+            except OSError:
+                holder = "?"
+            what = (f"another relay (pid {holder}) fills {self.local} on this node "
+                    f"(one relay per node)")
+            if not self.wait:
+                os.close(fd)
+                raise RelayBusyError(what)
+            now = time.monotonic()
+            if noted is None or now - noted >= NOTE_EVERY:
+                noted = now
+                log.warning("wirehead relay (pid %d): %s; waiting to take over", os.getpid(),
+                            what)
+            if self._stop.wait(0.1):
+                os.close(fd)
+                return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        return True
+
+    @staticmethod
+    def _still_named(fd, path):
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _write_figures(self, force=False):
+        now = time.time()
+        if not force and now - self._written < 1.0:
+            return
+        self._written = now
+        self.figures["updated"] = now
+        path = _files(self.local)[1]
+        tmp = f"{path}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.figures, f)
+        os.replace(tmp, path)  # readers of the figures see the old file or the new one
+
+    def step(self):
+        """One look at MongoDB; copies its newest sealed generation when the
+        local store lacks it. The copy's figures (a dict), or None."""
+        src, dst = self._src.get(), self._dst.get()
+        with secrets_hidden(self.cfg["STORE"]):
+            newest = src.current()
+        have = dst.current()
+        fig = self.figures
+        fig["source_gen"], fig["local_gen"] = newest, have
+        fig["lag_generations"] = max(0, newest - have) if have else (1 if newest else 0)
+        if not newest or newest <= have:
+            self._write_figures()
+            return None
+        try:
+            with secrets_hidden(self.cfg["STORE"]):
+                info = dst.pull_from(src, newest, budget=self.cfg["BYTE_BUDGET"] or 0,
+                                     wait_s=max(30.0, self.cfg["LEASE_SECONDS"]))
+        except _C.GenerationGoneError:
+            fig["abandoned"] += 1  # reclaimed while copied: the newest next
+            self._say(f"generation {newest} was reclaimed in MongoDB while copied; "
+                      f"taking the newest")
+            return None
+        fig["generations"] += 1
+        fig["bytes"] += info["bytes"]
+        fig["last_pull_s"] = info["pull_s"]
+        fig["pull_s_total"] += info["pull_s"]
+        fig["local_gen"] = info["generation"]
+        fig["lag_generations"] = max(0, fig["source_gen"] - info["generation"])
+        self._write_figures(force=True)
+        return info
+
+    def run(self, max_generations=None):
+        """Relays until stopped (SIGTERM, SIGINT, stop()) or after
+        max_generations copies; returns the number copied."""
+        n = 0
+        with self._stop:
+            if not self._acquire():
+                return 0
+            self._say(f"pid {os.getpid()} fills {self.local} from "
+                      f"{redact(self.cfg['STORE'])}")
+            self._write_figures(force=True)
+            while not self._stop:
+                try:
+                    info = self.step()
+                except (_C.StoreUnavailableError, _C.NotFoundError) as e:
+                    log.warning("wirehead relay: %s; retrying", e)
+                    self._stop.wait(1.0)
+                    continue
+                except _C.PinLimitError as e:  # readers pin the areas: try again
+                    log.warning("wirehead relay: %s", e)
+                    self._stop.wait(self.poll)
+                    continue
+                if info is not None:
+                    n += 1
+                    self._say(f"generation {info['generation']}: {info['samples']} samples, "
+                              f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s")
+                    if max_generations is not None and n >= max_generations:
+                        break
+                    continue  # a newer one may be sealed already
+                self._stop.wait(self.poll)
+        return n
+
+    def stop(self):
+        self._stop.set()
+
+    def close(self):
+        self._src.close()
+        self._dst.close()
+        if self._lock_fd is not None:
+            # removed while held (a waiting relay then locks a new file), then let go
+            path = _files(self.local)[0]
+            if self._still_named(self._lock_fd, path):
+                os.unlink(path)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
