@@ -8,12 +8,14 @@ and the second's median over the first's.
     .venv/bin/python benchmarks/bench_revs.py 90b2d32 HEAD --mib 64 --rounds 3
 
 Each commit is checked out with `git worktree add` under a temporary folder
-and its extension built there (a minute each); the worktrees are removed at
-the end.
+and its extension built there (a minute each), with this tree's
+bench_loader.py copied in, which imports the package of the checkout it
+stands in; the worktrees are removed at the end.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,12 +29,15 @@ def checkout(rev, into):
     subprocess.run(["git", "-C", REPO, "worktree", "add", "-q", "--detach", into, rev], check=True)
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into,
                    check=True, stdout=subprocess.DEVNULL)
+    # this tree's measurement, in the checkout: it imports the package beside it
+    shutil.copy(BENCH, os.path.join(into, "benchmarks", "bench_loader.py"))
 
 
 def one_run(tree, mib, out):
-    env = dict(os.environ, PYTHONPATH=tree)
-    subprocess.run([sys.executable, BENCH, "--mib", str(mib), "--reps", "1", "--json", out],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    bench = os.path.join(tree, "benchmarks", "bench_loader.py")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, bench, "--mib", str(mib), "--reps", "1", "--json", out],
+                   env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         rows = json.load(f)["results"][0]["rows"]
     return {r["reader"]: r["vs_raw"] for r in rows}
