@@ -17,7 +17,17 @@ if _os.environ.get("WIREHEAD_EXT_DIR"):
     _sys.modules[__name__ + "._C"] = _mod
     _spec.loader.exec_module(_mod)
 
-from . import _C  # noqa: E402,F401 (wirehead_torch._C, loaded above)
+try:
+    from . import _C  # noqa: E402,F401 (wirehead_torch._C, loaded above)
+except ImportError as _e:
+    # the usual cause: Python found a source checkout (the working directory)
+    # before the installed package, and the checkout's extension is not built
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    raise ImportError(
+        f"wirehead_torch's C extension (_C) is not in {_here}: this is a source checkout "
+        "without a built extension, found before any installed copy (is the working "
+        "directory the checkout?). Run from another directory to use the installed "
+        "package, or build the checkout in place with `make build`.") from _e
 from ._C import (  # noqa: E402
     CorruptSampleError,
     CudaError,

@@ -68,6 +68,21 @@ def test_cli_without_torch(tmp_path):
     assert r.returncode == 0 and "manager" in r.stdout, r.stderr
 
 
+def test_a_checkout_without_its_extension_says_so(tmp_path):
+    """Run where a source tree without a built extension comes first on the
+    path (the checkout as working directory), the import says what happened
+    and what to do, not "partially initialized module"."""
+    import shutil
+    src = os.path.dirname(wirehead_torch.__file__)
+    shutil.copytree(src, tmp_path / "wirehead_torch",
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    # -S: no site-packages, so only the copy in the working directory is found
+    r = subprocess.run([sys.executable, "-S", "-c", "import wirehead_torch"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "C extension (_C) is not in" in r.stderr and "make build" in r.stderr, r.stderr
+
+
 def test_import_does_not_load_torch():
     r = subprocess.run([sys.executable, "-c", "import sys, wirehead_torch; "
                         "print('torch' in sys.modules)"], capture_output=True, text=True,

@@ -178,9 +178,10 @@ def main(argv=None):
     m.add_argument("--seconds", type=float, default=None, help="stop after this long")
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
     _config_arg(s)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true",
+                   help="one JSON object: full generation ids, every figure")
     s.add_argument("--watch", action="store_true", help="print the figures every --interval s")
-    s.add_argument("--interval", type=float, default=2.0)
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between --watch prints")
     s.add_argument("--count", type=int, default=None, help="with --watch: stop after N prints")
     r = sub.add_parser("relay", help="copy each MongoDB generation once into this node's "
                        "LOCAL_CACHE store (one per node; docs/relay.md)")
