@@ -552,12 +552,12 @@ bool wh_map_intact(const wh_map_t *m, wh_err_t *err) {
     return wh_shmfile_check(m->fd, m->path, m->size, NULL, err);
 }
 
-bool wh_map_hash(const wh_map_t *m, size_t n, uint64_t *out, wh_err_t *err) {
+bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err) {
     if (!wh_map_intact(m, err)) return false;
-    if (n > m->size)
-        return wh_err_set(err, WH_E_INVALID, "ring file %s: %zu bytes to check, %zu mapped",
-                          m->path, n, m->size);
-    *out = XXH3_64bits(m->base, n);
+    if (off > m->size || n > m->size - off)
+        return wh_err_set(err, WH_E_INVALID, "ring file %s: bytes %zu..%zu to check, %zu mapped",
+                          m->path, off, off + n, m->size);
+    *out = XXH3_64bits((const char *)m->base + off, n);
     return true;
 }
 

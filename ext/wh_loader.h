@@ -123,8 +123,8 @@ void wh_map_unlock(wh_map_t *m);
  * mapping is touched (a file truncated under us is this error naming it,
  * not a SIGBUS). */
 bool wh_map_intact(const wh_map_t *m, wh_err_t *err);
-/* XXH3-64 of bytes [0, n) of the mapping, after wh_map_intact. */
-bool wh_map_hash(const wh_map_t *m, size_t n, uint64_t *out, wh_err_t *err);
+/* XXH3-64 of bytes [off, off + n) of the mapping, after wh_map_intact. */
+bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err);
 void wh_map_close(wh_map_t *m);
 
 /* Control words: index i must be < size / 8 (callers check). Sequentially

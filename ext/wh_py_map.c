@@ -136,14 +136,16 @@ static PyObject *wh__map_check(wh__map_obj *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *wh__map_hash(wh__map_obj *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0) return PyErr_Format(PyExc_ValueError, "SharedMap.hash: n must be >= 0");
+static PyObject *wh__map_hash(wh__map_obj *self, PyObject *args) {
+    Py_ssize_t a = 0, b = -1;
+    if (!PyArg_ParseTuple(args, "n|n", &a, &b)) return NULL;
+    Py_ssize_t off = b < 0 ? 0 : a, n = b < 0 ? a : b; /* hash(n) or hash(offset, n) */
+    if (off < 0 || n < 0)
+        return PyErr_Format(PyExc_ValueError, "SharedMap.hash: offset and n must be >= 0");
     wh_err_t err = {0};
     uint64_t h = 0;
     bool ok;
-    Py_BEGIN_ALLOW_THREADS ok = wh_map_hash(&self->map, (size_t)n, &h, &err);
+    Py_BEGIN_ALLOW_THREADS ok = wh_map_hash(&self->map, (size_t)off, (size_t)n, &h, &err);
     Py_END_ALLOW_THREADS if (!ok) return wh__map_raise(&err, false), NULL;
     return PyLong_FromUnsignedLongLong(h);
 }
@@ -172,7 +174,8 @@ static PyMethodDef wh__map_methods[] = {
     {"add", (PyCFunction)wh__map_add, METH_VARARGS, "add(i, d): add d to word i, the new value"},
     {"check", (PyCFunction)wh__map_check, METH_NOARGS,
      "check(): OSError naming the file unless it still holds every mapped byte"},
-    {"hash", (PyCFunction)wh__map_hash, METH_O, "hash(n): XXH3-64 of the first n bytes"},
+    {"hash", (PyCFunction)wh__map_hash, METH_VARARGS,
+     "hash(n) or hash(offset, n): XXH3-64 of the first n bytes, or of n bytes from offset"},
     {"unlock", (PyCFunction)wh__map_unlock, METH_NOARGS, "unlock(): release a region's lock"},
     {NULL, NULL, 0, NULL},
 };

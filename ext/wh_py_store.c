@@ -555,11 +555,31 @@ static PyObject *wh__layouts(wh_py_state_t *S, const Py_buffer *views, int n,
     return out;
 }
 
+/* The stored XXH3 of each field copied (the bytes now in the caller's
+ * buffer, checked during the copy when reads are verified), None for a
+ * field skipped: a list. */
+static PyObject *wh__checksums(const Py_buffer *views, int n, const wh_sample_meta_t *meta) {
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *o = Py_None;
+        if (views[i].buf && i < meta->nfields) {
+            if (!(o = PyLong_FromUnsignedLongLong(meta->f[i].checksum))) {
+                Py_CLEAR(out);
+                break;
+            }
+        } else {
+            Py_INCREF(o);
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    return out;
+}
+
 /* Copies (gen, pos) into the caller's buffers (a sequence; None skips a
  * field), with the read policy when at is given (at->gen/pos set), else
  * exactly that sample. Returns the fields' layouts (wh__layouts). */
 static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, PyObject *bufs,
-                               wh_read_at_t *at, double timeout) {
+                               wh_read_at_t *at, double timeout, PyObject **sums) {
     wh_py_state_t *S = wh_py_tstate(self);
     if (!wh__open(self)) return NULL;
     PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence");
@@ -581,6 +601,7 @@ static PyObject *wh__read_bufs(wh__pystore_t *self, uint64_t gen, uint32_t pos, 
             WH_PY_CALL(self, st, ok, &err,
                        wh_store_read(self->st, gen, pos, wh__into_dest, &ctx, &meta, &err));
         res = ok ? wh__layouts(S, views, got, &meta) : wh_py_raise(S, &err);
+        if (res && sums && !(*sums = wh__checksums(views, got, &meta))) Py_CLEAR(res);
     }
     for (int i = 0; i < got; i++)
         if (views[i].buf) PyBuffer_Release(&views[i]);
@@ -595,14 +616,14 @@ static PyObject *wh__store_read_into(wh__pystore_t *self, PyObject *args) {
     unsigned int pos;
     PyObject *bufs;
     if (!PyArg_ParseTuple(args, "KIO", &gen, &pos, &bufs)) return NULL;
-    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, NULL, 0);
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, NULL, 0, NULL);
     if (!lay) return NULL;
     Py_DECREF(lay);
     Py_RETURN_NONE;
 }
 
 /* read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy
- * (generation, position, is_pad, layouts, skipped): read_sample's policy, copying each field once
+ * (generation, position, is_pad, layouts, skipped, checksums): read_sample's policy, copying each field once
  * into the caller's buffer of exactly its size (None skips a field), as the
  * DataLoader ring does into its shared slots; layouts[i] is the FieldLayout
  * (dtype, shape) of field i as read. A size mismatch is a WireheadValueError naming the field. */
@@ -620,9 +641,12 @@ static PyObject *wh__store_read_sample_into(wh__pystore_t *self, PyObject *args,
     at.gen = gen;
     at.pos = pos;
     at.strict = !skip;
-    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout);
+    PyObject *sums = NULL;
+    PyObject *lay = wh__read_bufs(self, gen, pos, bufs, &at, timeout, &sums);
     if (!lay) return NULL;
-    return wh__at_result(wh_py_tstate(self)->rec_copy, &at, lay);
+    return wh_py_record(wh_py_tstate(self)->rec_copy, 6, PyLong_FromUnsignedLongLong(at.gen),
+                        PyLong_FromUnsignedLong(at.pos), PyBool_FromLong(at.pad), lay,
+                        wh_py_str_or_none(at.corrupt ? at.last_skip : NULL), sums);
 }
 
 static PyObject *wh__status_dict(const wh_status_t *s) {
@@ -870,6 +894,7 @@ static PyStructSequence_Field wh__copy_fields[] = {
     {"is_pad", "True when a neighbour stands in for a skipped corrupt sample"},
     {"layouts", "one FieldLayout per field copied, None for a field skipped"},
     {"skipped", "why the sample asked for was skipped (str), or None"},
+    {"checksums", "the stored XXH3-64 of each field copied, None for a field skipped"},
     {NULL, NULL},
 };
 
@@ -877,7 +902,7 @@ static PyStructSequence_Desc wh__copy_desc = {
     "wirehead_torch._C.SampleCopy",
     "A sample as Store.read_sample_into copied it into the caller's buffers.",
     wh__copy_fields,
-    5,
+    6,
 };
 
 static PyStructSequence_Field wh__layout_fields[] = {

@@ -82,10 +82,23 @@ class Batch:
     """One batch being filled: the slot (None: ordinary memory, no slot was
     free), its memory, the field layout and each field's place in it."""
 
-    __slots__ = ("ring", "slot", "mem", "layout", "fields")
+    __slots__ = ("ring", "slot", "mem", "layout", "fields", "sums")
 
     def __init__(self, ring, slot, mem, layout, fields):
         self.ring, self.slot, self.mem, self.layout, self.fields = ring, slot, mem, layout, fields
+        self.sums = {}  # (layout entry, row) -> the XXH3-64 its bytes have
+
+    def checks(self):
+        """(offset, nbytes, XXH3-64) of every row of every field: what the
+        main process checks a slot against before a tensor views it."""
+        return [(self.fields[k].offset + r * self.layout[k].nbytes, self.layout[k].nbytes, h)
+                for (k, r), h in sorted(self.sums.items())]
+
+    def resum(self, k, r):
+        """Row r of layout entry k was written after its read: hash it anew."""
+        if self.slot is not None:
+            nb = self.layout[k].nbytes
+            self.sums[(k, r)] = self.mem.hash(self.fields[k].offset + r * nb, nb)
 
     def row(self, k, r):
         """Layout entry k of row r as a flat, writable tensor over the batch's memory."""
@@ -282,6 +295,8 @@ class BatchRing:
             if got.skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
                             "in as padding", got.skipped)
+            for k, e in enumerate(layout):  # checked during the copy: no second pass here
+                batch.sums[(k, r)] = got.checksums[e.index]
             rows.append(RowRead(gen, pos, bool(got.is_pad)))
         return rows
 
@@ -299,5 +314,5 @@ class BatchRing:
         if batch.slot is None:
             return _ring.plain(batch.mem, batch.fields, extras, self.form)
         if in_worker:
-            return batch.ring.handle(batch.slot, batch.fields, extras, self.form)
+            return batch.ring.handle(batch.slot, batch.fields, extras, self.form, batch.checks())
         return batch.ring.local(batch.slot, batch.fields, extras, self.form)

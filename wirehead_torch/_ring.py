@@ -26,9 +26,11 @@ is used only if it is this user's regular file with mode 0600 and the size
 expected; anything else is refused naming the path, and never written. A
 file's size is checked again before each control word, copy and hand-over
 (a truncated file is an error naming it, not SIGBUS), and the handle
-carries the XXH3 of the slot's bytes as the worker left them: the main
-process checks it before any tensor views the slot, so bytes changed in
-between are an error naming the file, never a batch.
+carries the XXH3 of each row of each field as the worker left it (the
+sample's stored checksum, which the copy into the slot was checked against,
+so the worker makes no second pass): the main process checks every row
+before any tensor views the slot, so bytes changed in between are an error
+naming the file, never a batch.
 """
 import glob
 import logging
@@ -244,15 +246,16 @@ class WorkerRing:
         with self._lock:
             self.s.words.cas(j * _WORDS + _OWNER, self.pid, 0)
 
-    def handle(self, j, fields, extras, form="dict"):
+    def handle(self, j, fields, extras, form, checks):
         """The filled slot j as the handle sent to the main process, with the
-        XXH3 of its bytes: what the main process maps is checked against it."""
+        XXH3 of each row of each field (checks: (offset, nbytes, XXH3-64),
+        the stored checksums the copy was checked against): what the main
+        process maps is checked against them."""
         i = j * _WORDS
         w = self.s.words
-        digest = self.s.data(j).hash(_used(fields))
         return RingBatch(self.main_pid, self.token, self.worker, self.s.nslots, j,
                          w.load(i + _VER), w.load(i + _SEQ), self.pid, fields, extras, form,
-                         digest)
+                         checks)
 
     def local(self, j, fields, extras, form="dict"):
         """In-process iteration: the batch as tensors, no handle."""
@@ -290,7 +293,7 @@ class RingBatch:
 _MAIN = {}
 
 
-def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, digest):
+def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, checks):
     if os.getpid() != main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
                            f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
@@ -307,9 +310,9 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
                            f"its batch arrived (worker {wpid} gone); batch dropped")
     try:
         m = s.data(j)
-        # the bytes the worker hashed after filling the slot, or an error
-        # naming the file: garbage written into it is never delivered
-        if m.hash(_used(fields)) != digest:
+        # every row as the worker copied it (the sample's stored checksums),
+        # or an error naming the file: garbage written into it is never delivered
+        if len(checks) != _rows(fields) or any(m.hash(off, n) != h for off, n, h in checks):
             raise RuntimeError(f"wirehead ring: slot file {s.slot_path(j, ver)} was changed "
                                f"after worker {wpid} filled it (its bytes fail their XXH3 "
                                f"check); batch dropped")
@@ -320,6 +323,11 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
             pass  # the control file is damaged too: the worker finds that out itself
         raise
     return _tensors(m, fields, extras, w, i, seq, main_pid, form)
+
+
+def _rows(fields):
+    """Rows of every field a batch of these fields has: one check each."""
+    return sum(f.shape[0] for f in fields)
 
 
 def _used(fields):

@@ -302,6 +302,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     t = batch.row(k, r)
                     check_ignore_fits(t.dtype, self.order.ignore_index, entry.name)
                     t.fill_(self.order.ignore_index)
+                    batch.resum(k, r)
 
     def __getstate__(self):
         d = dict(self.__dict__)

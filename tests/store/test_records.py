@@ -18,7 +18,7 @@ pytestmark = pytest.mark.asan  # also run against the sanitizer build
 RECORDS = {
     "PutResult": ("status", "generation"),
     "SampleRead": ("generation", "position", "is_pad", "arrays", "skipped"),
-    "SampleCopy": ("generation", "position", "is_pad", "layouts", "skipped"),
+    "SampleCopy": ("generation", "position", "is_pad", "layouts", "skipped", "checksums"),
     "FieldLayout": ("dtype", "shape"),
     "LoaderBatch": ("fields", "is_pad", "generation", "position", "batch_index", "any_pad"),
     "PlanItems": ("positions", "is_pad"),
