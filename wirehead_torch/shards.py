@@ -11,11 +11,14 @@ The tar headers and ``.npy`` headers are written and parsed here, with every
 size bounded and checked, so a damaged or hostile shard is an error naming
 the shard and the member, never a crash, a pickle or a partial sample."""
 import ast
+import fcntl
+import glob
 import json
 import logging
 import os
 import random
 import re
+import signal
 import time
 
 import numpy as np
@@ -29,6 +32,7 @@ log = logging.getLogger("wirehead_torch")
 __all__ = ["export_shards", "from_shards", "mix", "expand_urls", "ShardError", "ShardSource"]
 
 INDEX_NAME = "index.json"
+_LOCK_NAME = ".export.lock"
 INDEX_FORMAT = "wirehead_torch shards"
 SUPPORTED_MEMBERS = ".npy (NumPy arrays of a numeric or bool dtype)"
 
@@ -314,19 +318,63 @@ class _ShardWriter:
 
 
 def _prepare_out(out, prefix):
+    """Makes out (when missing) and takes its export lock; returns (lock
+    fd, whether out was made here). A directory holding an export is
+    refused; the leftovers of a dead exporter (no lock held) are removed
+    either way, so a killed export leaves only whole shards behind."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ShardError(f"--out {out} is a file, not a directory; give an empty or new "
+                         f"directory")
+    made = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    for name in os.listdir(out):
-        if name == INDEX_NAME or (name.startswith(prefix + "-") and name.endswith(".tar")):
-            raise ShardError(f"{out} holds an export already ({name}); give an empty or new "
-                             f"directory")
-    for name in os.listdir(out):  # a killed export's unfinished shard or index
-        if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
-                name == f".{INDEX_NAME}.tmp":
-            os.unlink(os.path.join(out, name))
+    fd = os.open(os.path.join(out, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ShardError(f"{out}: another export is writing there now") from None
+    try:
+        names = sorted(os.listdir(out))
+        removed = []
+        for name in names:  # a dead export's unfinished shard or index: nobody holds the lock
+            if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
+                    name == f".{INDEX_NAME}.tmp":
+                os.unlink(os.path.join(out, name))
+                removed.append(name)
+        held = [n for n in names if n == INDEX_NAME or
+                (n.startswith(prefix + "-") and n.endswith(".tar"))]
+        if held:
+            first = next((n for n in held if n != INDEX_NAME), held[0])
+            raise ShardError(f"{out} holds an export already ({first}"
+                             + (f" and {len(held) - 1} more" if len(held) > 1 else "")
+                             + (f"; removed a dead export's leftovers {removed}" if removed
+                                else "")
+                             + "): give an empty or new --out directory, or remove that "
+                               "export first")
+    except BaseException:
+        _release_out(out, fd, False)
+        raise
+    return fd, made
+
+
+def _release_out(out, fd, made, wrote=True):
+    """Drops the export lock; a directory this export made and wrote
+    nothing into is removed again."""
+    try:
+        os.unlink(os.path.join(out, _LOCK_NAME))
+    except OSError:
+        pass
+    os.close(fd)
+    if made and not wrote:
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
 
 
 def export_shards(out, config_path=None, config=None, *, generations=None, samples=None,
-                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True):
+                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True,
+                  on_signal="raise"):
     """Writes sealed generations of the store as tar shards into directory
     out (docs/shards.md); returns the index (a dict, also out/index.json).
 
@@ -334,8 +382,16 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
     through the store's verified read path, then waits (up to ``timeout``,
     default READ_TIMEOUT) for the next newer one, until ``generations``
     whole generations (default 1) or exactly ``samples`` samples are
-    written. A sample is held in memory one at a time. SIGTERM/SIGINT end
-    the export after the current sample, with the shards so far complete."""
+    written. A sample is held in memory one at a time.
+
+    SIGINT/SIGTERM end the export after the current sample: the shard being
+    written is completed and index.json says ``"complete": false`` and
+    which generation, if any, is in the shards only in part. Then
+    on_signal="raise" (default) raises KeyboardInterrupt (SIGINT) or
+    SystemExit(143) (SIGTERM); on_signal="return" returns the index (the
+    command line does this and exits 130 or 143)."""
+    if on_signal not in ("raise", "return"):
+        raise ValueError(f"on_signal must be 'raise' or 'return', got {on_signal!r}")
     cfg = get_config(config_path, config)
     if generations is not None and samples is not None:
         raise ValueError("give generations= or samples=, not both")
@@ -357,12 +413,25 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
             raise ShardError(f"SAMPLE field {f!r} cannot name a tar member (a '/' or an "
                              f"unprintable character)")
     timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
-    _prepare_out(out, prefix)
-    store_handle = ProcessStore(cfg)  # opened as the readers open it
-    w = _ShardWriter(out, limit, fields, prefix)
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout:g}")
+    lock, made = _prepare_out(out, prefix)
+    w = None
+    try:
+        store_handle = ProcessStore(cfg)  # opened as the readers open it
+        w = _ShardWriter(out, limit, fields, prefix)
+        return _export(w, store_handle, cfg, out, generations, samples, timeout, quiet,
+                       on_signal)
+    finally:
+        _release_out(out, lock, made, wrote=w is not None and bool(w.index["shards"]))
+
+
+def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):
     say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
     done_gens = moved = corrupt = 0
     last = 0
+    whole = []  # generations written whole
+    signum = None
     try:
         with StopFlag() as stop:
             store = store_handle.get()
@@ -397,23 +466,53 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                 last = gen
                 if pos >= swap_cap:
                     done_gens += 1
+                    whole.append(gen)
                     say(f"generation {gen} written ({w.index['samples']} samples so far)")
                 if samples is not None and w.index["samples"] >= samples:
                     break
                 if generations is not None and done_gens >= generations:
                     break
+            signum = stop.signum if stop else None
         w.finish()
     except BaseException:
         w.finish()  # the whole samples written so far stay
+        if w.index["shards"]:
+            w.index["complete"] = False
+            _note_whole(w.index, whole)
+            w._write_index()
         raise
     finally:
         store_handle.close()
     w.index["reclaimed_during_export"] = moved
     w.index["corrupt_skipped"] = corrupt
-    w._write_index()
+    w.index["complete"] = signum is None
+    _note_whole(w.index, whole)
+    if w.index["shards"]:  # else nothing is kept: the directory is removed if made here
+        w._write_index()
+    if signum is not None:
+        name = signal.Signals(signum).name
+        w.index["interrupted"] = name
+        part = w.index["partial_generations"]
+        say(f"interrupted by {name}: {w.index['samples']} samples of "
+            f"{len(w.index['whole_generations'])} whole generations"
+            + (f" and part of generation {part[0]}" if part else "")
+            + f" in {len(w.index['shards'])} shards under {out} (index.json: complete false)")
+        if on_signal == "raise":
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        return w.index
     say(f"{w.index['samples']} samples of {len(w.index['generations'])} generations in "
         f"{len(w.index['shards'])} shards under {out}")
     return w.index
+
+
+def _note_whole(index, whole):
+    """index's whole_generations and partial_generations: a generation in the
+    shards but not written whole (an interrupted or failed export, or
+    samples=N) is partial."""
+    index["whole_generations"] = [g for g in index["generations"] if g in whole]
+    index["partial_generations"] = [g for g in index["generations"] if g not in whole]
 
 
 def _wait_generation(store, cfg, timeout, newer_than, stop):
@@ -455,7 +554,8 @@ def _bytes_of(arr):
 
 def expand_urls(urls):
     """A list of local shard paths from a path, a brace pattern
-    (``shards-{000..099}.tar``, ``{a,b}``) or a list of them."""
+    (``shards-{000..099}.tar``, ``{a,b}``), a glob (``shards-*.tar``,
+    expanded in sorted order) or a list of them."""
     if isinstance(urls, (str, os.PathLike)):
         urls = [urls]
     out = []
@@ -463,7 +563,14 @@ def expand_urls(urls):
         u = os.fspath(u)
         if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", u) and not os.path.exists(u):
             raise ShardError(f"{u!r}: only local paths are read (no URLs or pipes)")
-        out.extend(_brace(u))
+        for x in _brace(u):
+            if re.search(r"[*?[]", x) and not os.path.exists(x):
+                hits = sorted(glob.glob(x))  # a shell would have expanded it
+                if not hits:
+                    raise ShardError(f"{x!r}: the glob matches no file")
+                out.extend(hits)
+            else:
+                out.append(x)
     if not out:
         raise ShardError("no shards given")
     return out
@@ -707,6 +814,12 @@ class ShardSource:
             if idx is not None:
                 entry = next((s for s in idx.get("shards", [])
                               if s.get("name") == os.path.basename(path)), None)
+            if idx is not None and entry is None and self.verify:
+                self._fail(ShardError(f"not listed in the {INDEX_NAME} beside it: a foreign "
+                                      f"shard, or one a killed export renamed but never "
+                                      f"listed (read it with verify=False to take it anyway)",
+                                      path), True)
+                return
             check = bool(self.verify) and entry is not None
             if check and entry.get("bytes") != size:
                 self._fail(ShardError(f"the file has {size} bytes, {INDEX_NAME} says "

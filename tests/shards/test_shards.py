@@ -156,7 +156,13 @@ def test_killed_export_leaves_complete_shards(shm_cfg, tmp_path):
             r = subprocess.run(["tar", "-tf", p], capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
             assert len(r.stdout.split()) % len(SAMPLE) == 0
-        src = wt.from_shards(paths, config=cfg)
+        with open(out / "index.json") as f:
+            listed = [s["name"] for s in json.load(f)["shards"]]
+        for p in paths:  # one renamed but never listed is refused by name
+            if os.path.basename(p) not in listed:
+                with pytest.raises(wt.ShardError, match=f"{os.path.basename(p)}.*not listed"):
+                    list(wt.from_shards(p, config=cfg))
+        src = wt.from_shards([str(out / n) for n in listed], config=cfg)
         n = 0
         for s in src:
             tag, counter = whlib.check_sample(s[0], s[1])
@@ -164,13 +170,14 @@ def test_killed_export_leaves_complete_shards(shm_cfg, tmp_path):
             n += 1
         assert n >= 1 and src.skipped == 0 and src.skipped_shards == 0
         # the shards the index lists (all but perhaps the one renamed last) verify
-        with open(out / "index.json") as f:
-            listed = [s["name"] for s in json.load(f)["shards"]]
         assert set(listed) <= {os.path.basename(p) for p in paths}
         assert len(paths) - len(listed) <= 1
-        # a new export into the same directory is refused; its leftovers are not shards
-        with pytest.raises(wt.ShardError, match="holds an export already"):
+        # a new export into the same directory is refused, naming the first shard;
+        # the dead export's temporary files are removed
+        with pytest.raises(wt.ShardError, match=r"holds an export already \(shards-000000\.tar"
+                                                r".*give an empty or new --out directory"):
             wt.export_shards(str(out), config=cfg)
+        assert not [n for n in os.listdir(out) if n.endswith(".tmp") or n.startswith(".")]
 
 
 def test_webdataset_reads_ours_and_we_read_theirs(shm_cfg, tmp_path):
@@ -448,7 +455,7 @@ def test_bfloat16_is_refused_by_export_with_its_reason(shm_cfg, tmp_path):
     g.close()
     with pytest.raises(wt.ShardError, match="bfloat16 has no .npy form"):
         wt.export_shards(str(tmp_path / "b"), config=cfg)
-    assert not [n for n in os.listdir(tmp_path / "b") if n.endswith(".tar")]
+    assert not (tmp_path / "b").exists()  # made by the export, nothing kept: removed
 
 
 @pytest.mark.asan
@@ -585,11 +592,77 @@ def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tm
         out, err = child.communicate(timeout=30)
     finally:
         feeder.close()
-    assert child.returncode == 0, err
+    assert child.returncode == 143, err  # interrupted, visibly
+    assert "export interrupted: by SIGTERM" in err and '"complete": false' in err
+    assert "samples of 1000000 generations" not in out
     kept = tmp_path / "kept"
     with open(kept / "index.json") as f:
         index = json.load(f)
+    assert index["complete"] is False
+    assert index["whole_generations"] + index["partial_generations"] == index["generations"]
+    assert len(index["partial_generations"]) <= 1
     assert sorted(os.listdir(kept)) == sorted(["index.json"] +
                                               [s["name"] for s in index["shards"]])
     src = wt.from_shards(_tars(str(kept)), verify="full")
     assert sum(1 for _ in src) == index["samples"] > 0
+
+
+def test_sigint_raises_keyboardinterrupt_and_the_index_says_incomplete(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
+    out = tmp_path / "kept"
+    feeder = _Feeder(cfg, _paced(9, pause=0.005))
+
+    def interrupt():  # once the export is past its start (its handler installed)
+        whlib.until(lambda: len(_tars(str(out))) >= 2 if out.is_dir() else False, 30,
+                    "two shards")
+        os.kill(os.getpid(), signal.SIGINT)
+    t = threading.Thread(target=interrupt, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wt.export_shards(str(out), config=cfg, generations=1000000, shard_size="8KiB")
+    finally:
+        t.join(30)
+        feeder.close()
+    with open(out / "index.json") as f:
+        index = json.load(f)
+    assert index["complete"] is False
+    assert index["whole_generations"] + index["partial_generations"] == index["generations"]
+    src = wt.from_shards(_tars(str(out)), verify="full")
+    assert sum(1 for _ in src) == index["samples"] > 0
+    # a finished export says complete, every generation whole
+    cfg2 = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(3, i, n=16) for i in range(2)), config=cfg2,
+                             quiet=True)
+    g.run()
+    g.close()
+    done = wt.export_shards(str(tmp_path / "done"), config=cfg2)
+    assert done["complete"] is True and done["partial_generations"] == []
+    assert done["whole_generations"] == done["generations"]
+
+
+def test_shard_not_in_the_index_beside_it_is_refused(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(4, i, n=16) for i in range(2)), config=cfg,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=cfg)
+    foreign = tmp_path / "kept" / "shards-000009.tar"
+    _tar(str(foreign), _good("g1-p0", 4, 0))
+    with pytest.raises(wt.ShardError, match=r"shards-000009\.tar.*not listed in the index"):
+        list(wt.from_shards(str(tmp_path / "kept" / "shards-*.tar"), config=cfg))
+    src = wt.from_shards(str(tmp_path / "kept" / "shards-*.tar"), config=cfg, on_error="skip")
+    assert sum(1 for _ in src) == 2 and src.skipped_shards == 1
+
+
+def test_export_out_and_timeout_checked_and_made_dir_removed(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(wt.ShardError, match="afile is a file, not a directory"):
+        wt.export_shards(str(tmp_path / "afile"), config=cfg, timeout=0.1)
+    with pytest.raises(ValueError, match="timeout must be"):
+        wt.export_shards(str(tmp_path / "t"), config=cfg, timeout=-1)
+    with pytest.raises(TimeoutError):
+        wt.export_shards(str(tmp_path / "new"), config=cfg, timeout=0.2)
+    assert not (tmp_path / "new").exists()  # made by the export, nothing written: removed

@@ -341,9 +341,18 @@ def run(args, argv):
     exit status."""
     if args.cmd == "export":
         from ..shards import export_shards
-        export_shards(args.out, config_path=args.config, generations=args.generations,
-                      samples=args.samples, shard_size=args.shard_size, timeout=args.timeout,
-                      quiet=False)
+        index = export_shards(args.out, config_path=args.config,
+                              generations=args.generations, samples=args.samples,
+                              shard_size=args.shard_size, timeout=args.timeout, quiet=False,
+                              on_signal="return")
+        if index.get("interrupted"):
+            part = index.get("partial_generations") or []
+            print(f"export interrupted: by {index['interrupted']}; {args.out}/index.json says "
+                  f"\"complete\": false"
+                  + (f", generation {part[0]} is in the shards only in part" if part else "")
+                  + (f" ({index['samples']} samples in {len(index['shards'])} shards kept)"
+                     if index["shards"] else " (nothing kept)"), file=sys.stderr, flush=True)
+            return 130 if index["interrupted"] == "SIGINT" else 143
         return 0
     if args.cmd == "generate":
         if args.procs < 1:
