@@ -666,3 +666,36 @@ def test_export_out_and_timeout_checked_and_made_dir_removed(shm_cfg, tmp_path):
     with pytest.raises(TimeoutError):
         wt.export_shards(str(tmp_path / "new"), config=cfg, timeout=0.2)
     assert not (tmp_path / "new").exists()  # made by the export, nothing written: removed
+
+
+def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
+    src = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(5, i, n=16) for i in range(2)), config=src,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=src, shard_size="2KiB")  # 2 shards
+    dst = shm_cfg(swap_cap=1, sample=FIELDS, SELF_SEAL=True)
+    (tmp_path / "dst.yaml").write_text(json.dumps(dst))
+    cli = [sys.executable, "-m", "wirehead_torch.apps.cli", "generate", "--config", "dst.yaml"]
+
+    def run(*args):
+        return subprocess.run(cli + list(args), cwd=tmp_path, env=whlib.env_for_child(),
+                              capture_output=True, text=True, timeout=60)
+    r = run("--loop")
+    assert r.returncode == 2 and "--loop" in r.stderr and "needs --shards" in r.stderr
+    r = run("--shards", "kept/shards-{000000..000003}.tar")
+    assert r.returncode == 2, r.stderr
+    assert "2 of 4 shards do not exist: kept/shards-000002.tar, kept/shards-000003.tar" \
+        in r.stderr
+    r = run("--procs", "3", "--shards", "kept/shards-*.tar")
+    assert r.returncode == 2 and "--procs 3 but --shards names 2 shards" in r.stderr
+    assert "started" not in r.stdout  # nothing started
+    with pytest.raises(wt.NotFoundError):
+        wt.status(config=dst)  # nothing put
+    r = run("--quiet", "--shards", "kept/shards-*.tar")  # a glob, expanded in order
+    assert r.returncode == 0, r.stderr
+    assert "swap success" not in r.stdout and "Time:" not in r.stdout
+    assert "pushed 2 samples" in r.stdout and "started" in r.stdout
+    r = run("--shards", "kept/shards-*.tar")
+    assert r.returncode == 0 and r.stdout.count("swap success") == 2
