@@ -67,11 +67,15 @@ class ShardError(_C.WireheadError, ValueError):
         super().__init__(where + message)
         self.shard = shard
         self.member = member
+        self.sample_only = False
 
 
-class _SampleError(ShardError):
-    """Bad bytes inside one sample; the archive around it is intact, so
-    on_error="skip" drops just that sample."""
+def _SampleError(message, shard=None, member=None):
+    """A ShardError of bad bytes inside one sample; the archive around it
+    is intact, so on_error="skip" drops just that sample."""
+    e = ShardError(message, shard, member)
+    e.sample_only = True
+    return e
 
 
 # --------------------------------------------------------------------------
@@ -522,22 +526,52 @@ def _wait_generation(store, cfg, timeout, newer_than, stop):
     deadline = start + timeout
     note = start + _WAIT_NOTE_EVERY
     what = "sealed generation" if not newer_than else f"generation newer than {newer_than}"
+    where = redact(cfg["STORE"])
+    missing = False
     while not stop:
         now = time.monotonic()
         left = deadline - now
         if now >= note:
             note = now + _WAIT_NOTE_EVERY
-            log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s", now - start,
-                        timeout, what, redact(cfg["STORE"]))
+            if missing:
+                log.warning("wirehead export: waiting %.0fs of %gs: store %s does not exist "
+                            "yet (%s); start a generator", now - start, timeout, where,
+                            _not_created(cfg))
+            else:
+                log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s",
+                            now - start, timeout, what, where)
         try:
             return store.wait_generation(newer_than, max(0.0, min(left, 1.0)))
-        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError):
+        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
+            missing = isinstance(e, _C.StoreNotCreatedError) or _absent(store)
             if left <= 0:
-                raise TimeoutError(f"no {what} in {redact(cfg['STORE'])} after {timeout:g}s: "
+                if missing:
+                    raise TimeoutError(f"store {where} does not exist yet after {timeout:g}s "
+                                       f"({_not_created(cfg)}): start generators into it "
+                                       f"first, or wait longer with timeout= (--timeout) or "
+                                       f"READ_TIMEOUT") from None
+                raise TimeoutError(f"no {what} in {where} after {timeout:g}s: "
                                    f"are generators running, and sealing (SELF_SEAL, or a "
                                    f"manager)? Wait longer with timeout= (--timeout) or "
                                    f"READ_TIMEOUT") from None
     return None
+
+
+def _absent(store):
+    """Whether the store does not exist yet (the readers' test, docs/api.md)."""
+    try:
+        store.status()
+    except _C.StoreNotCreatedError:
+        return True
+    except _C.WireheadError:
+        pass
+    return False
+
+
+def _not_created(cfg):
+    if str(cfg["STORE"]).startswith("shm://"):
+        return "no shared-memory segment: no generator has put a sample"
+    return "no generator has created it"
 
 
 def _bytes_of(arr):
@@ -862,7 +896,10 @@ class ShardSource:
             try:
                 start = rd.offset
                 self._member(rd, name, size, kind, this, arrays, pos, schema, entry, bad)
-            except _SampleError as e:
+            except ShardError as e:
+                if not e.sample_only:
+                    self._fail(e, True)
+                    return
                 try:  # read past the rest of the bad member: the next one is intact
                     rd.skip(start + size + (-size % _BLOCK) - rd.offset, name)
                 except ShardError as e2:
@@ -871,9 +908,6 @@ class ShardSource:
                 if bad is None:
                     self._fail(e, False)
                 bad = e
-            except ShardError as e:
-                self._fail(e, True)
-                return
         if rd.hasher is not None:
             try:
                 rd.skip(rd.size - rd.offset)
@@ -885,7 +919,7 @@ class ShardSource:
                 self._fail(e, True)
 
     def _member(self, rd, name, size, kind, key, arrays, pos, schema, entry, bad):
-        """Reads one member into arrays; a _SampleError leaves the rest of
+        """Reads one member into arrays; a sample-only ShardError leaves the rest of
         the member to the caller to read past."""
         padded = size + (-size % _BLOCK)
         if bad is not None:  # the rest of a bad sample is read past
@@ -938,9 +972,8 @@ class ShardSource:
             return None
         missing = [f for f in fields if f not in arrays]
         if missing:
-            self._fail(_SampleError(f"sample {key[0]!r} lacks field(s) {missing} (has "
-                                    f"{sorted(arrays)})", shard, f"{key[0]}.{missing[0]}.npy"),
-                       False)
+            self._fail(_SampleError(f"sample {key[0]!r} has no member for field(s) "
+                                    f"{missing} (it has {sorted(arrays)})", shard), False)
             return None
         return tuple(arrays[f] for f in fields)
 

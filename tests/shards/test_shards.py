@@ -277,15 +277,16 @@ def test_truncated_and_empty_shards(tmp_path):
 def test_missing_field_names_shard_and_member(tmp_path, shm_cfg):
     members = _good("a") + _good("b", counter=1)[:1] + _good("c", counter=2)
     path = _tar(tmp_path / "m.tar", members)
-    with pytest.raises(wt.ShardError, match=r"m\.tar.*'b\.data\.npy'.*lacks field") as e:
+    with pytest.raises(wt.ShardError, match=r"m\.tar: sample 'b' has no member for field\(s\) "
+                                            r"\['data'\] \(it has \['id'\]\)") as e:
         _read(path)
-    assert e.value.member == "b.data.npy"
+    assert e.value.member is None and type(e.value) is wt.ShardError  # no private class shows
     src = wt.from_shards(path, fields=FIELDS, on_error="skip")
     assert [int(s[0][1]) for s in src] == [0, 2] and src.skipped == 1
     # never a partial sample in the store: the put before the bad one only
     cfg = shm_cfg(swap_cap=8, sample=FIELDS)
     g = wt.WireheadGenerator(wt.from_shards(path, config=cfg), config=cfg, quiet=True)
-    with pytest.raises(wt.ShardError, match="lacks field"):
+    with pytest.raises(wt.ShardError, match="has no member for field"):
         g.run()
     g.close()
     assert wt.status(config=cfg)["write_fill"] == 1
@@ -562,7 +563,15 @@ def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeyp
 
 
 def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
+    absent = shm_cfg(swap_cap=2, sample=FIELDS, budget=None)  # made by its first sample
+    with pytest.raises(TimeoutError, match=r"store shm://.* does not exist yet after 0\.5s "
+                                           r"\(no shared-memory segment"):
+        wt.export_shards(str(tmp_path / "a"), config=absent, timeout=0.5)
     cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    g = wt.WireheadGenerator((whlib.sample(6, 0, n=16) for _ in range(1)), config=cfg,
+                             quiet=True)
+    g.run()  # the store exists now, with no generation sealed
+    g.close()
     with pytest.raises(TimeoutError, match=r"no sealed generation in shm://.* after 0\.5s: are "
                                            r"generators running"):
         wt.export_shards(str(tmp_path / "a"), config=cfg, timeout=0.5)
@@ -699,3 +708,12 @@ def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
     assert "pushed 2 samples" in r.stdout and "started" in r.stdout
     r = run("--shards", "kept/shards-*.tar")
     assert r.returncode == 0 and r.stdout.count("swap success") == 2
+
+
+def test_store_of_another_sample_names_both_samples(shm_cfg):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    whlib.open_store(cfg).close()  # the store, made
+    other = dict(cfg, SAMPLE=["id", "weight"])
+    with pytest.raises(wt.WireheadError, match=r"created with SAMPLE \[id, data\], the "
+                                               r"config's SAMPLE is \[id, weight\]"):
+        whlib.open_store(other)
