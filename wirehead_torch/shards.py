@@ -773,11 +773,21 @@ class ShardSource:
         self.skipped = 0
         self.skipped_shards = 0
         self.errors = []
+        self.last_fields = None  # the field names of the last sample yielded
         self._it = None
         self._indexes = {}
 
     def __iter__(self):
         return self._run()
+
+    def dataset(self):
+        """A ``torch.utils.data.IterableDataset`` over the same shards and
+        settings, yielding each sample as a dict of tensors keyed by field
+        name, for a plain ``torch.utils.data.DataLoader`` (an evaluation
+        loop over a validation set). With num_workers=N each worker reads
+        every N-th shard (of the shuffled order where shuffle=True), so no
+        shard is read twice."""
+        return _shard_dataset(self)
 
     def __next__(self):
         if self._it is None:
@@ -970,12 +980,57 @@ class ShardSource:
     def _finish(self, shard, key, arrays, fields, bad):
         if bad is not None:
             return None
+        self.last_fields = fields
         missing = [f for f in fields if f not in arrays]
         if missing:
             self._fail(_SampleError(f"sample {key[0]!r} has no member for field(s) "
                                     f"{missing} (it has {sorted(arrays)})", shard), False)
             return None
         return tuple(arrays[f] for f in fields)
+
+
+def _shard_dataset(source):
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class ShardDataset(IterableDataset):
+        """Samples of tar shards as dicts of tensors keyed by field name;
+        DataLoader workers split the shards between them."""
+
+        def __init__(self, src):
+            super().__init__()
+            self.source = src
+
+        def __iter__(self):
+            s = self.source
+            info = get_worker_info()
+            paths = list(s.paths)
+            if s.shuffle:  # the same order in every worker, then split
+                random.Random(f"{s.seed}:split").shuffle(paths)
+            if info is not None:
+                paths = paths[info.id::info.num_workers]
+            if not paths:
+                return
+            mine = ShardSource(paths, s.fields, s.shuffle, s.seed, s.loop, s.shuffle_buffer,
+                               s.on_error, s.verify)
+            for sample in mine:
+                yield {f: _tensor(torch, f, a) for f, a in zip(mine.last_fields, sample)}
+
+    return ShardDataset(source)
+
+
+# unsigned types torch has no tensor of: widened losslessly
+_WIDEN = {np.dtype("uint16"): np.int32, np.dtype("uint32"): np.int64}
+
+
+def _tensor(torch, field, a):
+    if a.dtype in _WIDEN:
+        a = a.astype(_WIDEN[a.dtype])
+    try:
+        return torch.from_numpy(a)
+    except TypeError:
+        raise ShardError(f"field {field!r} of dtype {a.dtype} has no torch tensor type; read "
+                         f"it from the source's numpy arrays instead") from None
 
 
 def _split(name):

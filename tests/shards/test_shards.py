@@ -717,3 +717,26 @@ def test_store_of_another_sample_names_both_samples(shm_cfg):
     with pytest.raises(wt.WireheadError, match=r"created with SAMPLE \[id, data\], the "
                                                r"config's SAMPLE is \[id, weight\]"):
         whlib.open_store(other)
+
+
+def test_dataset_for_a_torch_dataloader_reads_every_sample_once(shm_cfg, tmp_path):
+    torch = pytest.importorskip("torch")
+    cfg = shm_cfg(swap_cap=6, sample=SAMPLE, SELF_SEAL=True)
+    g = wt.WireheadGenerator((_sample(7, i) for i in range(6)), config=cfg, quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "val"), config=cfg, shard_size="8KiB")
+    assert len(_tars(str(tmp_path / "val"))) >= 3
+    ds = wt.from_shards(str(tmp_path / "val" / "shards-*.tar"), config=cfg,
+                        shuffle=True, seed=3).dataset()
+    for workers in (0, 2):
+        seen = []
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers):
+            assert set(batch) == set(SAMPLE)
+            tag, counter = whlib.check_sample(batch["id"].numpy(), batch["data"].numpy())
+            want = _sample(tag, counter)
+            assert batch["vol"].dtype == torch.int32  # uint16, widened
+            assert np.array_equal(batch["vol"].numpy(), want[3])
+            assert batch["mask"].dtype == torch.bool and batch["scale"].dtype == torch.complex128
+            seen.append(counter)
+        assert sorted(seen) == list(range(6)), workers  # every sample, once
