@@ -574,6 +574,40 @@ def _not_created(cfg):
     return "no generator has created it"
 
 
+def check_store_layout(urls, config_path=None, config=None):
+    """Before shards go into a store: their index.json schema (dtype and
+    shape per field) against a sample of the store's newest sealed
+    generation, where the store has one. A field whose dtype or shape
+    differs is a ShardError naming the field, the shards' layout and the
+    store's; a store with no generation yet takes any layout."""
+    cfg = get_config(config_path, config)
+    paths = expand_urls(urls)
+    handle = ProcessStore(cfg, create=False)
+    try:
+        try:
+            store = handle.get()
+            gen = store.wait_generation(0, 0.0)
+            got = store.read_sample(gen, 0, None, 5.0, True)
+        except _C.WireheadError:  # not created, or nothing sealed yet
+            return
+        have = {f: (a.dtype, list(a.shape)) for f, a in zip(cfg["SAMPLE"], got.arrays)}
+    finally:
+        handle.close()
+    cache = {}
+    for p in paths:
+        idx = _load_index(os.path.dirname(os.path.abspath(p)), cache)
+        for field, want in ((idx or {}).get("schema") or {}).items():
+            if field not in have or want is None:
+                continue
+            dtype, shape = have[field]
+            if (want.get("dtype") not in (None, dtype)) or \
+                    (want.get("shape") is not None and list(want["shape"]) != shape):
+                raise ShardError(f"field {field!r}: the shards hold {want.get('dtype')} of "
+                                 f"shape {want.get('shape')}, the store "
+                                 f"{redact(cfg['STORE'])} holds {dtype} of shape {shape}; "
+                                 f"use another store, or `wirehead-torch clean` it first", p)
+
+
 def _bytes_of(arr):
     """The C-contiguous bytes of a store Array (bfloat16 as its raw bits)."""
     if arr.dtype == "bfloat16":

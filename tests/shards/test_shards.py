@@ -740,3 +740,25 @@ def test_dataset_for_a_torch_dataloader_reads_every_sample_once(shm_cfg, tmp_pat
             assert batch["mask"].dtype == torch.bool and batch["scale"].dtype == torch.complex128
             seen.append(counter)
         assert sorted(seen) == list(range(6)), workers  # every sample, once
+
+
+def test_cli_import_into_a_store_of_another_shape_names_the_field(shm_cfg, tmp_path):
+    src = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(8, i, n=16) for i in range(2)), config=src,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=src)
+    dst = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(8, i, n=40) for i in range(2)), config=dst,
+                             quiet=True)
+    g.run()  # the store holds a sealed generation of another data shape
+    g.close()
+    (tmp_path / "dst.yaml").write_text(json.dumps(dst))
+    before = wt.status(config=dst)["generated"]
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "generate", "--config",
+                        "dst.yaml", "--shards", "kept/shards-000000.tar"], cwd=tmp_path,
+                       env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "field 'data': the shards hold" in r.stderr and "the store shm://" in r.stderr
+    assert wt.status(config=dst)["generated"] == before  # nothing put

@@ -384,6 +384,8 @@ def run(args, argv):
             raise ValueError("--loop reads --shards again and again; it needs --shards")
         if args.shards and args.procs_total == 1:  # checked once, before any process starts
             _check_shards(args.shards, args.procs)
+            from ..shards import check_store_layout
+            check_store_layout(args.shards, config_path=args.config)
         return _generate(args, argv[1:])
     if args.seconds is not None and args.seconds <= 0:
         raise ValueError("--seconds must be > 0")
