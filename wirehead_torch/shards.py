@@ -388,9 +388,11 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
     whole generations (default 1) or exactly ``samples`` samples are
     written. A sample is held in memory one at a time.
 
-    SIGINT/SIGTERM end the export after the current sample: the shard being
-    written is completed and index.json says ``"complete": false`` and
-    which generation, if any, is in the shards only in part. Then
+    SIGINT/SIGTERM end the export early: with generations= after finishing
+    the generation being written, with samples= after the current sample;
+    the shard being written is completed and index.json says
+    ``"complete": false`` and which generation, if any, is in the shards
+    only in part. Then
     on_signal="raise" (default) raises KeyboardInterrupt (SIGINT) or
     SystemExit(143) (SIGTERM); on_signal="return" returns the index (the
     command line does this and exits 130 or 143)."""
@@ -445,7 +447,14 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                 if gen is None:
                     break
                 pos = 0
-                while pos < swap_cap and not stop:
+                told = False
+                # a signal during --generations finishes the generation (sealed: no
+                # waiting), so the shards hold whole generations; a second one stops
+                while pos < swap_cap and (not stop or (generations is not None and pos)):
+                    if stop and not told:
+                        told = True
+                        say(f"{signal.Signals(stop.signum).name}: finishing generation {gen} "
+                            f"({swap_cap - pos} positions left); a second signal stops now")
                     try:
                         got = store.read_sample(gen, pos, None, timeout, False)
                     except _C.CorruptSampleError as e:
@@ -456,6 +465,8 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                         continue
                     if got.generation != gen:  # reclaimed under us: start over on the newer one
                         moved += 1
+                        if stop:  # not a newer one, once stopped: this one stays partial
+                            break
                         log.warning("wirehead export: generation %d was reclaimed after %d of "
                                     "%d positions; going on with generation %d", gen, pos,
                                     swap_cap, got.generation)
