@@ -433,7 +433,14 @@ def test_cli_export_then_generate_from_shards_in_two_processes(shm_cfg, tmp_path
     assert "4 samples of 1 generations in 4 shards" in r.stdout
     r = subprocess.run(cli + ["export", "--config", "src.yaml", "--out", "kept"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "holds an export already" in r.stderr
+    assert r.returncode == 2 and "holds an export already (shards-000000.tar" in r.stderr
+    (tmp_path / "afile").write_text("")
+    for bad, says in ((["--out", "afile"], "afile is a file, not a directory"),
+                      (["--out", "t", "--timeout", "-1"], "timeout must be")):
+        r = subprocess.run(cli + ["export", "--config", "src.yaml"] + bad, cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "t").exists()
     dst = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
     (tmp_path / "dst.yaml").write_text(json.dumps(dst))
     r = subprocess.run(cli + ["generate", "--config", "dst.yaml", "--procs", "2", "--shards",
