@@ -592,7 +592,9 @@ def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
         wt.from_shards("https://host/shards-{0..3}.tar")
 
 
-def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_ends_an_export_visibly_with_every_shard_complete_and_listed(shm_cfg, tmp_path,
+                                                                            sig, code):
     cfg = shm_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
     (tmp_path / "c.yaml").write_text(json.dumps(cfg))
     feeder = _Feeder(cfg, _paced(8, pause=0.005))
@@ -604,12 +606,12 @@ def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tm
                                  stderr=subprocess.PIPE, text=True)
         whlib.until(lambda: len(_tars(str(tmp_path / "kept"))) >= 3
                     if (tmp_path / "kept").is_dir() else False, 30, "three shards")
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(sig)
         out, err = child.communicate(timeout=30)
     finally:
         feeder.close()
-    assert child.returncode == 143, err  # interrupted, visibly
-    assert "export interrupted: by SIGTERM" in err and '"complete": false' in err
+    assert child.returncode == code, err  # interrupted, visibly
+    assert f"export interrupted: by {sig.name}" in err and '"complete": false' in err
     assert "samples of 1000000 generations" not in out
     kept = tmp_path / "kept"
     with open(kept / "index.json") as f:
