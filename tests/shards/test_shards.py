@@ -590,6 +590,8 @@ def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
         wt.from_shards("x.tar", on_error="ignore")
     with pytest.raises(wt.ShardError, match="only local paths"):
         wt.from_shards("https://host/shards-{0..3}.tar")
+    with pytest.raises(wt.ShardError, match=r"nothing-\*\.tar.*the glob matches no file"):
+        wt.from_shards(str(tmp_path / "nothing-*.tar"))
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -734,8 +736,8 @@ def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
     assert r.returncode == 0 and r.stdout.count("swap success") == 2
 
 
-def test_store_of_another_sample_names_both_samples(shm_cfg):
-    cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+def test_store_of_another_sample_names_both_samples(store_cfg):
+    cfg = store_cfg(swap_cap=2, sample=FIELDS)
     whlib.open_store(cfg).close()  # the store, made
     other = dict(cfg, SAMPLE=["id", "weight"])
     with pytest.raises(wt.WireheadError, match=r"created with SAMPLE \[id, data\], the "
