@@ -47,11 +47,16 @@ static bool wh__check_schema(const wh__mongo_t *m, const bson_t *doc, wh_err_t *
                                       bson_iter_utf8(&arr, NULL));
             }
         }
+        char want[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
+        size_t w = 0;
+        for (int i = 0; i < cfg->schema.nfields && i < WH_MAX_FIELDS && w < sizeof want - 1; i++)
+            w += (size_t)snprintf(want + w, sizeof want - w, "%s%s", i ? ", " : "",
+                                  cfg->schema.names[i]);
         return wh_err_set(err, WH_E_SCHEMA,
-                          "collection prefix '%s' at %s was created with SAMPLE [%s], config "
-                          "says another; use another COLLECTION_PREFIX (or WRITE_COLLECTION), "
-                          "or `wirehead-torch clean`",
-                          m->prefix, m->where, have);
+                          "collection prefix '%s' at %s was created with SAMPLE [%s], the "
+                          "config's SAMPLE is [%s]; use another COLLECTION_PREFIX (or "
+                          "WRITE_COLLECTION), or `wirehead-torch clean`",
+                          m->prefix, m->where, have, want);
     }
     if ((uint64_t)cap != cfg->swap_cap)
         return wh_err_set(err, WH_E_SCHEMA,

@@ -451,10 +451,15 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             if (i) strcat(have, ", ");
             strcat(have, nm);
         }
+        char want[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
+        for (int i = 0; i < c->schema.nfields && i < WH_MAX_FIELDS; i++) {
+            if (i) strcat(want, ", ");
+            strcat(want, c->schema.names[i]);
+        }
         ok = wh_err_set(err, WH_E_SCHEMA,
-                        "shm store '%s' was created with SAMPLE [%s], config "
-                        "says another; use another store name or `wirehead-torch clean`",
-                        s->shm_name + 10, have);
+                        "shm store '%s' was created with SAMPLE [%s], the config's SAMPLE is "
+                        "[%s]; use another store name or `wirehead-torch clean`",
+                        s->shm_name + 10, have, want);
     } else if (!c->no_create && c->byte_budget && h->slot_bytes != wh__page_up(c->byte_budget)) {
         ok = wh_err_set(err, WH_E_SCHEMA,
                         "shm store '%s' was created with BYTE_BUDGET=%llu, "

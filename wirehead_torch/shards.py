@@ -11,11 +11,14 @@ The tar headers and ``.npy`` headers are written and parsed here, with every
 size bounded and checked, so a damaged or hostile shard is an error naming
 the shard and the member, never a crash, a pickle or a partial sample."""
 import ast
+import fcntl
+import glob
 import json
 import logging
 import os
 import random
 import re
+import signal
 import time
 
 import numpy as np
@@ -29,6 +32,7 @@ log = logging.getLogger("wirehead_torch")
 __all__ = ["export_shards", "from_shards", "mix", "expand_urls", "ShardError", "ShardSource"]
 
 INDEX_NAME = "index.json"
+_LOCK_NAME = ".export.lock"
 INDEX_FORMAT = "wirehead_torch shards"
 SUPPORTED_MEMBERS = ".npy (NumPy arrays of a numeric or bool dtype)"
 
@@ -63,11 +67,15 @@ class ShardError(_C.WireheadError, ValueError):
         super().__init__(where + message)
         self.shard = shard
         self.member = member
+        self.sample_only = False
 
 
-class _SampleError(ShardError):
-    """Bad bytes inside one sample; the archive around it is intact, so
-    on_error="skip" drops just that sample."""
+def _SampleError(message, shard=None, member=None):
+    """A ShardError of bad bytes inside one sample; the archive around it
+    is intact, so on_error="skip" drops just that sample."""
+    e = ShardError(message, shard, member)
+    e.sample_only = True
+    return e
 
 
 # --------------------------------------------------------------------------
@@ -314,19 +322,63 @@ class _ShardWriter:
 
 
 def _prepare_out(out, prefix):
+    """Makes out (when missing) and takes its export lock; returns (lock
+    fd, whether out was made here). A directory holding an export is
+    refused; the leftovers of a dead exporter (no lock held) are removed
+    either way, so a killed export leaves only whole shards behind."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ShardError(f"--out {out} is a file, not a directory; give an empty or new "
+                         f"directory")
+    made = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    for name in os.listdir(out):
-        if name == INDEX_NAME or (name.startswith(prefix + "-") and name.endswith(".tar")):
-            raise ShardError(f"{out} holds an export already ({name}); give an empty or new "
-                             f"directory")
-    for name in os.listdir(out):  # a killed export's unfinished shard or index
-        if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
-                name == f".{INDEX_NAME}.tmp":
-            os.unlink(os.path.join(out, name))
+    fd = os.open(os.path.join(out, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ShardError(f"{out}: another export is writing there now") from None
+    try:
+        names = sorted(os.listdir(out))
+        removed = []
+        for name in names:  # a dead export's unfinished shard or index: nobody holds the lock
+            if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
+                    name == f".{INDEX_NAME}.tmp":
+                os.unlink(os.path.join(out, name))
+                removed.append(name)
+        held = [n for n in names if n == INDEX_NAME or
+                (n.startswith(prefix + "-") and n.endswith(".tar"))]
+        if held:
+            first = next((n for n in held if n != INDEX_NAME), held[0])
+            raise ShardError(f"{out} holds an export already ({first}"
+                             + (f" and {len(held) - 1} more" if len(held) > 1 else "")
+                             + (f"; removed a dead export's leftovers {removed}" if removed
+                                else "")
+                             + "): give an empty or new --out directory, or remove that "
+                               "export first")
+    except BaseException:
+        _release_out(out, fd, False)
+        raise
+    return fd, made
+
+
+def _release_out(out, fd, made, wrote=True):
+    """Drops the export lock; a directory this export made and wrote
+    nothing into is removed again."""
+    try:
+        os.unlink(os.path.join(out, _LOCK_NAME))
+    except OSError:
+        pass
+    os.close(fd)
+    if made and not wrote:
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
 
 
 def export_shards(out, config_path=None, config=None, *, generations=None, samples=None,
-                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True):
+                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True,
+                  on_signal="raise"):
     """Writes sealed generations of the store as tar shards into directory
     out (docs/shards.md); returns the index (a dict, also out/index.json).
 
@@ -334,8 +386,18 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
     through the store's verified read path, then waits (up to ``timeout``,
     default READ_TIMEOUT) for the next newer one, until ``generations``
     whole generations (default 1) or exactly ``samples`` samples are
-    written. A sample is held in memory one at a time. SIGTERM/SIGINT end
-    the export after the current sample, with the shards so far complete."""
+    written. A sample is held in memory one at a time.
+
+    SIGINT/SIGTERM end the export early: with generations= after finishing
+    the generation being written, with samples= after the current sample;
+    the shard being written is completed and index.json says
+    ``"complete": false`` and which generation, if any, is in the shards
+    only in part. Then
+    on_signal="raise" (default) raises KeyboardInterrupt (SIGINT) or
+    SystemExit(143) (SIGTERM); on_signal="return" returns the index (the
+    command line does this and exits 130 or 143)."""
+    if on_signal not in ("raise", "return"):
+        raise ValueError(f"on_signal must be 'raise' or 'return', got {on_signal!r}")
     cfg = get_config(config_path, config)
     if generations is not None and samples is not None:
         raise ValueError("give generations= or samples=, not both")
@@ -357,12 +419,25 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
             raise ShardError(f"SAMPLE field {f!r} cannot name a tar member (a '/' or an "
                              f"unprintable character)")
     timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
-    _prepare_out(out, prefix)
-    store_handle = ProcessStore(cfg)  # opened as the readers open it
-    w = _ShardWriter(out, limit, fields, prefix)
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout:g}")
+    lock, made = _prepare_out(out, prefix)
+    w = None
+    try:
+        store_handle = ProcessStore(cfg)  # opened as the readers open it
+        w = _ShardWriter(out, limit, fields, prefix)
+        return _export(w, store_handle, cfg, out, generations, samples, timeout, quiet,
+                       on_signal)
+    finally:
+        _release_out(out, lock, made, wrote=w is not None and bool(w.index["shards"]))
+
+
+def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):
     say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
     done_gens = moved = corrupt = 0
     last = 0
+    whole = []  # generations written whole
+    signum = None
     try:
         with StopFlag() as stop:
             store = store_handle.get()
@@ -372,7 +447,14 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                 if gen is None:
                     break
                 pos = 0
-                while pos < swap_cap and not stop:
+                told = False
+                # a signal during --generations finishes the generation (sealed: no
+                # waiting), so the shards hold whole generations; a second one stops
+                while pos < swap_cap and (not stop or (generations is not None and pos)):
+                    if stop and not told:
+                        told = True
+                        say(f"{signal.Signals(stop.signum).name}: finishing generation {gen} "
+                            f"({swap_cap - pos} positions left); a second signal stops now")
                     try:
                         got = store.read_sample(gen, pos, None, timeout, False)
                     except _C.CorruptSampleError as e:
@@ -383,6 +465,8 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                         continue
                     if got.generation != gen:  # reclaimed under us: start over on the newer one
                         moved += 1
+                        if stop:  # not a newer one, once stopped: this one stays partial
+                            break
                         log.warning("wirehead export: generation %d was reclaimed after %d of "
                                     "%d positions; going on with generation %d", gen, pos,
                                     swap_cap, got.generation)
@@ -397,23 +481,53 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
                 last = gen
                 if pos >= swap_cap:
                     done_gens += 1
+                    whole.append(gen)
                     say(f"generation {gen} written ({w.index['samples']} samples so far)")
                 if samples is not None and w.index["samples"] >= samples:
                     break
                 if generations is not None and done_gens >= generations:
                     break
+            signum = stop.signum if stop else None
         w.finish()
     except BaseException:
         w.finish()  # the whole samples written so far stay
+        if w.index["shards"]:
+            w.index["complete"] = False
+            _note_whole(w.index, whole)
+            w._write_index()
         raise
     finally:
         store_handle.close()
     w.index["reclaimed_during_export"] = moved
     w.index["corrupt_skipped"] = corrupt
-    w._write_index()
+    w.index["complete"] = signum is None
+    _note_whole(w.index, whole)
+    if w.index["shards"]:  # else nothing is kept: the directory is removed if made here
+        w._write_index()
+    if signum is not None:
+        name = signal.Signals(signum).name
+        w.index["interrupted"] = name
+        part = w.index["partial_generations"]
+        say(f"interrupted by {name}: {w.index['samples']} samples of "
+            f"{len(w.index['whole_generations'])} whole generations"
+            + (f" and part of generation {part[0]}" if part else "")
+            + f" in {len(w.index['shards'])} shards under {out} (index.json: complete false)")
+        if on_signal == "raise":
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        return w.index
     say(f"{w.index['samples']} samples of {len(w.index['generations'])} generations in "
         f"{len(w.index['shards'])} shards under {out}")
     return w.index
+
+
+def _note_whole(index, whole):
+    """index's whole_generations and partial_generations: a generation in the
+    shards but not written whole (an interrupted or failed export, or
+    samples=N) is partial."""
+    index["whole_generations"] = [g for g in index["generations"] if g in whole]
+    index["partial_generations"] = [g for g in index["generations"] if g not in whole]
 
 
 def _wait_generation(store, cfg, timeout, newer_than, stop):
@@ -423,22 +537,86 @@ def _wait_generation(store, cfg, timeout, newer_than, stop):
     deadline = start + timeout
     note = start + _WAIT_NOTE_EVERY
     what = "sealed generation" if not newer_than else f"generation newer than {newer_than}"
+    where = redact(cfg["STORE"])
+    missing = False
     while not stop:
         now = time.monotonic()
         left = deadline - now
         if now >= note:
             note = now + _WAIT_NOTE_EVERY
-            log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s", now - start,
-                        timeout, what, redact(cfg["STORE"]))
+            if missing:
+                log.warning("wirehead export: waiting %.0fs of %gs: store %s does not exist "
+                            "yet (%s); start a generator", now - start, timeout, where,
+                            _not_created(cfg))
+            else:
+                log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s",
+                            now - start, timeout, what, where)
         try:
             return store.wait_generation(newer_than, max(0.0, min(left, 1.0)))
-        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError):
+        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
+            missing = isinstance(e, _C.StoreNotCreatedError) or _absent(store)
             if left <= 0:
-                raise TimeoutError(f"no {what} in {redact(cfg['STORE'])} after {timeout:g}s: "
+                if missing:
+                    raise TimeoutError(f"store {where} does not exist yet after {timeout:g}s "
+                                       f"({_not_created(cfg)}): start generators into it "
+                                       f"first, or wait longer with timeout= (--timeout) or "
+                                       f"READ_TIMEOUT") from None
+                raise TimeoutError(f"no {what} in {where} after {timeout:g}s: "
                                    f"are generators running, and sealing (SELF_SEAL, or a "
                                    f"manager)? Wait longer with timeout= (--timeout) or "
                                    f"READ_TIMEOUT") from None
     return None
+
+
+def _absent(store):
+    """Whether the store does not exist yet (the readers' test, docs/api.md)."""
+    try:
+        store.status()
+    except _C.StoreNotCreatedError:
+        return True
+    except _C.WireheadError:
+        pass
+    return False
+
+
+def _not_created(cfg):
+    if str(cfg["STORE"]).startswith("shm://"):
+        return "no shared-memory segment: no generator has put a sample"
+    return "no generator has created it"
+
+
+def check_store_layout(urls, config_path=None, config=None):
+    """Before shards go into a store: their index.json schema (dtype and
+    shape per field) against a sample of the store's newest sealed
+    generation, where the store has one. A field whose dtype or shape
+    differs is a ShardError naming the field, the shards' layout and the
+    store's; a store with no generation yet takes any layout."""
+    cfg = get_config(config_path, config)
+    paths = expand_urls(urls)
+    handle = ProcessStore(cfg, create=False)
+    try:
+        try:
+            store = handle.get()
+            gen = store.wait_generation(0, 0.0)
+            got = store.read_sample(gen, 0, None, 5.0, True)
+        except _C.WireheadError:  # not created, or nothing sealed yet
+            return
+        have = {f: (a.dtype, list(a.shape)) for f, a in zip(cfg["SAMPLE"], got.arrays)}
+    finally:
+        handle.close()
+    cache = {}
+    for p in paths:
+        idx = _load_index(os.path.dirname(os.path.abspath(p)), cache)
+        for field, want in ((idx or {}).get("schema") or {}).items():
+            if field not in have or want is None:
+                continue
+            dtype, shape = have[field]
+            if (want.get("dtype") not in (None, dtype)) or \
+                    (want.get("shape") is not None and list(want["shape"]) != shape):
+                raise ShardError(f"field {field!r}: the shards hold {want.get('dtype')} of "
+                                 f"shape {want.get('shape')}, the store "
+                                 f"{redact(cfg['STORE'])} holds {dtype} of shape {shape}; "
+                                 f"use another store, or `wirehead-torch clean` it first", p)
 
 
 def _bytes_of(arr):
@@ -455,7 +633,8 @@ def _bytes_of(arr):
 
 def expand_urls(urls):
     """A list of local shard paths from a path, a brace pattern
-    (``shards-{000..099}.tar``, ``{a,b}``) or a list of them."""
+    (``shards-{000..099}.tar``, ``{a,b}``), a glob (``shards-*.tar``,
+    expanded in sorted order) or a list of them."""
     if isinstance(urls, (str, os.PathLike)):
         urls = [urls]
     out = []
@@ -463,7 +642,14 @@ def expand_urls(urls):
         u = os.fspath(u)
         if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", u) and not os.path.exists(u):
             raise ShardError(f"{u!r}: only local paths are read (no URLs or pipes)")
-        out.extend(_brace(u))
+        for x in _brace(u):
+            if re.search(r"[*?[]", x) and not os.path.exists(x):
+                hits = sorted(glob.glob(x))  # a shell would have expanded it
+                if not hits:
+                    raise ShardError(f"{x!r}: the glob matches no file")
+                out.extend(hits)
+            else:
+                out.append(x)
     if not out:
         raise ShardError("no shards given")
     return out
@@ -632,11 +818,21 @@ class ShardSource:
         self.skipped = 0
         self.skipped_shards = 0
         self.errors = []
+        self.last_fields = None  # the field names of the last sample yielded
         self._it = None
         self._indexes = {}
 
     def __iter__(self):
         return self._run()
+
+    def dataset(self):
+        """A ``torch.utils.data.IterableDataset`` over the same shards and
+        settings, yielding each sample as a dict of tensors keyed by field
+        name, for a plain ``torch.utils.data.DataLoader`` (an evaluation
+        loop over a validation set). With num_workers=N each worker reads
+        every N-th shard (of the shuffled order where shuffle=True), so no
+        shard is read twice."""
+        return _shard_dataset(self)
 
     def __next__(self):
         if self._it is None:
@@ -707,6 +903,12 @@ class ShardSource:
             if idx is not None:
                 entry = next((s for s in idx.get("shards", [])
                               if s.get("name") == os.path.basename(path)), None)
+            if idx is not None and entry is None and self.verify:
+                self._fail(ShardError(f"not listed in the {INDEX_NAME} beside it: a foreign "
+                                      f"shard, or one a killed export renamed but never "
+                                      f"listed (read it with verify=False to take it anyway)",
+                                      path), True)
+                return
             check = bool(self.verify) and entry is not None
             if check and entry.get("bytes") != size:
                 self._fail(ShardError(f"the file has {size} bytes, {INDEX_NAME} says "
@@ -749,7 +951,10 @@ class ShardSource:
             try:
                 start = rd.offset
                 self._member(rd, name, size, kind, this, arrays, pos, schema, entry, bad)
-            except _SampleError as e:
+            except ShardError as e:
+                if not e.sample_only:
+                    self._fail(e, True)
+                    return
                 try:  # read past the rest of the bad member: the next one is intact
                     rd.skip(start + size + (-size % _BLOCK) - rd.offset, name)
                 except ShardError as e2:
@@ -758,9 +963,6 @@ class ShardSource:
                 if bad is None:
                     self._fail(e, False)
                 bad = e
-            except ShardError as e:
-                self._fail(e, True)
-                return
         if rd.hasher is not None:
             try:
                 rd.skip(rd.size - rd.offset)
@@ -772,7 +974,7 @@ class ShardSource:
                 self._fail(e, True)
 
     def _member(self, rd, name, size, kind, key, arrays, pos, schema, entry, bad):
-        """Reads one member into arrays; a _SampleError leaves the rest of
+        """Reads one member into arrays; a sample-only ShardError leaves the rest of
         the member to the caller to read past."""
         padded = size + (-size % _BLOCK)
         if bad is not None:  # the rest of a bad sample is read past
@@ -823,13 +1025,57 @@ class ShardSource:
     def _finish(self, shard, key, arrays, fields, bad):
         if bad is not None:
             return None
+        self.last_fields = fields
         missing = [f for f in fields if f not in arrays]
         if missing:
-            self._fail(_SampleError(f"sample {key[0]!r} lacks field(s) {missing} (has "
-                                    f"{sorted(arrays)})", shard, f"{key[0]}.{missing[0]}.npy"),
-                       False)
+            self._fail(_SampleError(f"sample {key[0]!r} has no member for field(s) "
+                                    f"{missing} (it has {sorted(arrays)})", shard), False)
             return None
         return tuple(arrays[f] for f in fields)
+
+
+def _shard_dataset(source):
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class ShardDataset(IterableDataset):
+        """Samples of tar shards as dicts of tensors keyed by field name;
+        DataLoader workers split the shards between them."""
+
+        def __init__(self, src):
+            super().__init__()
+            self.source = src
+
+        def __iter__(self):
+            s = self.source
+            info = get_worker_info()
+            paths = list(s.paths)
+            if s.shuffle:  # the same order in every worker, then split
+                random.Random(f"{s.seed}:split").shuffle(paths)
+            if info is not None:
+                paths = paths[info.id::info.num_workers]
+            if not paths:
+                return
+            mine = ShardSource(paths, s.fields, s.shuffle, s.seed, s.loop, s.shuffle_buffer,
+                               s.on_error, s.verify)
+            for sample in mine:
+                yield {f: _tensor(torch, f, a) for f, a in zip(mine.last_fields, sample)}
+
+    return ShardDataset(source)
+
+
+# unsigned types torch has no tensor of: widened losslessly
+_WIDEN = {np.dtype("uint16"): np.int32, np.dtype("uint32"): np.int64}
+
+
+def _tensor(torch, field, a):
+    if a.dtype in _WIDEN:
+        a = a.astype(_WIDEN[a.dtype])
+    try:
+        return torch.from_numpy(a)
+    except TypeError:
+        raise ShardError(f"field {field!r} of dtype {a.dtype} has no torch tensor type; read "
+                         f"it from the source's numpy arrays instead") from None
 
 
 def _split(name):

@@ -156,7 +156,13 @@ def test_killed_export_leaves_complete_shards(shm_cfg, tmp_path):
             r = subprocess.run(["tar", "-tf", p], capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
             assert len(r.stdout.split()) % len(SAMPLE) == 0
-        src = wt.from_shards(paths, config=cfg)
+        with open(out / "index.json") as f:
+            listed = [s["name"] for s in json.load(f)["shards"]]
+        for p in paths:  # one renamed but never listed is refused by name
+            if os.path.basename(p) not in listed:
+                with pytest.raises(wt.ShardError, match=f"{os.path.basename(p)}.*not listed"):
+                    list(wt.from_shards(p, config=cfg))
+        src = wt.from_shards([str(out / n) for n in listed], config=cfg)
         n = 0
         for s in src:
             tag, counter = whlib.check_sample(s[0], s[1])
@@ -164,13 +170,14 @@ def test_killed_export_leaves_complete_shards(shm_cfg, tmp_path):
             n += 1
         assert n >= 1 and src.skipped == 0 and src.skipped_shards == 0
         # the shards the index lists (all but perhaps the one renamed last) verify
-        with open(out / "index.json") as f:
-            listed = [s["name"] for s in json.load(f)["shards"]]
         assert set(listed) <= {os.path.basename(p) for p in paths}
         assert len(paths) - len(listed) <= 1
-        # a new export into the same directory is refused; its leftovers are not shards
-        with pytest.raises(wt.ShardError, match="holds an export already"):
+        # a new export into the same directory is refused, naming the first shard;
+        # the dead export's temporary files are removed
+        with pytest.raises(wt.ShardError, match=r"holds an export already \(shards-000000\.tar"
+                                                r".*give an empty or new --out directory"):
             wt.export_shards(str(out), config=cfg)
+        assert not [n for n in os.listdir(out) if n.endswith(".tmp") or n.startswith(".")]
 
 
 def test_webdataset_reads_ours_and_we_read_theirs(shm_cfg, tmp_path):
@@ -270,15 +277,16 @@ def test_truncated_and_empty_shards(tmp_path):
 def test_missing_field_names_shard_and_member(tmp_path, shm_cfg):
     members = _good("a") + _good("b", counter=1)[:1] + _good("c", counter=2)
     path = _tar(tmp_path / "m.tar", members)
-    with pytest.raises(wt.ShardError, match=r"m\.tar.*'b\.data\.npy'.*lacks field") as e:
+    with pytest.raises(wt.ShardError, match=r"m\.tar: sample 'b' has no member for field\(s\) "
+                                            r"\['data'\] \(it has \['id'\]\)") as e:
         _read(path)
-    assert e.value.member == "b.data.npy"
+    assert e.value.member is None and type(e.value) is wt.ShardError  # no private class shows
     src = wt.from_shards(path, fields=FIELDS, on_error="skip")
     assert [int(s[0][1]) for s in src] == [0, 2] and src.skipped == 1
     # never a partial sample in the store: the put before the bad one only
     cfg = shm_cfg(swap_cap=8, sample=FIELDS)
     g = wt.WireheadGenerator(wt.from_shards(path, config=cfg), config=cfg, quiet=True)
-    with pytest.raises(wt.ShardError, match="lacks field"):
+    with pytest.raises(wt.ShardError, match="has no member for field"):
         g.run()
     g.close()
     assert wt.status(config=cfg)["write_fill"] == 1
@@ -425,7 +433,14 @@ def test_cli_export_then_generate_from_shards_in_two_processes(shm_cfg, tmp_path
     assert "4 samples of 1 generations in 4 shards" in r.stdout
     r = subprocess.run(cli + ["export", "--config", "src.yaml", "--out", "kept"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "holds an export already" in r.stderr
+    assert r.returncode == 2 and "holds an export already (shards-000000.tar" in r.stderr
+    (tmp_path / "afile").write_text("")
+    for bad, says in ((["--out", "afile"], "afile is a file, not a directory"),
+                      (["--out", "t", "--timeout", "-1"], "timeout must be")):
+        r = subprocess.run(cli + ["export", "--config", "src.yaml"] + bad, cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "t").exists()
     dst = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
     (tmp_path / "dst.yaml").write_text(json.dumps(dst))
     r = subprocess.run(cli + ["generate", "--config", "dst.yaml", "--procs", "2", "--shards",
@@ -448,7 +463,7 @@ def test_bfloat16_is_refused_by_export_with_its_reason(shm_cfg, tmp_path):
     g.close()
     with pytest.raises(wt.ShardError, match="bfloat16 has no .npy form"):
         wt.export_shards(str(tmp_path / "b"), config=cfg)
-    assert not [n for n in os.listdir(tmp_path / "b") if n.endswith(".tar")]
+    assert not (tmp_path / "b").exists()  # made by the export, nothing kept: removed
 
 
 @pytest.mark.asan
@@ -555,7 +570,15 @@ def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeyp
 
 
 def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
+    absent = shm_cfg(swap_cap=2, sample=FIELDS, budget=None)  # made by its first sample
+    with pytest.raises(TimeoutError, match=r"store shm://.* does not exist yet after 0\.5s "
+                                           r"\(no shared-memory segment"):
+        wt.export_shards(str(tmp_path / "a"), config=absent, timeout=0.5)
     cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    g = wt.WireheadGenerator((whlib.sample(6, 0, n=16) for _ in range(1)), config=cfg,
+                             quiet=True)
+    g.run()  # the store exists now, with no generation sealed
+    g.close()
     with pytest.raises(TimeoutError, match=r"no sealed generation in shm://.* after 0\.5s: are "
                                            r"generators running"):
         wt.export_shards(str(tmp_path / "a"), config=cfg, timeout=0.5)
@@ -567,9 +590,13 @@ def test_export_errors_say_what_to_do(shm_cfg, tmp_path):
         wt.from_shards("x.tar", on_error="ignore")
     with pytest.raises(wt.ShardError, match="only local paths"):
         wt.from_shards("https://host/shards-{0..3}.tar")
+    with pytest.raises(wt.ShardError, match=r"nothing-\*\.tar.*the glob matches no file"):
+        wt.from_shards(str(tmp_path / "nothing-*.tar"))
 
 
-def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_ends_an_export_visibly_with_every_shard_complete_and_listed(shm_cfg, tmp_path,
+                                                                            sig, code):
     cfg = shm_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
     (tmp_path / "c.yaml").write_text(json.dumps(cfg))
     feeder = _Feeder(cfg, _paced(8, pause=0.005))
@@ -581,15 +608,183 @@ def test_sigterm_ends_an_export_with_every_shard_complete_and_listed(shm_cfg, tm
                                  stderr=subprocess.PIPE, text=True)
         whlib.until(lambda: len(_tars(str(tmp_path / "kept"))) >= 3
                     if (tmp_path / "kept").is_dir() else False, 30, "three shards")
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(sig)
         out, err = child.communicate(timeout=30)
     finally:
         feeder.close()
-    assert child.returncode == 0, err
+    assert child.returncode == code, err  # interrupted, visibly
+    assert f"export interrupted: by {sig.name}" in err and '"complete": false' in err
+    assert "samples of 1000000 generations" not in out
     kept = tmp_path / "kept"
     with open(kept / "index.json") as f:
         index = json.load(f)
+    assert index["complete"] is False
+    _whole_generations_only(index, _tars(str(kept)), 4)
     assert sorted(os.listdir(kept)) == sorted(["index.json"] +
                                               [s["name"] for s in index["shards"]])
     src = wt.from_shards(_tars(str(kept)), verify="full")
     assert sum(1 for _ in src) == index["samples"] > 0
+
+
+def _whole_generations_only(index, paths, swap_cap):
+    """The signal finished the generation being written: each generation
+    in the shards is whole, unless it was reclaimed under the export."""
+    per_gen = {}
+    for name, _ in _members_by_tarfile(paths):
+        if name.endswith(".id.npy"):
+            g = int(name[1:name.index("-")])
+            per_gen[g] = per_gen.get(g, 0) + 1
+    assert sorted(per_gen) == sorted(index["generations"])
+    assert index["whole_generations"] + index["partial_generations"] == index["generations"]
+    assert all(per_gen[g] == swap_cap for g in index["whole_generations"])
+    assert len(index["partial_generations"]) <= 1
+    if not index["reclaimed_during_export"]:
+        assert index["partial_generations"] == []
+
+
+def test_sigint_raises_keyboardinterrupt_and_the_index_says_incomplete(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
+    out = tmp_path / "kept"
+    feeder = _Feeder(cfg, _paced(9, pause=0.005))
+
+    def interrupt():  # once the export is past its start (its handler installed)
+        whlib.until(lambda: len(_tars(str(out))) >= 2 if out.is_dir() else False, 30,
+                    "two shards")
+        os.kill(os.getpid(), signal.SIGINT)
+    t = threading.Thread(target=interrupt, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wt.export_shards(str(out), config=cfg, generations=1000000, shard_size="8KiB")
+    finally:
+        t.join(30)
+        feeder.close()
+    with open(out / "index.json") as f:
+        index = json.load(f)
+    assert index["complete"] is False
+    _whole_generations_only(index, _tars(str(out)), 4)
+    src = wt.from_shards(_tars(str(out)), verify="full")
+    assert sum(1 for _ in src) == index["samples"] > 0
+    # a finished export says complete, every generation whole
+    cfg2 = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(3, i, n=16) for i in range(2)), config=cfg2,
+                             quiet=True)
+    g.run()
+    g.close()
+    done = wt.export_shards(str(tmp_path / "done"), config=cfg2)
+    assert done["complete"] is True and done["partial_generations"] == []
+    assert done["whole_generations"] == done["generations"]
+
+
+def test_shard_not_in_the_index_beside_it_is_refused(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(4, i, n=16) for i in range(2)), config=cfg,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=cfg)
+    foreign = tmp_path / "kept" / "shards-000009.tar"
+    _tar(str(foreign), _good("g1-p0", 4, 0))
+    with pytest.raises(wt.ShardError, match=r"shards-000009\.tar.*not listed in the index"):
+        list(wt.from_shards(str(tmp_path / "kept" / "shards-*.tar"), config=cfg))
+    src = wt.from_shards(str(tmp_path / "kept" / "shards-*.tar"), config=cfg, on_error="skip")
+    assert sum(1 for _ in src) == 2 and src.skipped_shards == 1
+
+
+def test_export_out_and_timeout_checked_and_made_dir_removed(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(wt.ShardError, match="afile is a file, not a directory"):
+        wt.export_shards(str(tmp_path / "afile"), config=cfg, timeout=0.1)
+    with pytest.raises(ValueError, match="timeout must be"):
+        wt.export_shards(str(tmp_path / "t"), config=cfg, timeout=-1)
+    with pytest.raises(TimeoutError):
+        wt.export_shards(str(tmp_path / "new"), config=cfg, timeout=0.2)
+    assert not (tmp_path / "new").exists()  # made by the export, nothing written: removed
+
+
+def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
+    src = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(5, i, n=16) for i in range(2)), config=src,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=src, shard_size="2KiB")  # 2 shards
+    dst = shm_cfg(swap_cap=1, sample=FIELDS, SELF_SEAL=True)
+    (tmp_path / "dst.yaml").write_text(json.dumps(dst))
+    cli = [sys.executable, "-m", "wirehead_torch.apps.cli", "generate", "--config", "dst.yaml"]
+
+    def run(*args):
+        return subprocess.run(cli + list(args), cwd=tmp_path, env=whlib.env_for_child(),
+                              capture_output=True, text=True, timeout=60)
+    r = run("--loop")
+    assert r.returncode == 2 and "--loop" in r.stderr and "needs --shards" in r.stderr
+    r = run("--shards", "kept/shards-{000000..000003}.tar")
+    assert r.returncode == 2, r.stderr
+    assert "2 of 4 shards do not exist: kept/shards-000002.tar, kept/shards-000003.tar" \
+        in r.stderr
+    r = run("--procs", "3", "--shards", "kept/shards-*.tar")
+    assert r.returncode == 2 and "--procs 3 but --shards names 2 shards" in r.stderr
+    assert "started" not in r.stdout  # nothing started
+    with pytest.raises(wt.NotFoundError):
+        wt.status(config=dst)  # nothing put
+    r = run("--quiet", "--shards", "kept/shards-*.tar")  # a glob, expanded in order
+    assert r.returncode == 0, r.stderr
+    assert "swap success" not in r.stdout and "Time:" not in r.stdout
+    assert "pushed 2 samples" in r.stdout and "started" in r.stdout
+    r = run("--shards", "kept/shards-*.tar")
+    assert r.returncode == 0 and r.stdout.count("swap success") == 2
+
+
+def test_store_of_another_sample_names_both_samples(store_cfg):
+    cfg = store_cfg(swap_cap=2, sample=FIELDS)
+    whlib.open_store(cfg).close()  # the store, made
+    other = dict(cfg, SAMPLE=["id", "weight"])
+    with pytest.raises(wt.WireheadError, match=r"created with SAMPLE \[id, data\], the "
+                                               r"config's SAMPLE is \[id, weight\]"):
+        whlib.open_store(other)
+
+
+def test_dataset_for_a_torch_dataloader_reads_every_sample_once(shm_cfg, tmp_path):
+    torch = pytest.importorskip("torch")
+    cfg = shm_cfg(swap_cap=6, sample=SAMPLE, SELF_SEAL=True)
+    g = wt.WireheadGenerator((_sample(7, i) for i in range(6)), config=cfg, quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "val"), config=cfg, shard_size="8KiB")
+    assert len(_tars(str(tmp_path / "val"))) >= 3
+    ds = wt.from_shards(str(tmp_path / "val" / "shards-*.tar"), config=cfg,
+                        shuffle=True, seed=3).dataset()
+    for workers in (0, 2):
+        seen = []
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers):
+            assert set(batch) == set(SAMPLE)
+            tag, counter = whlib.check_sample(batch["id"].numpy(), batch["data"].numpy())
+            want = _sample(tag, counter)
+            assert batch["vol"].dtype == torch.int32  # uint16, widened
+            assert np.array_equal(batch["vol"].numpy(), want[3])
+            assert batch["mask"].dtype == torch.bool and batch["scale"].dtype == torch.complex128
+            seen.append(counter)
+        assert sorted(seen) == list(range(6)), workers  # every sample, once
+
+
+def test_cli_import_into_a_store_of_another_shape_names_the_field(shm_cfg, tmp_path):
+    src = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(8, i, n=16) for i in range(2)), config=src,
+                             quiet=True)
+    g.run()
+    g.close()
+    wt.export_shards(str(tmp_path / "kept"), config=src)
+    dst = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(8, i, n=40) for i in range(2)), config=dst,
+                             quiet=True)
+    g.run()  # the store holds a sealed generation of another data shape
+    g.close()
+    (tmp_path / "dst.yaml").write_text(json.dumps(dst))
+    before = wt.status(config=dst)["generated"]
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "generate", "--config",
+                        "dst.yaml", "--shards", "kept/shards-000000.tar"], cwd=tmp_path,
+                       env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "field 'data': the shards hold" in r.stderr and "the store shm://" in r.stderr
+    assert wt.status(config=dst)["generated"] == before  # nothing put

@@ -3,8 +3,9 @@
     wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
                             [--seconds T] [--seed S] [--size 32] [--labels 8]
     wirehead-torch generate --config C --shards PATTERN... [--loop] [--procs N] [--seed S]
+                            [--quiet]
     wirehead-torch export   --config C --out DIR [--generations N | --samples N]
-                            [--shard-size 1GiB]
+                            [--shard-size 1GiB] [--timeout S]
     wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
 
 `generate` runs N generator processes of one generator function and exits 0
@@ -88,7 +89,7 @@ def _generate_one(a):
                              config_path=a.config)
     else:
         source = load_generator(a.gen_module, seed, a.size, a.labels)
-    gen = WireheadGenerator(_until(deadline, source), config_path=a.config)
+    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
@@ -106,6 +107,21 @@ def _generate_one(a):
           f"({n / max(dt, 1e-9):.2f}/s), {gen.accepted} accepted, {gen.discarded} surplus",
           flush=True)
     return 0
+
+
+def _check_shards(patterns, procs):
+    """Every shard --shards names exists, and there is one for each of
+    --procs processes: said before anything is put."""
+    from ..shards import expand_urls
+    paths = expand_urls(patterns)
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"--shards: {len(missing)} of {len(paths)} shards do not exist: "
+                         f"{', '.join(missing[:5])}{more}")
+    if procs > len(paths):
+        raise ValueError(f"--procs {procs} but --shards names {len(paths)} shards: each "
+                         f"process reads whole shards; use --procs {len(paths)} or fewer")
 
 
 def _generate(a, argv):
@@ -299,12 +315,17 @@ def parser(sub):
     g.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
     g.add_argument("--seconds", type=float, default=None, help="stop after this long")
     g.add_argument("--seed", type=int, default=None,
-                   help="seed of the first process (the others: +1, +2, ...)")
+                   help="seed of the first process (the others: +1, +2, ...); with --shards "
+                        "it also shuffles the shard order (default: in order)")
+    g.add_argument("--quiet", action="store_true",
+                   help="no line per sealed generation (start and end lines stay)")
     g.add_argument("--size", type=int, default=32, help="synth: volume edge")
     g.add_argument("--labels", type=int, default=8, help="synth: label classes")
     g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
-                   help="read samples from tar shards (paths or brace patterns, e.g. "
-                        "'out/shards-{000000..000009}.tar') instead of --gen-module")
+                   help="read samples from tar shards instead of --gen-module: paths, "
+                        "brace patterns ('kept/shards-{000000..000009}.tar') or globs "
+                        "('kept/shards-*.tar', expanded in sorted order); every shard must "
+                        "exist")
     g.add_argument("--loop", action="store_true", help="--shards: read them again and again")
     g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     g.add_argument("--procs-total", type=int, default=1, help=argparse.SUPPRESS)
@@ -318,7 +339,7 @@ def parser(sub):
     n.add_argument("--samples", type=int, default=None, help="samples to write")
     e.add_argument("--shard-size", default="1GiB", help="bytes per shard (default 1GiB)")
     e.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for each generation (default READ_TIMEOUT)")
+                   help="seconds (>= 0) to wait for each generation (default READ_TIMEOUT)")
     t = sub.add_parser("train", help="one training rank of the demo's 3D U-Net")
     t.add_argument("--config", default=None, help="store config (not needed with --inline)")
     t.add_argument("--seconds", type=float, default=None,
@@ -341,15 +362,30 @@ def run(args, argv):
     exit status."""
     if args.cmd == "export":
         from ..shards import export_shards
-        export_shards(args.out, config_path=args.config, generations=args.generations,
-                      samples=args.samples, shard_size=args.shard_size, timeout=args.timeout,
-                      quiet=False)
+        index = export_shards(args.out, config_path=args.config,
+                              generations=args.generations, samples=args.samples,
+                              shard_size=args.shard_size, timeout=args.timeout, quiet=False,
+                              on_signal="return")
+        if index.get("interrupted"):
+            part = index.get("partial_generations") or []
+            print(f"export interrupted: by {index['interrupted']}; {args.out}/index.json says "
+                  f"\"complete\": false"
+                  + (f", generation {part[0]} is in the shards only in part" if part else "")
+                  + (f" ({index['samples']} samples in {len(index['shards'])} shards kept)"
+                     if index["shards"] else " (nothing kept)"), file=sys.stderr, flush=True)
+            return 130 if index["interrupted"] == "SIGINT" else 143
         return 0
     if args.cmd == "generate":
         if args.procs < 1:
             raise ValueError("--procs must be >= 1")
         if args.seconds is not None and args.seconds <= 0:
             raise ValueError("--seconds must be > 0")
+        if args.loop and not args.shards:
+            raise ValueError("--loop reads --shards again and again; it needs --shards")
+        if args.shards and args.procs_total == 1:  # checked once, before any process starts
+            _check_shards(args.shards, args.procs)
+            from ..shards import check_store_layout
+            check_store_layout(args.shards, config_path=args.config)
         return _generate(args, argv[1:])
     if args.seconds is not None and args.seconds <= 0:
         raise ValueError("--seconds must be > 0")
