@@ -59,6 +59,7 @@ struct wh_store {
     int pid;               /* process that opened it: the fork guard */
     wh_reader_beat_t beat; /* this handle's reads (the read policy counts them) */
     uint64_t put_params;   /* params version later puts record */
+    uint64_t last_params;  /* params version of the sample last read */
     uint64_t min_params;   /* readers: generations under params >= this only */
     uint64_t pv_gen;       /* the last generation checked against min_params */
     bool pv_gen_ok;

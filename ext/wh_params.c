@@ -302,6 +302,8 @@ bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
 
 void wh_store_set_put_params(wh_store_t *st, uint64_t version) { st->put_params = version; }
 
+uint64_t wh_store_last_params(const wh_store_t *st) { return st->last_params; }
+
 void wh_store_set_min_params(wh_store_t *st, uint64_t v) {
     st->min_params = v;
     st->pv_gen = 0;

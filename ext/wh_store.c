@@ -102,7 +102,9 @@ bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, vo
     if (pos >= st->cfg.swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
                           st->cfg.swap_cap);
-    return st->ops->read(st, gen, pos, fn, ctx, meta, err);
+    if (!st->ops->read(st, gen, pos, fn, ctx, meta, err)) return false;
+    if (meta) st->last_params = meta->params_version;
+    return true;
 }
 
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
@@ -258,6 +260,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
         wh_err_t e = {0};
         if (wh__attempt(st, a, lost, at->gen, at->pos, meta, &e)) {
             wh__count_read(st, at->gen);
+            if (meta) st->last_params = meta->params_version;
             return true;
         }
         if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_NOSTORE ||

@@ -216,6 +216,9 @@ bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *
 bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
 /* The params version this handle's later puts record in their samples. */
 void wh_store_set_put_params(wh_store_t *st, uint64_t version);
+/* The params version recorded by the sample this handle's last read
+ * (wh_store_read, the read policy, a view) returned. */
+uint64_t wh_store_last_params(const wh_store_t *st);
 
 /* The params versions of a sealed generation's samples (each sample's
  * header records its own): lowest, highest, and how many samples were made
