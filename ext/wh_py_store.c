@@ -21,18 +21,19 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
 }
 
 bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbuf_t *out) {
-    static char *kwlist[] = {"uri",    "swap_cap", "fields",  "byte_budget",       "chunk_bytes",
-                             "dbname", "prefix",   "lease_s", "connect_timeout_s", "verify_reads",
-                             "create", NULL};
+    static char *kwlist[] = {"uri",    "swap_cap",   "fields",  "byte_budget",       "chunk_bytes",
+                             "dbname", "prefix",     "lease_s", "connect_timeout_s", "verify_reads",
+                             "create", "min_params", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
     double lease_s = 10.0, connect_timeout_s = 10.0;
     int verify = 1, create = 1;
+    unsigned long long min_params = 0;
     memset(out, 0, sizeof *out);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddpp", kwlist, &uri, &swap_cap, &fields,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppK", kwlist, &uri, &swap_cap, &fields,
                                      &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
-                                     &connect_timeout_s, &verify, &create))
+                                     &connect_timeout_s, &verify, &create, &min_params))
         return false;
     out->keep = PyList_New(0);
     if (!out->keep) return false;
@@ -57,6 +58,7 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     c->connect_timeout_s = connect_timeout_s;
     c->verify_reads = verify;
     c->no_create = !create;
+    c->min_params = min_params;
     PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
     if (!seq) goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);

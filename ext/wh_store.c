@@ -51,6 +51,7 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
         st->beat.token = wh_now_real_ns() ^ ((uint64_t)st->pid << 40) ^ (uint64_t)(uintptr_t)st;
     st->beat.token |= 1; /* 0 marks a free heartbeat entry */
     st->beat.pid = st->pid;
+    st->min_params = cfg->min_params;
     /* the caller's strings need not outlive the call */
     st->uri = strdup(cfg->uri);
     st->cfg.uri = st->uri;

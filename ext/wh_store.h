@@ -29,6 +29,7 @@ typedef struct {
     double connect_timeout_s; /* mongo: bounded wait for the server */
     bool verify_reads;        /* check XXH3 of every field read */
     bool no_create;           /* open only an existing store (WH_E_NOTFOUND otherwise) */
+    uint64_t min_params;      /* readers: wh_store_set_min_params at open (0: none) */
 } wh_store_config_t;
 
 typedef enum {

@@ -67,6 +67,7 @@ class RowRead(NamedTuple):
     generation: int
     position: int
     is_pad: bool
+    params_version: int  # of the sample read (docs/params.md)
 
 
 class _NewLayout(Exception):
@@ -216,7 +217,7 @@ class BatchRing:
         moves to the newest; a corrupt sample is skipped and a neighbour
         stands in, or with skip=False raises CorruptSampleError naming it)
         into its row of a free slot of this process's ring. rows: one
-        RowRead (generation, position, is_pad) per sample, as read. worker: the
+        RowRead (generation, position, is_pad, params_version) per sample, as read. worker: the
         DataLoader worker id, None in-process."""
         ring = self.worker_ring(worker)
         pid, layout = self._layout
@@ -282,7 +283,7 @@ class BatchRing:
             if got.skipped:
                 log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
                             "in as padding", got.skipped)
-            rows.append(RowRead(gen, pos, bool(got.is_pad)))
+            rows.append(RowRead(gen, pos, bool(got.is_pad), store.last_params_version))
         return rows
 
     def give_back(self, batch):

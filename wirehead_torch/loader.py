@@ -7,7 +7,7 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
-from ._store import ProcessStore
+from ._store import ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
 from .dataset import wait_for_generation
 
@@ -32,8 +32,10 @@ class WireheadLoader:
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
                  pad="repeat", ignore_index=-100, label_fields=None, refresh="epoch",
-                 transform=None, rank=None, world_size=None, cast=None, timeout=None):
+                 transform=None, rank=None, world_size=None, cast=None, timeout=None,
+                 min_params_version=None):
         self.cfg = get_config(config_path, config)
+        self.min_params_version = check_min_params(min_params_version)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if num_threads < 1 or prefetch < 1:
@@ -60,7 +62,7 @@ class WireheadLoader:
         self._pid = None
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
-        self._store = ProcessStore(self.cfg, local=True)
+        self._store = ProcessStore(self.cfg, local=True, min_params=self.min_params_version)
         self._pad_memo = {}  # the epoch whose padding was last reported
 
     def _plan(self):
@@ -91,7 +93,9 @@ class WireheadLoader:
             self._rw = rw
             with secrets_hidden(self.cfg["STORE"]):
                 self._ld = _C.Loader(
-                    store=store_kwargs(self.cfg, local=True), batch=self.batch_size,
+                    store=dict(store_kwargs(self.cfg, local=True),
+                               min_params=self.min_params_version),
+                    batch=self.batch_size,
                     threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
                     world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                     pad_batches=o.pad != "drop" or self.drop_last, want=o.want,
@@ -130,7 +134,8 @@ class WireheadLoader:
         warn_padding(plan, info, "WireheadLoader", epoch, self._pad_memo, self.batch_size)
         ld = self._loader()
         # wait here, not in C, so Ctrl-C and a server outage are handled
-        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout)
+        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout,
+                                     min_params=self.min_params_version)
         ld.start(epoch, start, gen or newest)
         self._resume = None
         self._epoch = epoch + 1
