@@ -78,8 +78,8 @@ def test_running_generators_take_a_set_within_one_sample(store_cfg):
             v = wt.set_params({"noise": float(k)}, config=cfg)
             begun[v] = t
             ended = time.monotonic_ns()
-            whlib.until(lambda: all(sum(s[2] > ended for s in made(p)) >= 3 for p in gens), 60,
-                        f"3 samples from each generator after set {v}")
+            whlib.until(lambda t=ended: all(sum(s[2] > t for s in made(p)) >= 3 for p in gens),
+                        60, f"3 samples from each generator after set {v}")
             for p in gens:
                 late = [s for s in made(p) if s[2] > ended and s[3] < v]
                 assert len(late) <= 1, f"generator {p.pid} made {late} after version {v} was set"
@@ -210,7 +210,7 @@ def test_generator_killed_mid_read_leaves_nothing(store_cfg):
     for k in range(3):
         p = spawn("gen", cfg, k)
         whlib.wait_line(p.stderr, "STARTED", 60)
-        whlib.until(lambda: len(made(p)) > k, 60, "samples")
+        whlib.until(lambda p=p, k=k: len(made(p)) > k, 60, "samples")
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     t = time.monotonic()
