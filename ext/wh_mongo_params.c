@@ -157,7 +157,7 @@ bool wh__mongo_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) 
         bson_destroy(&doc);
         if (!ok) return false;
         m->pv_polled_ns = now;
-        if (v > m->pv_hint) m->pv_hint = v;
+        m->pv_hint = v; /* the document's own word (a wiped store starts again at 0) */
     }
     *version = m->pv_hint;
     return true;

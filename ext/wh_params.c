@@ -176,10 +176,19 @@ static bool wh__pf_lock(wh__pfhdr_t *h, double wait_s, const char *path, wh_err_
     }
 }
 
+/* The file still holds every mapped byte and is still ours (a file
+ * truncated under us is this error, not a SIGBUS at the next load). */
+static bool wh__pf_intact(const wh_store_t *st, wh_err_t *err) {
+    char path[300];
+    if (!wh__pf_path(st, path, sizeof path, err)) return false;
+    return wh_shmfile_check(st->pfile->fd, path, sizeof(wh__pfhdr_t), NULL, err);
+}
+
 bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err) {
     bool absent;
     char path[300];
-    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, true, &absent, err))
+    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, true, &absent, err) ||
+        !wh__pf_intact(st, err))
         return false;
     wh__pfhdr_t *h = st->pfile->h;
     if (!wh__pf_lock(h, st->cfg.lease_s, path, err)) return false;
@@ -205,7 +214,9 @@ bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
     bool absent;
     *version = 0;
     if (!wh__pf_ready(st, false, &absent, err)) return false;
-    if (!absent) *version = __atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE);
+    if (absent) return true;
+    if (!wh__pf_intact(st, err)) return false;
+    *version = __atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE);
     return true;
 }
 
@@ -213,7 +224,8 @@ bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh
     bool absent;
     char path[300];
     *doc = NULL;
-    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, false, &absent, err))
+    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, false, &absent, err) ||
+        (!absent && !wh__pf_intact(st, err)))
         return false;
     char *buf = malloc(WH_PARAMS_MAX + 1);
     if (!buf) return wh_err_set(err, WH_E_SYS, "out of memory");
