@@ -1,98 +1,109 @@
-/* MongoDB backend: parameters (docs/params.md). One document {_id:
- * "params", v, d, n, x} in the state collection: the version, the JSON
- * text as binary, its length and XXH3. A set is one findAndModify ($inc of
- * v with the new bytes, atomic on one document), so concurrent setters
- * serialise and each gets its own version; it then raises params_version
- * in the state document, which every put reads anyway, so a generator
- * learns of a new version without a round trip of its own. */
+/* MongoDB backend: parameters (docs/params.md). Each version is its own
+ * document {_id: {pv: v}, d, n, x} in the state collection: the JSON text
+ * as binary, its length and XXH3. A set inserts version newest + 1; the
+ * unique _id makes two setters that raced for one version fail all but
+ * one, which then try the next, so every set gets a version of its own and
+ * a document is only ever written whole (an insert), never changed in
+ * place. The newest version is the document; a set prunes those more than
+ * WH__PV_KEEP older, and raises params_version in the state document,
+ * which every put reads anyway, so a generator learns of a new version
+ * without a round trip of its own. */
 #define _GNU_SOURCE
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include "wh_mongo_int.h"
 
+#define WH__PV_KEEP 8    /* older versions kept, for readers still on them */
+#define WH__PV_TRIES 256 /* setters racing for versions, before giving up */
+
+/* The newest version's document (projection: only its _id when
+ * only_version); *found false when none was ever set. */
+static bool wh__params_doc(wh__mongo_t *m, bool only_version, bson_t *doc, bool *found,
+                           wh_err_t *err) {
+    mongoc_collection_t *c = wh__state_coll(m);
+    bson_t *q = BCON_NEW("_id.pv", "{", "$gte", BCON_INT64(1), "}");
+    bson_t *opts = BCON_NEW("sort", "{", "_id.pv", BCON_INT32(-1), "}", "limit", BCON_INT64(1),
+                            "singleBatch", BCON_BOOL(true));
+    if (only_version) BCON_APPEND(opts, "projection", "{", "_id", BCON_INT32(1), "}");
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
+    const bson_t *d;
+    bson_error_t e;
+    *found = false;
+    if (mongoc_cursor_next(cur, &d)) {
+        bson_destroy(doc);
+        bson_copy_to(d, doc);
+        *found = true;
+    }
+    bool ok = !mongoc_cursor_error(cur, &e) || wh__merr(m, err, &e, "read params");
+    mongoc_cursor_destroy(cur);
+    bson_destroy(opts);
+    bson_destroy(q);
+    mongoc_collection_destroy(c);
+    return ok;
+}
+
+/* The newest version number (0: never set). */
+static bool wh__params_newest(wh__mongo_t *m, uint64_t *v, wh_err_t *err) {
+    bson_t doc = BSON_INITIALIZER;
+    bool found = false;
+    bool ok = wh__params_doc(m, true, &doc, &found, err);
+    *v = found ? wh__get_u64_or0(&doc, "_id.pv") : 0;
+    bson_destroy(&doc);
+    return ok;
+}
+
 bool wh__mongo_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
                           wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     mongoc_collection_t *c = wh__state_coll(m);
-    bson_t *q = BCON_NEW("_id", BCON_UTF8("params"));
-    bson_t upd = BSON_INITIALIZER, inc, set;
-    BSON_APPEND_DOCUMENT_BEGIN(&upd, "$inc", &inc);
-    BSON_APPEND_INT64(&inc, "v", 1);
-    bson_append_document_end(&upd, &inc);
-    BSON_APPEND_DOCUMENT_BEGIN(&upd, "$set", &set);
-    BSON_APPEND_BINARY(&set, "d", BSON_SUBTYPE_BINARY, (const uint8_t *)doc, (uint32_t)len);
-    BSON_APPEND_INT64(&set, "n", (int64_t)len);
-    BSON_APPEND_INT64(&set, "x", (int64_t)XXH3_64bits(doc, len));
-    bson_append_document_end(&upd, &set);
-    mongoc_find_and_modify_opts_t *o = mongoc_find_and_modify_opts_new();
-    mongoc_find_and_modify_opts_set_update(o, &upd);
-    mongoc_find_and_modify_opts_set_flags(o, MONGOC_FIND_AND_MODIFY_UPSERT |
-                                                 MONGOC_FIND_AND_MODIFY_RETURN_NEW);
-    bool ok = false, done = false;
-    int64_t v = 0;
-    for (int attempt = 0; attempt < 3 && !done; attempt++) {
-        bson_t reply;
+    const int64_t sum = (int64_t)XXH3_64bits(doc, len);
+    bool ok = true, stored = false;
+    uint64_t v = 0;
+    for (int tries = 0; ok && !stored && tries < WH__PV_TRIES; tries++) {
+        ok = wh__params_newest(m, &v, err);
+        if (!ok) break;
+        v++;
+        bson_t d = BSON_INITIALIZER, id;
+        BSON_APPEND_DOCUMENT_BEGIN(&d, "_id", &id);
+        BSON_APPEND_INT64(&id, "pv", (int64_t)v);
+        bson_append_document_end(&d, &id);
+        BSON_APPEND_BINARY(&d, "d", BSON_SUBTYPE_BINARY, (const uint8_t *)doc, (uint32_t)len);
+        BSON_APPEND_INT64(&d, "n", (int64_t)len);
+        BSON_APPEND_INT64(&d, "x", sum);
         bson_error_t e;
-        if (mongoc_collection_find_and_modify_with_opts(c, q, o, &reply, &e)) {
-            done = true;
-            ok = (wh__get_int(&reply, "value.v", &v) && v >= 1) ||
-                 wh_err_set(err, WH_E_CORRUPT, "set params at %s: no version came back", m->where);
-        } else if (!wh__is_dup(&e)) { /* dup: a racing first set inserted it; again */
-            done = true;
-            ok = wh__merr(m, err, &e, "set params");
-        }
-        bson_destroy(&reply);
+        stored = mongoc_collection_insert_one(c, &d, NULL, NULL, &e);
+        if (!stored && !wh__is_dup(&e)) /* dup: another setter took v; the next one */
+            ok = wh__merr(m, err, &e, "set params version %llu", (unsigned long long)v);
+        bson_destroy(&d);
     }
-    if (!done) ok = wh_err_set(err, WH_E_INTERNAL, "set params: the document kept racing");
-    mongoc_find_and_modify_opts_destroy(o);
-    bson_destroy(q);
-    bson_destroy(&upd);
+    if (ok && !stored)
+        ok = wh_err_set(err, WH_E_TIMEOUT, "set params: %d other sets took every version tried",
+                        WH__PV_TRIES);
+    if (ok) {
+        bson_error_t e;
+        bson_t *old = BCON_NEW("_id.pv", "{", "$lt", BCON_INT64((int64_t)v - WH__PV_KEEP), "}");
+        if (v > WH__PV_KEEP && !mongoc_collection_delete_many(c, old, NULL, NULL, &e))
+            ok = wh__merr(m, err, &e, "prune params versions before %llu",
+                          (unsigned long long)(v - WH__PV_KEEP));
+        bson_destroy(old);
+    }
     if (ok) {
         /* a hint for generators; a setter killed before it leaves them to
          * their poll (WH_PARAMS_POLL_S) */
         bson_t *sel = BCON_NEW("_id", BCON_UTF8("state"));
-        bson_t *mx = BCON_NEW("$max", "{", "params_version", BCON_INT64(v), "}");
+        bson_t *mx = BCON_NEW("$max", "{", "params_version", BCON_INT64((int64_t)v), "}");
         bson_error_t e;
         if (!mongoc_collection_update_one(c, sel, mx, NULL, NULL, &e))
-            ok = wh__merr(m, err, &e, "publish params version %lld", (long long)v);
+            ok = wh__merr(m, err, &e, "publish params version %llu", (unsigned long long)v);
         bson_destroy(sel);
         bson_destroy(mx);
     }
     mongoc_collection_destroy(c);
     if (ok) {
-        *version = (uint64_t)v;
-        if ((uint64_t)v > m->pv_hint) m->pv_hint = (uint64_t)v;
+        *version = v;
+        if (v > m->pv_hint) m->pv_hint = v;
     }
-    return ok;
-}
-
-/* The params document: *found false when never set. */
-static bool wh__params_doc(wh__mongo_t *m, bool only_version, bson_t *doc, bool *found,
-                           wh_err_t *err) {
-    mongoc_collection_t *c = wh__state_coll(m);
-    bson_t *q = BCON_NEW("_id", BCON_UTF8("params"));
-    bool ok;
-    if (only_version) {
-        bson_t *opts = BCON_NEW("projection", "{", "v", BCON_INT32(1), "}", "limit", BCON_INT64(1),
-                                "singleBatch", BCON_BOOL(true));
-        mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
-        const bson_t *d;
-        bson_error_t e;
-        *found = false;
-        if (mongoc_cursor_next(cur, &d)) {
-            bson_destroy(doc);
-            bson_copy_to(d, doc);
-            *found = true;
-        }
-        ok = !mongoc_cursor_error(cur, &e) || wh__merr(m, err, &e, "read params version");
-        mongoc_cursor_destroy(cur);
-        bson_destroy(opts);
-    } else {
-        ok = wh__find_one(m, c, q, doc, found, "read params", err);
-    }
-    bson_destroy(q);
-    mongoc_collection_destroy(c);
     return ok;
 }
 
@@ -125,7 +136,7 @@ bool wh__mongo_params_get(wh_store_t *st, uint64_t *version, char **out, size_t 
     bson_iter_t it;
     if (bson_iter_init_find(&it, &doc, "d") && BSON_ITER_HOLDS_BINARY(&it))
         bson_iter_binary(&it, NULL, &dlen, &d);
-    bool ok = wh__get_int(&doc, "v", &v) && wh__get_int(&doc, "n", &n) &&
+    bool ok = wh__get_int(&doc, "_id.pv", &v) && wh__get_int(&doc, "n", &n) &&
               wh__get_int(&doc, "x", &x) && d && v >= 1 && n >= 0 && n <= WH_PARAMS_MAX &&
               (uint64_t)n == dlen && XXH3_64bits(d, dlen) == (uint64_t)x;
     if (ok) {
@@ -150,14 +161,10 @@ bool wh__mongo_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) 
     wh__mongo_t *m = (wh__mongo_t *)st;
     uint64_t now = wh_now_mono_ns();
     if (!m->pv_polled_ns || now - m->pv_polled_ns >= (uint64_t)(WH_PARAMS_POLL_S * 1e9)) {
-        bson_t doc = BSON_INITIALIZER;
-        bool found = false;
-        bool ok = wh__params_doc(m, true, &doc, &found, err);
-        uint64_t v = found ? wh__get_u64_or0(&doc, "v") : 0;
-        bson_destroy(&doc);
-        if (!ok) return false;
+        uint64_t v = 0;
+        if (!wh__params_newest(m, &v, err)) return false;
         m->pv_polled_ns = now;
-        m->pv_hint = v; /* the document's own word (a wiped store starts again at 0) */
+        m->pv_hint = v; /* the store's own word (a wiped store starts again at 0) */
     }
     *version = m->pv_hint;
     return true;

@@ -198,8 +198,9 @@ bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
  * one (version 0: never set, the document "{}"); concurrent setters
  * serialise and get distinct versions; a reader never sees a torn
  * document. shm: a side file /dev/shm/wirehead-params.NAME (double buffer
- * under a seqlock, each slot with version, length and XXH3); MongoDB: one
- * document in the state collection, updated atomically. */
+ * under a seqlock, each slot with version, length and XXH3); MongoDB: a
+ * document per version in the state collection, each inserted whole under
+ * a unique _id (wh_mongo_params.c). */
 #define WH_PARAMS_MAX (64u * 1024u)
 /* MongoDB: how often a handle re-reads the version when no put told it */
 #define WH_PARAMS_POLL_S 1.0
