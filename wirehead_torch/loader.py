@@ -20,8 +20,8 @@ class WireheadLoader:
 
     C threads (GIL released) read samples straight into stacked batch
     buffers from a fixed ring; each batch is a dict of tensors keyed by
-    field name plus ``is_pad`` (bool), ``generation`` and ``position``
-    (int64), sharing the ring buffer through DLPack. A ring buffer is reused
+    field name plus ``is_pad`` (bool), ``generation``, ``position`` and
+    ``params_version`` (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
     ``len(loader)`` batches per epoch (docs/design.md, "Sample order").
 
@@ -146,8 +146,9 @@ class WireheadLoader:
             got = ld.next()
             if got is None:
                 break
-            fields, is_pad, gens, pos, index = (got.fields, got.is_pad, got.generation,
-                                                got.position, got.batch_index)
+            fields, is_pad, gens, pos, pvs, index = (got.fields, got.is_pad, got.generation,
+                                                     got.position, got.params_version,
+                                                     got.batch_index)
             # on a CUDA device from_dlpack makes the current stream wait on the
             # batch's copy; whether it holds padding is known on the host
             any_pad = got.any_pad
@@ -166,7 +167,8 @@ class WireheadLoader:
             batch["is_pad"] = pad_t
             batch["generation"] = torch.from_dlpack(gens)
             batch["position"] = torch.from_dlpack(pos)
-            del fields, is_pad, gens, pos
+            batch["params_version"] = torch.from_dlpack(pvs)
+            del fields, is_pad, gens, pos, pvs
             self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
             if self.device.type not in ("cpu", "cuda"):
                 batch = {k: v.to(self.device) for k, v in batch.items()}

@@ -149,6 +149,7 @@ def test_reader_takes_only_generations_under_min_version(store_cfg):
     assert [int(it["params_version"]) for it in items] == [v3] * 4
     for batch in wt.WireheadLoader(config=cfg, batch_size=2, min_params_version=v3, timeout=10):
         assert batch["id"][:, 3].tolist() == [v3, v3]
+        assert batch["params_version"].tolist() == [v3, v3]
     # ring batches carry each sample's version too
     for batch in wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True,
                                             min_params_version=v3, timeout=10):
