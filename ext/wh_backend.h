@@ -36,6 +36,13 @@ typedef struct {
     /* a reader's heartbeat (see wh_reader_beat_t); NULL: none kept */
     bool (*beat)(wh_store_t *, const wh_reader_beat_t *, wh_err_t *);
     double beat_every_s;
+    /* parameters (wh_store.h): set, get, the version cheaply */
+    bool (*params_set)(wh_store_t *, const char *doc, size_t len, uint64_t *version, wh_err_t *);
+    bool (*params_get)(wh_store_t *, uint64_t *version, char **doc, size_t *len, wh_err_t *);
+    bool (*params_version)(wh_store_t *, uint64_t *version, wh_err_t *);
+    /* a generation's params versions in one pass; NULL: read each sample's
+     * header through read */
+    bool (*gen_params)(wh_store_t *, uint64_t gen, wh_gen_params_t *out, wh_err_t *);
     void (*destroy)(wh_store_t *);
 } wh_store_ops_t;
 
@@ -51,6 +58,15 @@ struct wh_store {
     char *uri;             /* owned copy of cfg.uri */
     int pid;               /* process that opened it: the fork guard */
     wh_reader_beat_t beat; /* this handle's reads (the read policy counts them) */
+    uint64_t put_params;   /* params version later puts record */
+    uint64_t last_params;  /* params version of the sample last read */
+    uint64_t min_params;   /* readers: generations under params >= this only */
+    uint64_t pv_gen;       /* the last generation checked against min_params */
+    bool pv_gen_ok;
+    uint64_t pv_ok_gen; /* newest generation found to qualify */
+    uint64_t gp_gen;    /* wh_store_gen_params' last answer, for gp_gen */
+    wh_gen_params_t gp;
+    struct wh_pfile *pfile; /* shm: the params side file, mapped (wh_params.c) */
 };
 
 /* The protocol's shared error texts: every backend reports these cases
@@ -58,6 +74,16 @@ struct wh_store {
 static inline bool wh_store_err_gone(wh_err_t *err, uint64_t gen) {
     return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
 }
+
+/* The shm params side file (wh_params.c): the operations the shm backend
+ * puts in its table, and removal by `clean`. */
+bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err);
+bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err);
+bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
+void wh_pfile_close(wh_store_t *st);
+bool wh_pfile_clean(const char *name, wh_err_t *err);
+/* A reader's min_params filter over the read generation (wh_params.c). */
+bool wh_params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 
 /* Backends. */
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);

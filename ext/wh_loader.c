@@ -169,7 +169,8 @@ static bool wh__layout(wh__fill_t *c, const wh_sample_meta_t *m, wh_err_t *err) 
     s->b.pad_off = off;
     s->b.gen_off = off + WH_ALIGN_UP(n);
     s->b.pos_off = s->b.gen_off + WH_ALIGN_UP(8 * n);
-    uint64_t total = s->b.pos_off + WH_ALIGN_UP(8 * n);
+    s->b.pv_off = s->b.pos_off + WH_ALIGN_UP(8 * n);
+    uint64_t total = s->b.pv_off + WH_ALIGN_UP(8 * n);
     if (total > s->cap) {
         if (s->buf.data) ld->cfg.alloc.free(ld->cfg.alloc.ctx, s->buf.data, s->cap);
         s->buf.data = ld->cfg.alloc.alloc(ld->cfg.alloc.ctx, total);
@@ -227,8 +228,9 @@ static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t i
         at.gen = gen;
         wh_plan_item_at(&ld->cfg.plan, perm, first + i, &at.pos, &pad);
         c.i = i;
+        wh_sample_meta_t meta;
         bool ok =
-            wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c, NULL, err);
+            wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c, &meta, err);
         if (at.gone) __atomic_fetch_add(&ld->stats.gone, at.gone, __ATOMIC_RELAXED);
         if (at.corrupt || at.gen > gen) {
             pthread_mutex_lock(&ld->mu);
@@ -243,9 +245,10 @@ static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t i
         uint32_t pos = at.pos;
         char *base = s->buf.data;
         base[s->b.pad_off + i] = pad;
-        int64_t g64 = (int64_t)gen, p64 = pos;
+        int64_t g64 = (int64_t)gen, p64 = pos, v64 = (int64_t)meta.params_version;
         memcpy(base + s->b.gen_off + 8 * (uint64_t)i, &g64, 8);
         memcpy(base + s->b.pos_off + 8 * (uint64_t)i, &p64, 8);
+        memcpy(base + s->b.pv_off + 8 * (uint64_t)i, &v64, 8);
     }
     __atomic_fetch_add(&ld->stats.items, n, __ATOMIC_RELAXED);
     return true;

@@ -48,6 +48,7 @@ typedef struct {
     wh_field_meta_t meta[WH_MAX_FIELDS]; /* per-item shape and dtype; nbytes per item */
     uint64_t off[WH_MAX_FIELDS];         /* byte offset of each field's [n, ...] block */
     uint64_t pad_off, gen_off, pos_off;  /* uint8[n], int64[n], int64[n] */
+    uint64_t pv_off;                     /* int64[n]: each sample's params version */
 } wh_batch_t;
 
 typedef struct {

@@ -213,5 +213,9 @@ static const wh_store_ops_t wh__mongo_ops = {
     .status = wh__mongo_status,
     .beat = wh__mongo_beat,
     .beat_every_s = WH_READER_BEAT_MONGO_S,
+    .params_set = wh__mongo_params_set,
+    .params_get = wh__mongo_params_get,
+    .params_version = wh__mongo_params_version,
+    .gen_params = wh__mongo_gen_params,
     .destroy = wh__mongo_destroy,
 };

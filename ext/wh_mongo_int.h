@@ -59,7 +59,9 @@ typedef struct {
     unsigned char *seen; /* chunk bitmap for reads, reused */
     uint64_t seen_cap;
     char host[64];
-    uint64_t beats; /* heartbeats sent by this handle */
+    uint64_t beats;        /* heartbeats sent by this handle */
+    uint64_t pv_hint;      /* newest params version this handle has heard of */
+    uint64_t pv_polled_ns; /* when it last asked the server for it */
 } wh__mongo_t;
 
 /* wh_mongo_conn.c: connection, errors, names, documents */
@@ -98,6 +100,14 @@ bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t
 /* wh_mongo_beat.c */
 bool wh__mongo_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);
 bool wh__readers_status(wh__mongo_t *m, wh_status_t *o, wh_err_t *err);
+
+/* wh_mongo_params.c */
+bool wh__mongo_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
+                          wh_err_t *err);
+bool wh__mongo_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
+                          wh_err_t *err);
+bool wh__mongo_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
+bool wh__mongo_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err);
 
 /* wh_mongo_read.c */
 bool wh__mongo_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);

@@ -187,6 +187,7 @@ bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_m
     WH_UNUSED(wait_ms); /* never waits: storage is the server's */
     wh_sample_meta_t meta;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
+    meta.params_version = st->put_params;
     if (!wh__grow(&m->buf, &m->buf_cap, meta.total_size, err)) return false;
     if (!wh_sample_encode(m->buf, m->buf_cap, &st->cfg.schema, arr, &meta, false, err))
         return false;

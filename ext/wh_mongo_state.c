@@ -142,6 +142,10 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh
                             m->prefix, m->where, (unsigned long long)s->read_gen,
                             (unsigned long long)s->write_gen);
         if (ok && found && s->read_gen > m->known_read) m->known_read = s->read_gen;
+        if (ok && found) { /* the params version a set published (wh_mongo_params.c) */
+            uint64_t pv = wh__get_u64_or0(&doc, "params_version");
+            if (pv > m->pv_hint) m->pv_hint = pv;
+        }
     }
     if (exists) *exists = found;
     bson_destroy(&doc);

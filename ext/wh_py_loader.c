@@ -208,16 +208,18 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     PyObject *pad = fields ? wh_array_new(S->array, b.buf, b.pad_off, WH_DT_BOOL, 1, &n) : NULL;
     PyObject *gen = pad ? wh_array_new(S->array, b.buf, b.gen_off, WH_DT_I64, 1, &n) : NULL;
     PyObject *pos = gen ? wh_array_new(S->array, b.buf, b.pos_off, WH_DT_I64, 1, &n) : NULL;
-    if (pos) {
+    PyObject *pv = pos ? wh_array_new(S->array, b.buf, b.pv_off, WH_DT_I64, 1, &n) : NULL;
+    if (pv) {
         /* device batches: whether padding is in, known on the host */
         PyObject *anyp = self->feed ? PyBool_FromLong(any_pad) : Py_None;
         if (!self->feed) Py_INCREF(anyp);
-        res = wh_py_record(S->rec_batch, 6, fields, pad, gen, pos,
+        res = wh_py_record(S->rec_batch, 7, fields, pad, gen, pos, pv,
                            PyLong_FromUnsignedLongLong(b.index), anyp);
     } else {
         Py_XDECREF(fields);
         Py_XDECREF(pad);
         Py_XDECREF(gen);
+        Py_XDECREF(pos);
     }
     wh_buf_unref(b.buf); /* arrays hold their own references now */
     return res;
@@ -288,6 +290,7 @@ static PyStructSequence_Field wh__batch_fields[] = {
     {"is_pad", "bool Array: which rows are padding"},
     {"generation", "int64 Array: the generation each row was read from"},
     {"position", "int64 Array: the position each row was read from"},
+    {"params_version", "int64 Array: the params version each row was made under"},
     {"batch_index", "the batch's index in its epoch"},
     {"any_pad", "whether any row is padding, known on the host for device batches; None for "
                 "host batches (read is_pad)"},
@@ -298,7 +301,7 @@ static PyStructSequence_Desc wh__batch_desc = {
     "wirehead_torch._C.LoaderBatch",
     "A batch as Loader.next gives it.",
     wh__batch_fields,
-    6,
+    7,
 };
 
 int wh_py_loader_exec(PyObject *m, wh_py_state_t *S) {

@@ -21,18 +21,19 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
 }
 
 bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbuf_t *out) {
-    static char *kwlist[] = {"uri",    "swap_cap", "fields",  "byte_budget",       "chunk_bytes",
-                             "dbname", "prefix",   "lease_s", "connect_timeout_s", "verify_reads",
-                             "create", NULL};
+    static char *kwlist[] = {"uri",    "swap_cap",   "fields",  "byte_budget",       "chunk_bytes",
+                             "dbname", "prefix",     "lease_s", "connect_timeout_s", "verify_reads",
+                             "create", "min_params", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
     double lease_s = 10.0, connect_timeout_s = 10.0;
     int verify = 1, create = 1;
+    unsigned long long min_params = 0;
     memset(out, 0, sizeof *out);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddpp", kwlist, &uri, &swap_cap, &fields,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppK", kwlist, &uri, &swap_cap, &fields,
                                      &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
-                                     &connect_timeout_s, &verify, &create))
+                                     &connect_timeout_s, &verify, &create, &min_params))
         return false;
     out->keep = PyList_New(0);
     if (!out->keep) return false;
@@ -57,6 +58,7 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     c->connect_timeout_s = connect_timeout_s;
     c->verify_reads = verify;
     c->no_create = !create;
+    c->min_params = min_params;
     PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
     if (!seq) goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -714,6 +716,105 @@ static PyObject *wh__store_get_swap_cap(wh__pystore_t *self, void *c) {
     return PyLong_FromUnsignedLong(self->swap_cap);
 }
 
+/* ---- parameters (docs/params.md) ---- */
+
+/* params_set(doc) -> version: doc is the JSON text (bytes or str). */
+static PyObject *wh__store_params_set(wh__pystore_t *self, PyObject *args) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    Py_buffer doc;
+    if (!PyArg_ParseTuple(args, "s*", &doc)) return NULL;
+    if (!wh__open(self)) {
+        PyBuffer_Release(&doc);
+        return NULL;
+    }
+    wh_err_t err = {0};
+    uint64_t v = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err,
+               wh_store_params_set(self->st, doc.buf, (size_t)doc.len, &v, &err));
+    PyBuffer_Release(&doc);
+    if (!ok) return wh_py_raise(S, &err);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* params_get() -> (version, JSON bytes); (0, b"{}") when never set. */
+static PyObject *wh__store_params_get(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t v = 0;
+    char *doc = NULL;
+    size_t len = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_params_get(self->st, &v, &doc, &len, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    PyObject *out = Py_BuildValue("(Ky#)", (unsigned long long)v, doc, (Py_ssize_t)len);
+    free(doc);
+    return out;
+}
+
+/* params_version() -> the current version, cheaply (wh_store.h). */
+static PyObject *wh__store_params_version(wh__pystore_t *self, PyObject *unused) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    (void)unused;
+    if (!wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    uint64_t v = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_params_version(self->st, &v, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* set_put_params(version): later puts record it; set_min_params(version):
+ * readers take only generations made entirely under >= version. */
+static PyObject *wh__store_set_put_params(wh__pystore_t *self, PyObject *args) {
+    unsigned long long v;
+    if (!PyArg_ParseTuple(args, "K", &v) || !wh__open(self)) return NULL;
+    bool ok;
+    wh_err_t err = {0};
+    WH_PY_CALL(self, st, ok, &err, (wh_store_set_put_params(self->st, v), true));
+    (void)ok;
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__store_set_min_params(wh__pystore_t *self, PyObject *args) {
+    unsigned long long v;
+    if (!PyArg_ParseTuple(args, "K", &v) || !wh__open(self)) return NULL;
+    bool ok;
+    wh_err_t err = {0};
+    WH_PY_CALL(self, st, ok, &err, (wh_store_set_min_params(self->st, v), true));
+    (void)ok;
+    Py_RETURN_NONE;
+}
+
+/* gen_params(gen) -> {min, max, at_max, samples, skipped}. */
+static PyObject *wh__store_gen_params(wh__pystore_t *self, PyObject *args) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "K", &gen) || !wh__open(self)) return NULL;
+    wh_err_t err = {0};
+    wh_gen_params_t gp;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_gen_params(self->st, gen, &gp, &err));
+    if (!ok) return wh_py_raise(S, &err);
+    return Py_BuildValue("{sKsKsIsIsI}", "min", (unsigned long long)gp.min, "max",
+                         (unsigned long long)gp.max, "at_max", gp.at_max, "samples", gp.samples,
+                         "skipped", gp.skipped);
+}
+
+static PyObject *wh__store_get_last_params(wh__pystore_t *self, void *c) {
+    (void)c;
+    if (!wh__open(self)) return NULL;
+    uint64_t v = 0;
+    bool ok;
+    wh_err_t err = {0};
+    WH_PY_CALL(self, st, ok, &err, (v = wh_store_last_params(self->st), true));
+    (void)ok;
+    return PyLong_FromUnsignedLongLong(v);
+}
+
 static PyMethodDef wh__store_methods[] = {
     {"put", (PyCFunction)(void (*)(void))wh__store_put, METH_VARARGS | METH_KEYWORDS,
      "put(arrays, wait_ms=100) -> PutResult(status, generation)"},
@@ -746,12 +847,25 @@ static PyMethodDef wh__store_methods[] = {
      "read_sample_into(gen, pos, buffers, timeout=60.0, skip=True) -> SampleCopy(generation, "
      "position, is_pad, layouts, skipped)"},
     {"status", (PyCFunction)wh__store_status, METH_NOARGS, "figures as a dict"},
+    {"params_set", (PyCFunction)wh__store_params_set, METH_VARARGS, "params_set(json) -> version"},
+    {"params_get", (PyCFunction)wh__store_params_get, METH_NOARGS,
+     "params_get() -> (version, json bytes)"},
+    {"params_version", (PyCFunction)wh__store_params_version, METH_NOARGS,
+     "the current params version, cheaply"},
+    {"set_put_params", (PyCFunction)wh__store_set_put_params, METH_VARARGS,
+     "set_put_params(version): later puts record it"},
+    {"set_min_params", (PyCFunction)wh__store_set_min_params, METH_VARARGS,
+     "set_min_params(version): read only generations made under >= version"},
+    {"gen_params", (PyCFunction)wh__store_gen_params, METH_VARARGS,
+     "gen_params(gen) -> {min, max, at_max, samples, skipped}"},
     {"close", (PyCFunction)wh__store_close, METH_NOARGS, "release the handle"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef wh__store_getset[] = {
     {"swap_cap", (getter)wh__store_get_swap_cap, NULL, "SWAP_CAP", NULL},
+    {"last_params_version", (getter)wh__store_get_last_params, NULL,
+     "params version of the sample the last read returned", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

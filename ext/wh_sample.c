@@ -160,7 +160,8 @@ enum {
     WH__H_HSIZE = 24,
     WH__H_SUM = 32,
     WH__H_GEN = 40,
-    WH__H_POS = 48
+    WH__H_POS = 48,
+    WH__H_PARAMS = 56 /* zero in older samples of this format version: params version 0 */
 };
 
 /* XXH3 of the header and descriptors, all but the checksum field itself.
@@ -221,6 +222,7 @@ bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s, const wh_ar
     wh__put_u64(b + WH__H_SCHEMA, s->hash);
     wh__put_u64(b + WH__H_TOTAL, meta->total_size);
     wh__put_u64(b + WH__H_HSIZE, meta->header_size);
+    wh__put_u64(b + WH__H_PARAMS, meta->params_version);
     for (int i = 0; i < meta->nfields; i++) {
         const wh_field_meta_t *f = &meta->f[i];
         unsigned char *d = b + WH_SAMPLE_HDR_SIZE + (size_t)i * WH_SAMPLE_DESC_SIZE;
@@ -274,6 +276,7 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
                           "the sample found there was stored at generation %llu position %llu",
                           (unsigned long long)meta->gen, (unsigned long long)p);
     meta->pos = (uint32_t)p;
+    meta->params_version = wh__get_u64(b + WH__H_PARAMS);
     uint64_t total = wh__get_u64(b + WH__H_TOTAL);
     if (total > WH_SAMPLE_MAX_BYTES) /* also keeps every aligned offset below from wrapping */
         return wh_err_set(err, WH_E_CORRUPT, "sample claims %llu bytes", (unsigned long long)total);

@@ -3,7 +3,9 @@
  *
  *   header   64 bytes  magic, format version, nfields, schema hash,
  *                      total size, header size, header checksum,
- *                      generation and position the sample was stored at
+ *                      generation and position the sample was stored at,
+ *                      the params version it was made under (bytes 56..63:
+ *                      zero in samples of builds before params, read as 0)
  *   desc[n]  96 bytes  dtype, ndim, shape[8], offset, nbytes, XXH3 checksum
  *   data               field 0 at desc[0].offset, ...
  *
@@ -42,8 +44,9 @@ typedef struct {
     int nfields;
     uint64_t gen; /* where the sample was stored (wh_sample_set_place) */
     uint32_t pos;
-    uint64_t total_size;  /* header + descriptors + data, padded */
-    uint64_t header_size; /* header + descriptors, padded to WH_ALIGN */
+    uint64_t params_version; /* in (encode) and out (decode): docs/params.md */
+    uint64_t total_size;     /* header + descriptors + data, padded */
+    uint64_t header_size;    /* header + descriptors, padded to WH_ALIGN */
     wh_field_meta_t f[WH_MAX_FIELDS];
 } wh_sample_meta_t;
 
@@ -55,7 +58,8 @@ bool wh_sample_plan(const wh_schema_t *s, const wh_array_t *arr, int n, wh_sampl
 
 /* Encodes arrays laid out by wh_sample_plan into dst (cap bytes, at least
  * meta->total_size), copying any strides into C order and computing the
- * checksums on the way (meta->f[i].checksum is filled). With fault_point
+ * checksums on the way (meta->f[i].checksum is filled); the header records
+ * meta->params_version (set it after wh_sample_plan, which zeroes it). With fault_point
  * set, calls wh_fault_put_midway() once half of the data is written. */
 bool wh_sample_encode(void *dst, uint64_t cap, const wh_schema_t *s, const wh_array_t *arr,
                       wh_sample_meta_t *meta, bool fault_point, wh_err_t *err);

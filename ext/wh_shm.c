@@ -838,6 +838,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
     if (!wh__ready(s, arr, n, err)) return false;
     wh__hdr_t *h = s->hdr;
     if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err) || !wh__intact(s, err)) return false;
+    meta.params_version = st->put_params;
     uint64_t size = meta.total_size;
     if (size > s->slot_bytes)
         return wh_err_set(err, WH_E_TOOBIG,
@@ -1790,5 +1791,8 @@ static const wh_store_ops_t wh__shm_ops = {
     .beat = wh__shm_beat,
     .beat_every_s = WH_READER_BEAT_S,
     .read_held = wh__shm_read_held,
+    .params_set = wh_pfile_set,
+    .params_get = wh_pfile_get,
+    .params_version = wh_pfile_version,
     .destroy = wh__shm_destroy,
 };

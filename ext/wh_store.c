@@ -51,6 +51,7 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
         st->beat.token = wh_now_real_ns() ^ ((uint64_t)st->pid << 40) ^ (uint64_t)(uintptr_t)st;
     st->beat.token |= 1; /* 0 marks a free heartbeat entry */
     st->beat.pid = st->pid;
+    st->min_params = cfg->min_params;
     /* the caller's strings need not outlive the call */
     st->uri = strdup(cfg->uri);
     st->cfg.uri = st->uri;
@@ -65,6 +66,7 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
 
 void wh_store_destroy(wh_store_t *st) {
     if (!st) return;
+    wh_pfile_close(st);
     free(st->uri);
     st->ops->destroy(st);
 }
@@ -92,7 +94,7 @@ bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t 
 
 bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
     if (!wh__here(st, err)) return false;
-    return st->ops->current(st, gen, err);
+    return st->ops->current(st, gen, err) && wh_params_filter_gen(st, gen, err);
 }
 
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
@@ -101,7 +103,9 @@ bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, vo
     if (pos >= st->cfg.swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
                           st->cfg.swap_cap);
-    return st->ops->read(st, gen, pos, fn, ctx, meta, err);
+    if (!st->ops->read(st, gen, pos, fn, ctx, meta, err)) return false;
+    if (meta) st->last_params = meta->params_version;
+    return true;
 }
 
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
@@ -110,7 +114,8 @@ bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
 }
 
 bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
-    if (cfg->uri && wh__is(cfg->uri, "shm://")) return wh_shm_clean(cfg->uri + 6, err);
+    if (cfg->uri && wh__is(cfg->uri, "shm://"))
+        return wh_shm_clean(cfg->uri + 6, err) && wh_pfile_clean(cfg->uri + 6, err);
     if (cfg->uri && (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
         return wh_mongo_clean(cfg, err);
     return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");
@@ -135,6 +140,16 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, co
         if (wh_now_mono_ns() >= deadline || (stop && __atomic_load_n(stop, __ATOMIC_RELAXED))) {
             if (!ok) {
                 if (err) *err = e;
+            } else if (st->min_params) {
+                wh_gen_params_t gp = {0};
+                uint64_t rg = 0;
+                wh_err_t ge = {0};
+                if (st->ops->current(st, &rg, &ge) && rg) wh_store_gen_params(st, rg, &gp, &ge);
+                wh_err_set(err, WH_E_TIMEOUT,
+                           "no generation made entirely under params version >= %llu within %gs "
+                           "(the read generation %llu was made under versions %llu..%llu)",
+                           (unsigned long long)st->min_params, timeout_s, (unsigned long long)rg,
+                           (unsigned long long)gp.min, (unsigned long long)gp.max);
             } else if (newer_than) {
                 wh_err_set(err, WH_E_TIMEOUT,
                            "generation %llu is gone and no newer one appeared within %gs",
@@ -246,6 +261,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
         wh_err_t e = {0};
         if (wh__attempt(st, a, lost, at->gen, at->pos, meta, &e)) {
             wh__count_read(st, at->gen);
+            if (meta) st->last_params = meta->params_version;
             return true;
         }
         if (e.code == WH_E_GONE || e.code == WH_E_NOTFOUND || e.code == WH_E_NOSTORE ||

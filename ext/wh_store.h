@@ -29,6 +29,7 @@ typedef struct {
     double connect_timeout_s; /* mongo: bounded wait for the server */
     bool verify_reads;        /* check XXH3 of every field read */
     bool no_create;           /* open only an existing store (WH_E_NOTFOUND otherwise) */
+    uint64_t min_params;      /* readers: wh_store_set_min_params at open (0: none) */
 } wh_store_config_t;
 
 typedef enum {
@@ -189,6 +190,53 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
 /* The read policy above, taking a view instead of copying. */
 bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);
+
+/* ---- Parameters (docs/params.md) ----
+ *
+ * A small versioned document (JSON text, at most WH_PARAMS_MAX bytes) any
+ * participant may set and generators read. Every set bumps the version by
+ * one (version 0: never set, the document "{}"); concurrent setters
+ * serialise and get distinct versions; a reader never sees a torn
+ * document. shm: a side file /dev/shm/wirehead-params.NAME (double buffer
+ * under a seqlock, each slot with version, length and XXH3); MongoDB: a
+ * document per version in the state collection, each inserted whole under
+ * a unique _id (wh_mongo_params.c). */
+#define WH_PARAMS_MAX (64u * 1024u)
+/* MongoDB: how often a handle re-reads the version when no put told it */
+#define WH_PARAMS_POLL_S 1.0
+
+/* Stores the document doc (len bytes, not NUL-terminated); *version gets
+ * its version. WH_E_TOOBIG past WH_PARAMS_MAX, naming the size. */
+bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
+                         wh_err_t *err);
+/* The current document: *doc (malloc'd, NUL-terminated, the caller's to
+ * free) and its *len and *version; "{}" and 0 when never set. */
+bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err);
+/* The current version, cheaply: shm reads one word; MongoDB answers from
+ * what the handle's last state read (every put) said, asking the server
+ * at most every WH_PARAMS_POLL_S. */
+bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
+/* The params version this handle's later puts record in their samples. */
+void wh_store_set_put_params(wh_store_t *st, uint64_t version);
+/* The params version recorded by the sample this handle's last read
+ * (wh_store_read, the read policy, a view) returned. */
+uint64_t wh_store_last_params(const wh_store_t *st);
+
+/* The params versions of a sealed generation's samples (each sample's
+ * header records its own): lowest, highest, and how many samples were made
+ * under the highest; samples that fail their check are left out (counted
+ * in skipped). Fixed once sealed: a handle keeps the last answer. */
+typedef struct {
+    uint64_t min, max;
+    uint32_t at_max, samples, skipped;
+} wh_gen_params_t;
+bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err);
+
+/* Readers: with v > 0, wh_store_current (and so every read policy) offers
+ * only generations all of whose samples were made under params version
+ * >= v; a newer read generation that is not gives the last one that was
+ * (0 until one is), so waits for one end at their timeout, saying so. */
+void wh_store_set_min_params(wh_store_t *st, uint64_t v);
 
 /* Removes everything this store holds (shm segments or mongo collections);
  * nothing else. Works whether or not the store exists. */

@@ -48,6 +48,13 @@ from .admin import clean, status  # noqa: E402
 from .config import Config, ConfigError, load_config  # noqa: E402
 from .generator import WireheadGenerator  # noqa: E402
 from .manager import WireheadManager  # noqa: E402
+from .params import (  # noqa: E402
+    MAX_PARAMS_BYTES,
+    current_params,
+    current_params_version,
+    get_params,
+    set_params,
+)
 from .relay import WireheadRelay  # noqa: E402
 from .shards import ShardError, export_shards, from_shards, mix  # noqa: E402
 
@@ -86,6 +93,8 @@ __all__ = [
     "WireheadLoader",
     "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
     "load_config", "Config", "ConfigError", "status", "clean", "WireheadError",
+    "set_params", "get_params", "current_params", "current_params_version",
+    "MAX_PARAMS_BYTES",
     "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",

@@ -67,6 +67,7 @@ class RowRead(NamedTuple):
     generation: int
     position: int
     is_pad: bool
+    params_version: int  # of the sample read (docs/params.md)
 
 
 class _NewLayout(Exception):
@@ -229,7 +230,7 @@ class BatchRing:
         moves to the newest; a corrupt sample is skipped and a neighbour
         stands in, or with skip=False raises CorruptSampleError naming it)
         into its row of a free slot of this process's ring. rows: one
-        RowRead (generation, position, is_pad) per sample, as read. worker: the
+        RowRead (generation, position, is_pad, params_version) per sample, as read. worker: the
         DataLoader worker id, None in-process."""
         ring = self.worker_ring(worker)
         pid, layout = self._layout
@@ -297,7 +298,7 @@ class BatchRing:
                             "in as padding", got.skipped)
             for k, e in enumerate(layout):  # checked during the copy: no second pass here
                 batch.sums[(k, r)] = got.checksums[e.index]
-            rows.append(RowRead(gen, pos, bool(got.is_pad)))
+            rows.append(RowRead(gen, pos, bool(got.is_pad), store.last_params_version))
         return rows
 
     def give_back(self, batch):

@@ -27,10 +27,12 @@ class ProcessStore:
     handle follows a store removed or re-created under its name
     (``wirehead-torch clean``) by itself."""
 
-    def __init__(self, cfg, create=True, local=False):
+    def __init__(self, cfg, create=True, local=False, min_params=0):
         self.cfg = cfg
         self.create = create
         self.local = local  # a reader's: the node-local copy under LOCAL_CACHE
+        # readers: generations made entirely under params >= this only
+        self.min_params = min_params
         self._st = None
         self._pid = None
         self._noted = False
@@ -61,7 +63,10 @@ class ProcessStore:
         """This process's handle."""
         if self._st is None or self._pid != os.getpid():
             with secrets_hidden(self.cfg["STORE"]):  # a C error may quote the URI
-                self._st = _C.Store(**store_kwargs(self.cfg, self.create, self.local))
+                kw = store_kwargs(self.cfg, self.create, self.local)
+                if self.min_params:
+                    kw["min_params"] = self.min_params
+                self._st = _C.Store(**kw)
             self._pid = os.getpid()
             self._noted = False
             if self.cfg["BYTE_BUDGET"] is not None:
@@ -74,9 +79,18 @@ class ProcessStore:
         self._st = None
 
     def __getstate__(self):
-        return {"cfg": self.cfg, "create": self.create, "local": self.local, "_st": None,
-                "_pid": None,
-                "_noted": False}
+        return {"cfg": self.cfg, "create": self.create, "local": self.local,
+                "min_params": self.min_params, "_st": None, "_pid": None, "_noted": False}
+
+
+def check_min_params(value):
+    """A reader's min_params_version= as the store takes it (0: none)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"min_params_version must be a non-negative integer (a version "
+                         f"set_params returned), got {value!r}")
+    return value
 
 
 class StopFlag:

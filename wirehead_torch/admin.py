@@ -18,7 +18,9 @@ def status(config=None, config_path=None):
     cfg = get_config(config_path, config)
     ps = ProcessStore(cfg, create=False)  # a typo in a config must not make a store
     try:
-        st = ps.get().status()
+        store = ps.get()
+        st = store.status()
+        _params_status(store, st)
     finally:
         ps.close()
     st["store"] = redact(cfg["STORE"])
@@ -53,21 +55,37 @@ def local_status(cfg, source_gen):
             "readers": readers}  # this node's readers beat into the copy they read
 
 
+def _params_status(store, st):
+    """The params version (docs/params.md) and how much of the read
+    generation was made under it: read_params {min, max, at_current,
+    samples}, None before the first seal."""
+    v = st["params_version"] = store.params_version()
+    st["read_params"] = None
+    if st["read_gen"]:
+        try:
+            gp = store.gen_params(st["read_gen"])
+        except (_C.GenerationGoneError, _C.NotFoundError):
+            return  # reclaimed since: the next status says
+        st["read_params"] = {"min": gp["min"], "max": gp["max"], "samples": gp["samples"],
+                             "at_current": gp["at_max"] if gp["max"] == v else 0}
+
+
 def _exists(cfg):
     """Whether the store has anything to remove: its shm segment, or a
     MongoDB collection of its own (named as the store names them)."""
     uri = cfg["STORE"]
     if uri.startswith("shm://"):
-        return os.path.exists(f"/dev/shm/wirehead.{uri[len('shm://'):]}")
+        name = uri[len('shm://'):]
+        return any(os.path.exists(f"/dev/shm/{f}.{name}") for f in ("wirehead", "wirehead-params"))
     prefix = re.escape(str(cfg["COLLECTION_PREFIX"]))
     own = re.compile(rf"{prefix}\.state|{prefix}\.gen\.[0-9]+(\.m)?")
     return any(own.fullmatch(n) for n in _C.mongo_collections(**store_kwargs(cfg, False)))
 
 
 def clean(config=None, config_path=None):
-    """Removes everything this store holds (its shm segment, or its MongoDB
-    collections, and with LOCAL_CACHE this node's copy); nothing else.
-    Returns whether there was anything."""
+    """Removes everything this store holds (its shm segment and params
+    file, or its MongoDB collections, and with LOCAL_CACHE this node's
+    copy); nothing else. Returns whether there was anything."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg, bad = get_store_config(config_path, config)

@@ -9,7 +9,7 @@ import numpy as np
 from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._store import ProcessStore
+from ._store import ProcessStore, check_min_params
 from .config import get_config, redact, store_kwargs
 
 try:
@@ -83,7 +83,7 @@ def _waiting_for(store, cfg):
             f"{st['write_fill']} of SWAP_CAP={st['swap_cap']} samples and {who}")
 
 
-def wait_for_generation(store, cfg, timeout, newer_than=0):
+def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0):
     """Newest sealed generation (other than newer_than); waits up to timeout
     seconds (C read policy: bounded backoff) while there is none, the store
     does not exist yet or the server cannot be reached, saying every few
@@ -112,6 +112,12 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
                   "start a generator (WireheadGenerator)")
         log.warning("wirehead reader (pid %d): waiting %.0fs of its %gs timeout for %s; %s",
                     os.getpid(), waited, timeout, _waiting_for(store, cfg), advice)
+    if min_params:
+        raise TimeoutError(f"no generation made entirely under params version >= {min_params} "
+                           f"in {redact(cfg['STORE'])} after {timeout:g}s "
+                           f"({_params_of_read(store)}); set_params must have reached that "
+                           f"version and generators a whole generation under it, or wait "
+                           f"longer (READ_TIMEOUT, or the reader's timeout=)") from None
     raise TimeoutError(
         f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: waited for "
         f"{_waiting_for(store, cfg)}; "
@@ -120,6 +126,20 @@ def wait_for_generation(store, cfg, timeout, newer_than=0):
         f"themselves) or a manager (wirehead-torch manager --config ...), or wait longer "
         f"(READ_TIMEOUT, or the reader's timeout=)"
         f"{original_layout_hint(cfg)}") from None
+
+
+def _params_of_read(store):
+    """The params versions of the read generation, in words."""
+    try:
+        st = store.status()
+        gen = st["read_gen"]
+        if not gen:
+            return "no generation is sealed yet"
+        gp = store.gen_params(gen)
+        return (f"the read generation {gen} was made under params versions "
+                f"{gp['min']}..{gp['max']}; the store is at version {store.params_version()}")
+    except _C.WireheadError as e:
+        return f"the store did not say more: {e}"
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):
@@ -181,11 +201,13 @@ class _CurrentGenerationReader(_Base):
 
     def __init__(self, config_path=None, config=None, *, timeout=None, output="torch",
                  cast=None, sample=None, transform=None, normalize=None, keeptrying=True,
-                 id="id", collection=None, views=False, batches=False, ring_slots=4):
+                 id="id", collection=None, views=False, batches=False, ring_slots=4,
+                 min_params_version=None):
         if collection is not None:
             raise ValueError("collection= (a pymongo collection) is not supported: give "
                              "config_path= (or config=) naming the store")
         self.cfg = get_config(config_path or None, config)
+        self.min_params_version = check_min_params(min_params_version)
         if views:
             check_views_store(self.cfg)
         self.views = bool(views)
@@ -223,7 +245,7 @@ class _CurrentGenerationReader(_Base):
 
     def _fresh_state(self):
         """Store handle and ring of this object alone."""
-        self._store = ProcessStore(self.cfg, local=True)
+        self._store = ProcessStore(self.cfg, local=True, min_params=self.min_params_version)
         self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.fields, self.names,
                                      keys=self._KEYS, form=self._FORM, cast=self.cast,
@@ -260,7 +282,8 @@ class _CurrentGenerationReader(_Base):
                         "it sampler=BatchSampler(...) and batch_size=None for the ring",
                         type(self).__name__)
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout)
+        gen = wait_for_generation(store, self.cfg, self.timeout,
+                                  min_params=self.min_params_version)
         # an indexed read names its corrupt sample rather than substitute another
         got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
                if self.views else None)
@@ -295,7 +318,8 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
                              f"indices is no batch")
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout)
+        gen = wait_for_generation(store, self.cfg, self.timeout,
+                                  min_params=self.min_params_version)
         info = torch.utils.data.get_worker_info()
         worker = None if info is None else info.id
         batch, _ = self._batch_ring.fill(store, gen, positions, worker, skip=False)

@@ -7,6 +7,7 @@ from ._arrays import to_store_arrays
 from ._store import ProcessStore, StopFlag
 from .config import get_config
 from .manager import StallLog
+from .params import GeneratorParams, clear_current
 
 log = logging.getLogger("wirehead_torch")
 
@@ -22,7 +23,12 @@ class WireheadGenerator:
 
     With SELF_SEAL (the default) the generator whose put fills the write
     generation seals it when no manager holds the lease, under the same
-    lease, so a manager is optional; ``sealed`` counts its seals. Progress
+    lease, so a manager is optional; ``sealed`` counts its seals.
+
+    Before each sample it reads the store's params (docs/params.md) when
+    their version changed: the generator reads them with
+    ``wirehead_torch.current_params()``, and the sample records their
+    version (``params_version``). Progress
     lines go to stdout as the original's did (``quiet=True`` silences them;
     ``run(verbose=True)`` adds one per put)."""
 
@@ -42,6 +48,12 @@ class WireheadGenerator:
         self._it = None
         self._manager_until = 0.0  # a manager led recently: no fill checks until then
         self._stall = StallLog("generator")
+        self._params = GeneratorParams()
+
+    @property
+    def params_version(self):
+        """The params version the last sample taken was made under."""
+        return self._params.version
 
     def _say(self, text):
         if not self.quiet:
@@ -131,10 +143,13 @@ class WireheadGenerator:
         exhausted or stop was set."""
         if self._it is None:
             self._it = iter(self.generator)
+        self._refresh_params()
         try:
             item = next(self._it)
         except StopIteration:
             return False
+        finally:
+            clear_current()
         arrays = to_store_arrays(item, self.cfg["SAMPLE"])
         res = self._put(arrays, stop)
         if res is None:
@@ -152,6 +167,16 @@ class WireheadGenerator:
                       f"{gen}, {what}, with cap: {self.cfg['SWAP_CAP']}")
         self._self_seal(status)
         return True
+
+    def _refresh_params(self):
+        """The params the next sample is made under; a store away keeps the
+        last ones (the put that follows waits the outage out)."""
+        try:
+            self._params.refresh(self._store.get())
+        except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
+            log.warning("wirehead generator: params not refreshed (%s); the sample uses "
+                        "version %d", e, self._params.version)
+            self._params.refresh_local(self._store.get())
 
     def cycle(self, verbose=False):
         """One step of the original's loop: one sample in, and a seal if it

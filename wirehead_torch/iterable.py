@@ -9,7 +9,7 @@ from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
 from ._order import Order, check_ignore_fits, check_yields, warn_padding
-from ._store import ProcessStore
+from ._store import ProcessStore, check_min_params
 from .config import get_config
 from .dataset import check_views_store, read_sample, view_sample, wait_for_generation
 
@@ -61,9 +61,10 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                  num_workers=None, shuffle=True, seed=0, pad="repeat", ignore_index=-100,
                  label_fields=None, refresh="epoch", transform=None, rank=None,
                  world_size=None, cast=None, timeout=None, batches=False, ring_slots=4, views=False,
-                 drop_last=False):
+                 drop_last=False, min_params_version=None):
         super().__init__()
         self.cfg = get_config(config_path, config)
+        self.min_params_version = check_min_params(min_params_version)
         if views:
             check_views_store(self.cfg)
         self.views = bool(views)
@@ -97,7 +98,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.order.want,
                                      self.order.fields, cast=self.cast, timeout=self.timeout)
-        self._store = ProcessStore(self.cfg, local=True)
+        self._store = ProcessStore(self.cfg, local=True,
+                                    min_params=self.min_params_version)
         # Shared with worker processes (fork, spawn, forkserver) so that
         # persistent and fresh workers agree on the epoch.
         self._raw = multiprocessing.RawArray("q", _REGION * _RANK_REGIONS)
@@ -227,7 +229,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     def _start(self, plan, epoch, start, steps, gen, worker):
         """(store, generation, positions, pads) of this worker's epoch."""
         store = self._store.get()
-        newest = wait_for_generation(store, self.cfg, self.timeout)
+        newest = wait_for_generation(store, self.cfg, self.timeout,
+                                     min_params=self.min_params_version)
         gen = gen or newest
         if worker == 0:
             self._shared[_GEN] = gen
@@ -261,6 +264,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             item["is_pad"] = torch.tensor(is_pad)
             item["generation"] = torch.tensor(gen, dtype=torch.int64)
             item["position"] = torch.tensor(pos, dtype=torch.int64)
+            item["params_version"] = torch.tensor(store.last_params_version, dtype=torch.int64)
             self._progress = (epoch, start + k + 1, gen)
             if self.transform is not None:
                 item = self.transform(item)
@@ -291,7 +295,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             self._progress = (epoch, start + b0 + n, gen)
             yield ring.deliver(batch, {"is_pad": (pad_l, "bool"),
                                        "generation": ([r.generation for r in rows], "int64"),
-                                       "position": ([r.position for r in rows], "int64")},
+                                       "position": ([r.position for r in rows], "int64"),
+                                       "params_version": ([r.params_version for r in rows],
+                                                          "int64")},
                                   in_worker)
 
     def _fill_ignore(self, batch, pad_l):
@@ -306,5 +312,6 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d["_store"] = ProcessStore(self.cfg, local=True)
+        d["_store"] = ProcessStore(self.cfg, local=True,
+                                    min_params=self.min_params_version)
         return d

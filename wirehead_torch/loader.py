@@ -7,7 +7,7 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
-from ._store import ProcessStore
+from ._store import ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
 from .dataset import wait_for_generation
 
@@ -20,8 +20,8 @@ class WireheadLoader:
 
     C threads (GIL released) read samples straight into stacked batch
     buffers from a fixed ring; each batch is a dict of tensors keyed by
-    field name plus ``is_pad`` (bool), ``generation`` and ``position``
-    (int64), sharing the ring buffer through DLPack. A ring buffer is reused
+    field name plus ``is_pad`` (bool), ``generation``, ``position`` and
+    ``params_version`` (int64), sharing the ring buffer through DLPack. A ring buffer is reused
     only after every tensor of its batch is released. Every rank yields
     ``len(loader)`` batches per epoch (docs/design.md, "Sample order").
 
@@ -32,8 +32,10 @@ class WireheadLoader:
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
                  pad="repeat", ignore_index=-100, label_fields=None, refresh="epoch",
-                 transform=None, rank=None, world_size=None, cast=None, timeout=None):
+                 transform=None, rank=None, world_size=None, cast=None, timeout=None,
+                 min_params_version=None):
         self.cfg = get_config(config_path, config)
+        self.min_params_version = check_min_params(min_params_version)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if num_threads < 1 or prefetch < 1:
@@ -60,7 +62,7 @@ class WireheadLoader:
         self._pid = None
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
-        self._store = ProcessStore(self.cfg, local=True)
+        self._store = ProcessStore(self.cfg, local=True, min_params=self.min_params_version)
         self._pad_memo = {}  # the epoch whose padding was last reported
 
     def _plan(self):
@@ -91,7 +93,9 @@ class WireheadLoader:
             self._rw = rw
             with secrets_hidden(self.cfg["STORE"]):
                 self._ld = _C.Loader(
-                    store=store_kwargs(self.cfg, local=True), batch=self.batch_size,
+                    store=dict(store_kwargs(self.cfg, local=True),
+                               min_params=self.min_params_version),
+                    batch=self.batch_size,
                     threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
                     world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                     pad_batches=o.pad != "drop" or self.drop_last, want=o.want,
@@ -130,7 +134,8 @@ class WireheadLoader:
         warn_padding(plan, info, "WireheadLoader", epoch, self._pad_memo, self.batch_size)
         ld = self._loader()
         # wait here, not in C, so Ctrl-C and a server outage are handled
-        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout)
+        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout,
+                                     min_params=self.min_params_version)
         ld.start(epoch, start, gen or newest)
         self._resume = None
         self._epoch = epoch + 1
@@ -141,8 +146,9 @@ class WireheadLoader:
             got = ld.next()
             if got is None:
                 break
-            fields, is_pad, gens, pos, index = (got.fields, got.is_pad, got.generation,
-                                                got.position, got.batch_index)
+            fields, is_pad, gens, pos, pvs, index = (got.fields, got.is_pad, got.generation,
+                                                     got.position, got.params_version,
+                                                     got.batch_index)
             # on a CUDA device from_dlpack makes the current stream wait on the
             # batch's copy; whether it holds padding is known on the host
             any_pad = got.any_pad
@@ -161,7 +167,8 @@ class WireheadLoader:
             batch["is_pad"] = pad_t
             batch["generation"] = torch.from_dlpack(gens)
             batch["position"] = torch.from_dlpack(pos)
-            del fields, is_pad, gens, pos
+            batch["params_version"] = torch.from_dlpack(pvs)
+            del fields, is_pad, gens, pos, pvs
             self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
             if self.device.type not in ("cpu", "cuda"):
                 batch = {k: v.to(self.device) for k, v in batch.items()}

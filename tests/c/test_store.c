@@ -90,6 +90,9 @@ static void remove_all_stores(void) {
         char n[128];
         seg_name(g_uris[i], n, sizeof n);
         shm_unlink(n); /* async-signal-safe enough: one syscall */
+        char pf[160];
+        snprintf(pf, sizeof pf, "/dev/shm/wirehead-params.%s", g_uris[i] + strlen("shm://"));
+        unlink(pf);
     }
 }
 
@@ -2382,6 +2385,80 @@ out:
 
 /* ---- main -------------------------------------------------------------- */
 
+/* Parameters on shm (wh_params.c): versions, the bound, damage to the side
+ * file read back as an error, a dead setter's lock taken over. The file's
+ * layout, as wh_params.c lays it out: magic, owner pid (+4 pad), version,
+ * then two slots of {seq, version, len, sum, data[WH_PARAMS_MAX]}. */
+#define PF_OWNER 8
+#define PF_SLOT(i) (24 + (size_t)(i) * (32 + WH_PARAMS_MAX))
+static void t_params(void) {
+    static const char *const names[] = {"x"};
+    wh_schema_t s;
+    wh_err_t e;
+    wh_store_t *st = NULL;
+    int fd = -1;
+    unsigned char *m = MAP_FAILED;
+    const size_t flen = PF_SLOT(2);
+    char path[160];
+    REQUIRE(wh_schema_init(&s, 1, names, &e), "schema");
+    wh_store_config_t c = mkcfg(new_uri(), 2, 1 << 16, &s);
+    snprintf(path, sizeof path, "/dev/shm/wirehead-params.%s", c.uri + strlen("shm://"));
+    st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    uint64_t v = 9;
+    char *doc = NULL;
+    size_t len = 0;
+    CHECK(wh_store_params_get(st, &v, &doc, &len, &e) && v == 0 && len == 2 &&
+              strcmp(doc, "{}") == 0,
+          "never set: version 0, {}");
+    free(doc);
+    CHECK(wh_store_params_set(st, "{\"a\":1}", 7, &v, &e) && v == 1, "first set: %s", e.message);
+    CHECK(wh_store_params_set(st, "{\"a\":2}", 7, &v, &e) && v == 2, "second set");
+    CHECK(wh_store_params_version(st, &v, &e) && v == 2, "version");
+    static char big[WH_PARAMS_MAX + 1];
+    memset(big, '1', sizeof big);
+    CHECK(!wh_store_params_set(st, big, sizeof big, &v, &e) && e.code == WH_E_TOOBIG &&
+              strstr(e.message, "65537 bytes"),
+          "too big: %s", e.message);
+    CHECK(wh_store_params_set(st, big, WH_PARAMS_MAX, &v, &e) && v == 3, "exactly the bound");
+    CHECK(wh_store_params_get(st, &v, &doc, &len, &e) && v == 3 && len == WH_PARAMS_MAX &&
+              memcmp(doc, big, len) == 0,
+          "the bound read back");
+    free(doc);
+
+    fd = open(path, O_RDWR);
+    REQUIRE(fd >= 0, "open %s", path);
+    m = mmap(NULL, flen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    REQUIRE(m != MAP_FAILED, "mmap");
+    /* version 3 lives in slot 1: a forged length, then a flipped byte */
+    uint64_t keep, forged = 1ull << 40;
+    memcpy(&keep, m + PF_SLOT(1) + 16, 8);
+    memcpy(m + PF_SLOT(1) + 16, &forged, 8);
+    CHECK(!wh_store_params_get(st, &v, &doc, &len, &e) && e.code == WH_E_CORRUPT,
+          "forged length: %s", e.message);
+    memcpy(m + PF_SLOT(1) + 16, &keep, 8);
+    m[PF_SLOT(1) + 32 + 100] ^= 1;
+    CHECK(!wh_store_params_get(st, &v, &doc, &len, &e) && e.code == WH_E_CORRUPT,
+          "flipped byte: %s", e.message);
+    m[PF_SLOT(1) + 32 + 100] ^= 1;
+    /* a setter that died holding the lock: taken over at once */
+    pid_t kid = fork();
+    if (kid == 0) _exit(0);
+    waitpid(kid, NULL, 0);
+    int32_t dead = (int32_t)kid;
+    memcpy(m + PF_OWNER, &dead, 4);
+    uint64_t t0 = wh_now_mono_ns();
+    CHECK(wh_store_params_set(st, "{}", 2, &v, &e) && v == 4, "after a dead holder: %s", e.message);
+    CHECK(wh_now_mono_ns() - t0 < 1000000000ull, "taken over at once");
+    /* clean removes the side file */
+    clean_store(&c);
+    CHECK(access(path, F_OK) != 0, "clean removes %s", path);
+out:
+    if (m != MAP_FAILED) munmap(m, flen);
+    if (fd >= 0) close(fd);
+    wh_store_destroy(st);
+}
+
 int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
@@ -2420,6 +2497,7 @@ int main(int argc, char **argv) {
         {"store too big for /dev/shm fails at creation", t_too_big_for_shm, false},
         {"generation ids increase across re-creation", t_gen_ids_survive_recreate, false},
         {"3 writers + manager + reader through 320 swaps", t_concurrent, false},
+        {"params: versions, the bound, damage, a dead setter's lock", t_params, false},
         {"stress: generation ids after seals faster than 1/us", t_gen_ids_fast_seals, true},
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(cases); i++) {

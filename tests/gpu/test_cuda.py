@@ -404,7 +404,8 @@ def test_loader_device_bytes_under_a_slow_copy_engine(fake, consumer, store_cfg)
         assert all(b["is_pad"].dtype.is_floating_point is False for b in batches)
     st = loader.stats()
     assert st["copies"] == 8 and st["h2d_bytes"] > 8 * 3 * (256 * 4 + 16)
-    assert st["stream_waits"] == consumer.exports == 8 * 5  # id, data, is_pad, generation, position
+    # id, data, is_pad, generation, position, params_version
+    assert st["stream_waits"] == consumer.exports == 8 * 6
     assert st["copy_s"] > 0 and "wait_s" in st
     assert fake.counter("pageable_copies") == 0  # the ring is page-locked
     assert fake.counter("host_syncs") == 0  # no host synchronize in the steady state
@@ -423,7 +424,7 @@ def test_loader_ring_slot_reused_only_after_its_copy(fake, shm_cfg):
         ld.start(e, 0, 0)
         got = []
         while (b := ld.next()) is not None:
-            fields, is_pad, gens, pos, index, any_pad = b
+            fields, is_pad, gens, pos, pvs, index, any_pad = b
             assert fields[1].__dlpack_device__() == (KDLCUDA, 0)
             caps = [fields[0].__dlpack__(stream=stream), fields[1].__dlpack__(stream=stream)]
             reads = [fake.read(stream, tensor_of(c)[0], n) for c, n in zip(caps, (16 * 2, 1024 * 2))]

@@ -124,7 +124,8 @@ def test_batches_hold_the_samples_and_dataset_is_left_as_it_was(shm_filled):
     ds = wt.WireheadIterableDataset(config=shm_filled, shuffle=False)
     dl = wt.DataLoader(ds, batch_size=4, num_workers=0)
     b = next(iter(dl))
-    assert set(b) == {"id", "data", "is_pad", "generation", "position"}
+    assert set(b) == {"id", "data", "is_pad", "generation", "position",
+                      "params_version"}
     assert b["data"].shape == (4, 256) and b["data"].dtype == torch.float32
     assert b["id"][:, 1].tolist() == b["position"].tolist() == [0, 1, 2, 3]
     assert b["is_pad"].dtype == torch.bool and b["generation"].dtype == torch.int64

@@ -50,7 +50,8 @@ def slot_files(ds):
 
 def check_batch(b, n=BATCH):
     """Every sample's bytes match its id; returns [(position, is_pad)]."""
-    assert set(b) == {"id", "data", "is_pad", "generation", "position"}
+    assert set(b) == {"id", "data", "is_pad", "generation", "position",
+                      "params_version"}
     assert b["data"].shape == (n, 256) and b["data"].dtype == torch.float32
     assert b["id"].shape == (n, 2) and b["id"].dtype == torch.int64
     assert b["is_pad"].dtype == torch.bool and b["position"].dtype == torch.int64
@@ -198,7 +199,8 @@ def test_pad_ignore_and_field_subset_in_batches(filled):
     assert pads == 4  # 20 samples padded to 3 batches of 8
     only = wt.WireheadIterableDataset(config=filled, batch_size=4, batches=True, fields=["id"])
     b = next(iter(only))
-    assert set(b) == {"id", "is_pad", "generation", "position"} and b["id"].shape == (4, 2)
+    assert set(b) == {"id", "is_pad", "generation", "position",
+                      "params_version"} and b["id"].shape == (4, 2)
 
 
 def test_shared_map_words_and_size_checks(tmp_path):

@@ -68,7 +68,8 @@ def epoch_items(dl):
     """One iteration: [(position, is_pad)], every sample checked."""
     out, gens = [], set()
     for b in dl:
-        assert set(b) == {"id", "data", "is_pad", "generation", "position"}
+        assert set(b) == {"id", "data", "is_pad", "generation", "position",
+                      "params_version"}
         assert b["is_pad"].dtype == torch.bool and b["position"].dtype == torch.int64
         for ident, data in zip(b["id"], b["data"]):
             whlib.check_sample(ident.numpy(), data.numpy())

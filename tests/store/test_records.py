@@ -20,7 +20,8 @@ RECORDS = {
     "SampleRead": ("generation", "position", "is_pad", "arrays", "skipped"),
     "SampleCopy": ("generation", "position", "is_pad", "layouts", "skipped", "checksums"),
     "FieldLayout": ("dtype", "shape"),
-    "LoaderBatch": ("fields", "is_pad", "generation", "position", "batch_index", "any_pad"),
+    "LoaderBatch": ("fields", "is_pad", "generation", "position", "params_version", "batch_index",
+                    "any_pad"),
     "PlanItems": ("positions", "is_pad"),
     "PlanResume": ("role", "step"),
 }

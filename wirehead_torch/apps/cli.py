@@ -42,6 +42,7 @@ def _fmt_status(st, now=None):
                                if st['leader_pid'] else "none holds the lease"),
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
                                if st['samples_per_s'] is not None else "-"),
+        "params           " + _fmt_params(st),
     ]
     loc = st.get("local_cache")
     if loc:
@@ -86,6 +87,43 @@ def _fmt_local(loc, st):
                f"{r['bytes'] / 2**20:.2f} MiB pulled from MongoDB"
                + (f", last pull {r['last_pull_s']:.3f}s, mean {mean:.3f}s" if mean else ""))
     return out
+
+
+def _fmt_params(st):
+    """The params version and how much of the read generation it made."""
+    v = st.get("params_version", 0)
+    if not v:
+        return "never set"
+    rp = st.get("read_params")
+    if not rp or not rp["samples"]:
+        return f"version {v}"
+    span = f"{rp['min']}" if rp["min"] == rp["max"] else f"{rp['min']}..{rp['max']}"
+    return (f"version {v}; the read generation: {rp['at_current']}/{rp['samples']} samples "
+            f"made under it (versions {span})")
+
+
+def _cmd_params(args):
+    from ..params import get_params, set_params
+    if args.set:
+        _, params = get_params(config_path=args.config)
+        for item in args.set:
+            key, sep, text = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--set {item!r}: give KEY=JSON (e.g. --set noise=0.2)")
+            try:
+                params[key] = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--set {key}: {text!r} is not JSON ({e}); a string is "
+                                 f"quoted: --set {key}='\"text\"'") from None
+        set_params(params, config_path=args.config)
+    version, params = get_params(config_path=args.config)
+    if args.json:
+        print(json.dumps({"version": version, "params": params}))
+    else:
+        print(f"version {version}" + ("" if version else " (never set)"))
+        for k in sorted(params):
+            print(f"  {k} = {json.dumps(params[k])}")
+    return 0
 
 
 def _cmd_status(args):
@@ -192,6 +230,12 @@ def main(argv=None):
                    help="exit if another relay fills this node's store (default: wait)")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     _config_arg(c)
+    pa = sub.add_parser("params", help="show or change the params generators read "
+                        "(docs/params.md)")
+    _config_arg(pa)
+    pa.add_argument("--set", action="append", metavar="KEY=JSON", default=[],
+                    help="set KEY to a JSON value (repeatable; one new version for all)")
+    pa.add_argument("--json", action="store_true", help='{"version": V, "params": {...}}')
     jobs.parser(sub)
     sub.add_parser("demo", help="generators + manager + training on the embedded store",
                    add_help=False)
@@ -210,7 +254,7 @@ def main(argv=None):
                 return jobs.run(args, argv)
             _default_config(args)
             cmd = {"manager": _cmd_manager, "status": _cmd_status, "clean": _cmd_clean,
-                   "relay": _cmd_relay}[args.cmd]
+                   "relay": _cmd_relay, "params": _cmd_params}[args.cmd]
             rc = cmd(args)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
             return rc

@@ -1,0 +1,391 @@
+/* Parameters through the store (docs/params.md): the calls of wh_store.h
+ * over the backends, the shm side file, and the per-generation versions
+ * read back from the samples' headers.
+ *
+ * The shm side file /dev/shm/wirehead-params.NAME (never a store's name:
+ * those start "wirehead.") holds a header and two slots. A set, under the
+ * file's pid lock, writes version v into slot v % 2 inside a seqlock (seq
+ * odd while it writes), then publishes v in the header. A read takes no
+ * lock: it copies the slot the header names and keeps the copy only when
+ * seq was even and unchanged around it, the slot's version is the one
+ * named and the XXH3 of the bytes matches; so a killed reader leaves
+ * nothing, and a killed setter leaves the last published version whole. */
+#define _GNU_SOURCE
+#define XXH_STATIC_LINKING_ONLY
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "wh_backend.h"
+#include "wh_shmfile.h"
+
+#define WH__PF_MAGIC 0x314d524150484857ull /* "WHHPARM1" */
+#define WH__PF_READ_TRIES 1000
+#define WH__PF_RECHECK_NS 1000000000ull /* how often a handle checks the name */
+
+typedef struct {
+    uint64_t seq;     /* atomic: odd while a set writes this slot */
+    uint64_t version; /* the version these bytes are */
+    uint64_t len;
+    uint64_t sum; /* XXH3 of the len bytes */
+    char data[WH_PARAMS_MAX];
+} wh__pslot_t;
+
+typedef struct {
+    uint64_t magic; /* 0 (fresh: all zero is "never set") or WH__PF_MAGIC */
+    int32_t owner;  /* atomic: the setter's pid, 0 when free */
+    uint32_t pad;
+    uint64_t version; /* atomic: newest complete version, 0: never set */
+    wh__pslot_t slot[2];
+} wh__pfhdr_t;
+
+struct wh_pfile {
+    wh__pfhdr_t *h;
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    uint64_t checked_ns;
+    uint64_t absent_ns; /* last time the file was found absent (retry later) */
+};
+
+/* ---- the side file ---- */
+
+static bool wh__pf_path(const wh_store_t *st, char *out, size_t cap, wh_err_t *err) {
+    const char *name = st->cfg.uri + strlen("shm://"); /* checked when the store opened */
+    if (strlen(name) + 40 > cap) return wh_err_set(err, WH_E_INVALID, "shm store name too long");
+    snprintf(out, cap, "/dev/shm/wirehead-params.%s", name);
+    return true;
+}
+
+static bool wh__pf_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+static void wh__pf_drop(struct wh_pfile *p) {
+    if (p->h) munmap(p->h, sizeof *p->h);
+    if (p->fd >= 0) close(p->fd);
+    p->h = NULL;
+    p->fd = -1;
+}
+
+static bool wh__pf_map(struct wh_pfile *p, int fd, const char *path, wh_err_t *err) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return wh_err_set(err, WH_E_SYS, "%s: fstat: %s", path, strerror(errno));
+    }
+    void *m = mmap(NULL, sizeof(wh__pfhdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return wh_err_set(err, WH_E_SYS, "%s: mmap: %s", path, strerror(errno));
+    }
+    p->h = m;
+    p->fd = fd;
+    p->dev = sb.st_dev;
+    p->ino = sb.st_ino;
+    p->checked_ns = wh_now_mono_ns();
+    uint64_t magic = __atomic_load_n(&p->h->magic, __ATOMIC_ACQUIRE);
+    if (magic != 0 && magic != WH__PF_MAGIC) {
+        wh__pf_drop(p);
+        return wh_err_set(err, WH_E_CORRUPT, "%s is not a params file of this build", path);
+    }
+    return true;
+}
+
+/* Attaches the handle to the side file (creating it when create is set).
+ * *absent: no file and create not set (version 0). A handle notices within
+ * a second a file removed (`clean`) or made again. */
+static bool wh__pf_ready(wh_store_t *st, bool create, bool *absent, wh_err_t *err) {
+    *absent = false;
+    if (!st->pfile) {
+        st->pfile = calloc(1, sizeof *st->pfile);
+        if (!st->pfile) return wh_err_set(err, WH_E_SYS, "out of memory");
+        st->pfile->fd = -1;
+    }
+    struct wh_pfile *p = st->pfile;
+    char path[300];
+    if (!wh__pf_path(st, path, sizeof path, err)) return false;
+    uint64_t now = wh_now_mono_ns();
+    if (p->h) {
+        if (now - p->checked_ns < WH__PF_RECHECK_NS) return true;
+        p->checked_ns = now;
+        struct stat named;
+        if (stat(path, &named) == 0 && named.st_dev == p->dev && named.st_ino == p->ino)
+            return true;
+        wh__pf_drop(p);
+    }
+    /* an absent file is looked for again at most every 0.1 s when reading */
+    if (!create && p->absent_ns && now - p->absent_ns < 100000000ull) {
+        *absent = true;
+        return true;
+    }
+    for (int attempt = 0; attempt < 200; attempt++) {
+        wh_err_t e = {0};
+        int fd = wh_shmfile_open(path, sizeof(wh__pfhdr_t), &e);
+        if (fd >= 0) {
+            p->absent_ns = 0;
+            return wh__pf_map(p, fd, path, err);
+        }
+        if (fd == -ENOENT && !create) {
+            p->absent_ns = now ? now : 1;
+            *absent = true;
+            return true;
+        }
+        if (fd == -ENOENT) {
+            fd = wh_shmfile_create(path, sizeof(wh__pfhdr_t), &e);
+            if (fd >= 0) return wh__pf_map(p, fd, path, err); /* zero-filled: version 0 */
+            if (fd == -EEXIST) continue;                      /* another setter made it */
+        } else if (fd == -EFBIG) {
+            /* being made (not yet reserved): wait for its creator a little */
+            wh_sleep_ms(5);
+            continue;
+        }
+        if (err) *err = e;
+        return false;
+    }
+    return wh_err_set(err, WH_E_TIMEOUT,
+                      "%s stays shorter than a params file: remove it (`wirehead-torch clean`)",
+                      path);
+}
+
+static bool wh__pf_lock(wh__pfhdr_t *h, double wait_s, const char *path, wh_err_t *err) {
+    const int32_t me = (int32_t)getpid();
+    const uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s * 1e9);
+    for (unsigned spins = 0;; spins++) {
+        int32_t cur = 0;
+        if (__atomic_compare_exchange_n(&h->owner, &cur, me, false, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            return true;
+        if (!wh__pf_alive(cur) && __atomic_compare_exchange_n(&h->owner, &cur, me, false,
+                                                              __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return true; /* its holder died: every state it leaves is whole (above) */
+        if (wh_now_mono_ns() >= deadline)
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "%s: lock held by pid %d for more than %gs (a stopped setter?)", path,
+                              (int)cur, wait_s);
+        if (spins < 64)
+            sched_yield();
+        else
+            wh_sleep_ms(1);
+    }
+}
+
+/* The file still holds every mapped byte and is still ours (a file
+ * truncated under us is this error, not a SIGBUS at the next load). */
+static bool wh__pf_intact(const wh_store_t *st, wh_err_t *err) {
+    char path[300];
+    if (!wh__pf_path(st, path, sizeof path, err)) return false;
+    return wh_shmfile_check(st->pfile->fd, path, sizeof(wh__pfhdr_t), NULL, err);
+}
+
+bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err) {
+    bool absent;
+    char path[300];
+    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, true, &absent, err) ||
+        !wh__pf_intact(st, err))
+        return false;
+    wh__pfhdr_t *h = st->pfile->h;
+    if (!wh__pf_lock(h, st->cfg.lease_s, path, err)) return false;
+    uint64_t v = __atomic_load_n(&h->version, __ATOMIC_ACQUIRE) + 1;
+    wh__pslot_t *s = &h->slot[v % 2];
+    uint64_t q = __atomic_load_n(&s->seq, __ATOMIC_RELAXED) | 1; /* odd: being written */
+    __atomic_store_n(&s->seq, q, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(s->data, doc, len);
+    s->len = len;
+    s->sum = XXH3_64bits(doc, len);
+    s->version = v;
+    __atomic_store_n(&s->seq, q + 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&h->magic, __ATOMIC_RELAXED) != WH__PF_MAGIC)
+        __atomic_store_n(&h->magic, WH__PF_MAGIC, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->version, v, __ATOMIC_RELEASE); /* the commit point */
+    __atomic_store_n(&h->owner, 0, __ATOMIC_RELEASE);
+    *version = v;
+    return true;
+}
+
+bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
+    bool absent;
+    *version = 0;
+    if (!wh__pf_ready(st, false, &absent, err)) return false;
+    if (absent) return true;
+    if (!wh__pf_intact(st, err)) return false;
+    *version = __atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE);
+    return true;
+}
+
+bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err) {
+    bool absent;
+    char path[300];
+    *doc = NULL;
+    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, false, &absent, err) ||
+        (!absent && !wh__pf_intact(st, err)))
+        return false;
+    char *buf = malloc(WH_PARAMS_MAX + 1);
+    if (!buf) return wh_err_set(err, WH_E_SYS, "out of memory");
+    if (absent || !__atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE)) {
+        memcpy(buf, "{}", 3);
+        *doc = buf;
+        *len = 2;
+        *version = 0;
+        return true;
+    }
+    wh__pfhdr_t *h = st->pfile->h;
+    for (int tries = 0; tries < WH__PF_READ_TRIES; tries++) {
+        uint64_t v = __atomic_load_n(&h->version, __ATOMIC_ACQUIRE);
+        const wh__pslot_t *s = &h->slot[v % 2];
+        uint64_t q1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        uint64_t n = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+        uint64_t sv = __atomic_load_n(&s->version, __ATOMIC_RELAXED);
+        uint64_t sum = __atomic_load_n(&s->sum, __ATOMIC_RELAXED);
+        bool fits = n <= WH_PARAMS_MAX; /* validated before it sizes the copy */
+        if (fits) memcpy(buf, s->data, n);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        uint64_t q2 = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+        if ((q1 & 1) || q1 != q2 || sv != v) { /* a set overtook this read: again */
+            if (tries > 16) wh_sleep_ms(1);
+            continue;
+        }
+        if (!fits || XXH3_64bits(buf, n) != sum) {
+            free(buf);
+            return wh_err_set(err, WH_E_CORRUPT,
+                              "%s: params version %llu fails its check (length %llu)", path,
+                              (unsigned long long)v, (unsigned long long)n);
+        }
+        buf[n] = 0;
+        *doc = buf;
+        *len = n;
+        *version = v;
+        return true;
+    }
+    free(buf);
+    return wh_err_set(err, WH_E_TIMEOUT, "%s: sets kept overtaking the read", path);
+}
+
+void wh_pfile_close(wh_store_t *st) {
+    if (!st->pfile) return;
+    wh__pf_drop(st->pfile);
+    free(st->pfile);
+    st->pfile = NULL;
+}
+
+bool wh_pfile_clean(const char *name, wh_err_t *err) {
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/wirehead-params.%s", name);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return wh_err_set(err, WH_E_SYS, "remove %s: %s", path, strerror(errno));
+    return true;
+}
+
+/* ---- the store's calls ---- */
+
+static bool wh__here(const wh_store_t *st, wh_err_t *err) {
+    if (getpid() != st->pid)
+        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
+    return true;
+}
+
+bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
+                         wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (len > WH_PARAMS_MAX)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "params document is %zu bytes, more than the %u bytes a store keeps", len,
+                          WH_PARAMS_MAX);
+    return st->ops->params_set(st, doc, len, version, err);
+}
+
+bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
+                         wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    return st->ops->params_get(st, version, doc, len, err);
+}
+
+bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    return st->ops->params_version(st, version, err);
+}
+
+void wh_store_set_put_params(wh_store_t *st, uint64_t version) { st->put_params = version; }
+
+uint64_t wh_store_last_params(const wh_store_t *st) { return st->last_params; }
+
+void wh_store_set_min_params(wh_store_t *st, uint64_t v) {
+    st->min_params = v;
+    st->pv_gen = 0;
+    st->pv_ok_gen = 0;
+}
+
+static bool wh__meta_only(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    WH_UNUSED(ctx);
+    WH_UNUSED(meta);
+    WH_UNUSED(dst);
+    WH_UNUSED(err);
+    return true; /* no destinations: nothing is copied */
+}
+
+bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (gen && gen == st->gp_gen) {
+        *out = st->gp;
+        return true;
+    }
+    memset(out, 0, sizeof *out);
+    if (st->ops->gen_params) {
+        if (!st->ops->gen_params(st, gen, out, err)) return false;
+    } else {
+        for (uint32_t pos = 0; pos < st->cfg.swap_cap; pos++) {
+            wh_sample_meta_t meta;
+            wh_err_t e = {0};
+            if (!wh_store_read(st, gen, pos, wh__meta_only, NULL, &meta, &e)) {
+                if (e.code != WH_E_CORRUPT && e.code != WH_E_SCHEMA) {
+                    if (err) *err = e;
+                    return false;
+                }
+                out->skipped++;
+                continue;
+            }
+            uint64_t v = meta.params_version;
+            if (!out->samples || v < out->min) out->min = v;
+            if (!out->samples || v > out->max) {
+                out->max = v;
+                out->at_max = 0;
+            }
+            out->at_max += v == out->max;
+            out->samples++;
+        }
+    }
+    st->gp_gen = gen;
+    st->gp = *out;
+    return true;
+}
+
+/* wh_store_current's filter for a reader that asked for min_params: the
+ * newest generation known to qualify (0: none yet). */
+bool wh_params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
+    uint64_t g = *gen;
+    if (!st->min_params || !g) return true;
+    if (g != st->pv_gen) {
+        wh_gen_params_t gp;
+        wh_err_t e = {0};
+        if (!wh_store_gen_params(st, g, &gp, &e)) {
+            if (e.code != WH_E_GONE && e.code != WH_E_NOTFOUND) {
+                if (err) *err = e;
+                return false;
+            }
+            *gen = st->pv_ok_gen; /* reclaimed meanwhile: ask again next time */
+            return true;
+        }
+        st->pv_gen = g;
+        st->pv_gen_ok = gp.samples && gp.min >= st->min_params;
+        if (st->pv_gen_ok && g > st->pv_ok_gen) st->pv_ok_gen = g;
+    }
+    *gen = st->pv_ok_gen;
+    return true;
+}
