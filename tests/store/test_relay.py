@@ -4,8 +4,9 @@ into the node's shm store (LOCAL_CACHE), and every reader reads that copy.
 Checked here: every byte of every sample read through the tier; disjoint
 positions for 2 ranks x 2 workers; a relay SIGKILLed at random instants
 while a reader reads (no torn or wrong sample, the next relay resumes with
-the newest generation); a generation reclaimed in MongoDB mid-copy; start
-order (readers, then relay, then generators); one relay per node."""
+the newest generation); the MongoDB server restarted mid-pull; a
+generation reclaimed in MongoDB mid-copy; start order (readers, then relay,
+then generators); one relay per node."""
 import json
 import os
 import random
@@ -237,6 +238,46 @@ def test_relay_killed_at_random_instants(relay_cfg):
             whlib.stop(reader)
         for f in feed:
             whlib.stop(f)
+
+
+def test_mongodb_restarted_mid_pull(tmp_path):
+    """The server goes away right after a seal (the relay pulling it) and
+    comes back empty: the local copy stays readable throughout, the relay
+    outlives the outage, and it copies the first generation sealed after."""
+    from mongo_server import MongoTestServer
+    big = 256 * 1024  # 1 MiB samples: a pull takes a while
+    with MongoTestServer() as srv:
+        cfg = {"STORE": f"{srv.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": SWAP_CAP,
+               "SAMPLE": ["id", "data"], "LEASE_SECONDS": 5, "SELF_SEAL": False,
+               "CONNECT_TIMEOUT": 5, "READ_TIMEOUT": 60,
+               "LOCAL_CACHE": f"shm://{whlib.unique_name('whrelay')}"}
+        path = tmp_path / "cfg.yaml"
+        path.write_text(json.dumps(cfg))
+        relay = _relay_proc(str(path))
+        local = None
+        try:
+            src = whlib.open_store(cfg)
+            first = _feed(src, 1, big)
+            whlib.wait_line(relay.stderr, "fills", 30)
+            local = _local(cfg)
+            whlib.until(lambda: local.current() == first, 60, "the first copy")
+            _feed(src, 2, big)
+            src.close()
+            srv.restart()  # the relay is pulling generation 2, or about to
+            assert whlib.read_generation(local, local.current(), SWAP_CAP) is not None
+            assert relay.poll() is None, whlib.tail(relay.stderr)
+            src = whlib.open_store(cfg)  # the store made anew, as a generator would
+            after = _feed(src, 3, N)
+            src.close()
+            whlib.until(lambda: local.current() == after, 90, "the copy after the restart")
+            assert whlib.read_generation(local, after, SWAP_CAP) == \
+                [(3, p) for p in range(SWAP_CAP)]
+            assert relay.poll() is None, whlib.tail(relay.stderr)
+        finally:
+            whlib.stop(relay)
+            if local is not None:
+                local.close()
+            wt.clean(cfg)
 
 
 def test_readers_before_relay_before_generators(relay_cfg):
