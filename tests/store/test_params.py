@@ -119,6 +119,29 @@ def _fill(cfg, noise, n):
     assert wt.WireheadGenerator(g(), config=cfg, quiet=True).run() == n
 
 
+def test_ranks_see_the_same_version_for_the_same_sample(store_cfg):
+    """A generation made under two versions, read by 2 DDP ranks (each with
+    its own store handle): each position carries the version it was made
+    under for every rank, and the ranks together cover the generation."""
+    cfg = store_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
+    v1 = wt.set_params({"noise": 1.0}, config=cfg)
+    _fill(cfg, 1.0, 2)
+    v2 = wt.set_params({"noise": 2.0}, config=cfg)
+    _fill(cfg, 2.0, 2)
+    seen = {}
+    for rank in (0, 1):
+        ds = wt.WireheadIterableDataset(config=cfg, shuffle=True, seed=7, rank=rank,
+                                        world_size=2, timeout=10)
+        for it in ds:
+            key = (int(it["generation"]), int(it["position"]))
+            assert key not in seen, f"position {key} read by two ranks"
+            seen[key] = (rank, int(it["params_version"]), int(it["id"][3]))
+    assert len(seen) == 4 and {r for r, _, _ in seen.values()} == {0, 1}
+    assert sorted(v for _, v, _ in seen.values()) == [v1, v1, v2, v2]
+    for _, version, made_under in seen.values():  # what the generator saw, for every rank
+        assert version == made_under
+
+
 def test_reader_takes_only_generations_under_min_version(store_cfg):
     cfg = store_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True)
     wt.set_params({"noise": 1.0}, config=cfg)
