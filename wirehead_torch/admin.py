@@ -29,6 +29,10 @@ def status(config=None, config_path=None):
     if len(hist) >= 2 and hist[-1]["time"] > hist[0]["time"]:
         rate = (hist[-1]["generated"] - hist[0]["generated"]) / (hist[-1]["time"] - hist[0]["time"])
     st["samples_per_s"] = rate
+    # how many times, on average, readers have been served each sample of
+    # the read generation: with the params version, what SWAP_CAP is tuned by
+    st["reuse_per_sample"] = round(sum(r["reuse"] for r in st.get("readers") or []
+                                       if r["generation"] == st["read_gen"]), 2)
     if cfg["LOCAL_CACHE"]:
         st["local_cache"] = local_status(cfg, st["read_gen"])
     return st

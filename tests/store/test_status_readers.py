@@ -27,6 +27,10 @@ def test_status_lists_readers(store_cfg):
     assert r["generation"] == st["read_gen"]
     assert 1 <= r["reads"] <= 4 and r["reuse"] == r["gen_reads"] / 4
     assert 0 <= r["age_s"] < 30 and r["samples_per_s"] >= 0
+    # every reader of the read generation counts toward its reuse per sample
+    assert st["reuse_per_sample"] == round(sum(x["reuse"] for x in st["readers"]
+                                               if x["generation"] == st["read_gen"]), 2)
+    assert st["reuse_per_sample"] >= r["reuse"] > 0
     if cfg["STORE"].startswith("shm://"):
         loader.close()  # a closed reader leaves the list at once (shm)
         assert wt.status(config=cfg)["readers"] == []
@@ -48,4 +52,4 @@ def test_cli_status_shows_readers(shm_cfg, tmp_path):
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith(f"  {os.getpid()}"))
     assert "reuse" in line and "samples/s" in line, r.stdout
-    assert "readers          1" in r.stdout
+    assert "readers          1; each sample of the read generation served" in r.stdout

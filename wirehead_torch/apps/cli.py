@@ -53,8 +53,10 @@ def _fmt_status(st, now=None):
         lines.append(f"sealing          {stall}")
     readers = st.get("readers") or []
     lines.append(f"readers          {len(readers) or 'none reading'}"
-                 + (" (pid, generation read, reads of it / SWAP_CAP = reuse, samples/s)"
-                    if readers else ""))
+                 + (f"; each sample of the read generation served "
+                    f"{st.get('reuse_per_sample', 0):.1f} times so far"
+                    " (per reader: pid, generation read, reads of it / SWAP_CAP = reuse, "
+                    "samples/s)" if readers else ""))
     for r in readers:
         where = f"{r['host']}:" if r["host"] else ""
         lines.append(f"  {where}{r['pid']:<8} {gen_label(r['generation'], st):>8}  "
