@@ -123,4 +123,8 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err);
 bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
 void wh_mongo_names_free(char **names);
 
+/* One more sample, made under params version v, in a generation's figures
+ * (both backends' gen_params count with it; ext/wh_params.c). */
+void wh__gen_params_add(wh_gen_params_t *out, uint64_t v);
+
 #endif

@@ -195,14 +195,7 @@ bool wh__mongo_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh
             out->skipped++;
             continue;
         }
-        uint64_t v = meta.params_version;
-        if (!out->samples || v < out->min) out->min = v;
-        if (!out->samples || v > out->max) {
-            out->max = v;
-            out->at_max = 0;
-        }
-        out->at_max += v == out->max;
-        out->samples++;
+        wh__gen_params_add(out, meta.params_version);
     }
     bson_error_t e;
     bool ok = !mongoc_cursor_error(cur, &e) ||

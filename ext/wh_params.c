@@ -27,6 +27,16 @@
 #include "wh_backend.h"
 #include "wh_shmfile.h"
 
+void wh__gen_params_add(wh_gen_params_t *out, uint64_t v) {
+    if (!out->samples || v < out->min) out->min = v;
+    if (!out->samples || v > out->max) {
+        out->max = v;
+        out->at_max = 0;
+    }
+    out->at_max += v == out->max;
+    out->samples++;
+}
+
 #define WH__PF_MAGIC 0x314d524150484857ull /* "WHHPARM1" */
 #define WH__PF_READ_TRIES 1000
 #define WH__PF_RECHECK_NS 1000000000ull /* how often a handle checks the name */
@@ -351,14 +361,7 @@ bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_
                 out->skipped++;
                 continue;
             }
-            uint64_t v = meta.params_version;
-            if (!out->samples || v < out->min) out->min = v;
-            if (!out->samples || v > out->max) {
-                out->max = v;
-                out->at_max = 0;
-            }
-            out->at_max += v == out->max;
-            out->samples++;
+            wh__gen_params_add(out, meta.params_version);
         }
     }
     st->gp_gen = gen;
