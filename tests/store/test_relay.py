@@ -2,7 +2,7 @@
 into the node's shm store (LOCAL_CACHE), and every reader reads that copy.
 
 Checked here: every byte of every sample read through the tier; disjoint
-positions for 2 ranks x 2 workers; a relay SIGKILLed at random instants
+positions for 2 ranks x 2 workers, and for 3 nodes x 2 ranks x 2 workers; a relay SIGKILLed at random instants
 while a reader reads (no torn or wrong sample, the next relay resumes with
 the newest generation); the MongoDB server restarted mid-pull; a
 generation reclaimed in MongoDB mid-copy; start order (readers, then relay,
@@ -163,6 +163,55 @@ def test_ranks_and_workers_read_disjoint_positions(relay_cfg):
     finally:
         relay.close()
         src.close()
+
+
+def test_three_nodes_two_ranks_two_workers(relay_cfg):
+    """3 nodes (a LOCAL_CACHE and a relay each) x 2 ranks x 2 DataLoader
+    workers: every rank reads its node's copy, no sample of the generation
+    is read twice across the 6 ranks, together they read it all, and every
+    rank takes the same number of steps."""
+    import torch
+    cap = 12
+    cfg, _ = relay_cfg(SWAP_CAP=cap)
+    nodes = [dict(cfg, LOCAL_CACHE=f"shm://{whlib.unique_name('whnode')}") for _ in range(3)]
+    src = whlib.open_store(cfg)
+    relays = []
+    try:
+        assert src.lead()
+        for i in range(cap):
+            assert src.put(to_store_arrays(whlib.sample(6, i, N), ("id", "data")))[0] == 0
+        gen = src.seal()["generation"]
+        for node in nodes:
+            relays.append(wt.WireheadRelay(config=node))
+            assert relays[-1].step()["generation"] == gen
+        read, steps = {}, {}
+        for k, node in enumerate(nodes):
+            for local_rank in range(2):
+                rank = 2 * k + local_rank
+                ds = wt.WireheadIterableDataset(config=node, batch_size=1, num_workers=2,
+                                                rank=rank, world_size=6, seed=11)
+                read[rank], steps[rank] = [], 0
+                for b in torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2):
+                    steps[rank] += 1
+                    tag, counter = whlib.check_sample(b["id"][0].numpy(),
+                                                      b["data"][0].numpy())
+                    assert (int(b["generation"][0]), tag) == (gen, 6)
+                    assert counter == int(b["position"][0])
+                    if not bool(b["is_pad"][0]):
+                        read[rank].append(counter)
+        every = [c for r in read.values() for c in r]
+        assert sorted(every) == list(range(cap)), read  # each once, all of them
+        assert len(set(steps.values())) == 1, steps
+    finally:
+        for r in relays:
+            r.close()
+        src.close()
+        for node in nodes:
+            wt.clean(node)
+            try:
+                os.unlink(f"/dev/shm/wirehead-relay.{node['LOCAL_CACHE'][6:]}.lock")
+            except FileNotFoundError:
+                pass
 
 
 @pytest.mark.asan
