@@ -8,6 +8,7 @@ on the test machine: mongod.sbatch runs a stand-in that serves the
 in-memory test server on the port it is given."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -146,6 +147,16 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
     assert sorted(line.split("shm://relay-")[1].split("-")[0] for line in fills) == \
         ["n1", "n2", "n3"], relay  # one relay on each node, each filling its own copy
     assert "MiB in" in relay, relay  # a generation was copied
+    # each node pulls a generation from MongoDB once: bytes per generation =
+    # nodes x generation bytes, whatever the ranks and workers on a node
+    pulled = {}  # generation -> [MiB pulled by each relay that copied it]
+    for line in relay.splitlines():
+        m = re.search(r"generation (\d+): \d+ samples, ([\d.]+) MiB in", line)
+        if m:
+            pulled.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+    assert pulled and all(len(v) <= 3 for v in pulled.values()), pulled
+    print(f"MongoDB MiB served per generation (3 nodes, one relay each): "
+          f"{sorted((g, round(sum(v), 2), len(v)) for g, v in pulled.items())[-5:]}")
     (train,) = read_log(run_dir, "train-").values()
     assert "one relay per node" in train and "train: done (0)" in train
     check_ranks(run_dir, 3, swap_cap)
