@@ -1,10 +1,12 @@
 /* MongoDB backend: parameters (docs/params.md). Each version is its own
  * document {_id: {pv: v}, d, n, x} in the state collection: the JSON text
- * as binary, its length and XXH3. A set inserts version newest + 1; the
- * unique _id makes two setters that raced for one version fail all but
- * one, which then try the next, so every set gets a version of its own and
- * a document is only ever written whole (an insert), never changed in
- * place. The newest version is the document; a set prunes those more than
+ * as binary, its length and XXH3. A set first claims its version with one
+ * conditional update of a counter document ({_id: "params_claimed", v}),
+ * so of setters racing for a version exactly one wins and the others claim
+ * the next (a unique _id alone did not hold on every server: the in-memory
+ * test server let two racing inserts of one _id both in), then inserts it:
+ * every set gets a version of its own, and a document is only ever written
+ * whole (an insert), never changed in place. The newest version is the document; a set prunes those more than
  * WH__PV_KEEP older, and raises params_version in the state document,
  * which every put reads anyway, so a generator learns of a new version
  * without a round trip of its own. */
@@ -43,13 +45,53 @@ static bool wh__params_doc(wh__mongo_t *m, bool only_version, bson_t *doc, bool 
     return ok;
 }
 
-/* The newest version number (0: never set). */
+/* The newest version stored (0: never set). */
 static bool wh__params_newest(wh__mongo_t *m, uint64_t *v, wh_err_t *err) {
     bson_t doc = BSON_INITIALIZER;
     bool found = false;
     bool ok = wh__params_doc(m, true, &doc, &found, err);
     *v = found ? wh__get_u64_or0(&doc, "_id.pv") : 0;
     bson_destroy(&doc);
+    return ok;
+}
+
+/* The last version a setter claimed (0: never set): the counter document
+ * {_id: "params_claimed", v}. */
+static bool wh__params_claimed(wh__mongo_t *m, mongoc_collection_t *c, uint64_t *v, wh_err_t *err) {
+    bson_t q = BSON_INITIALIZER, doc = BSON_INITIALIZER;
+    BSON_APPEND_UTF8(&q, "_id", "params_claimed");
+    bool found = false;
+    bool ok = wh__find_one(m, c, &q, &doc, &found, "read the params version claimed", err);
+    *v = found ? wh__get_u64_or0(&doc, "v") : 0;
+    bson_destroy(&q);
+    bson_destroy(&doc);
+    return ok;
+}
+
+/* Claims version prev + 1: one conditional update of the counter (an
+ * upsert for the first), so of setters racing for it exactly one matches;
+ * the others collide on _id or match nothing. *won says which. */
+static bool wh__params_claim(wh__mongo_t *m, mongoc_collection_t *c, uint64_t prev, bool *won,
+                             wh_err_t *err) {
+    bson_t *sel = BCON_NEW("_id", BCON_UTF8("params_claimed"), "v", BCON_INT64((int64_t)prev));
+    bson_t *upd = BCON_NEW("$set", "{", "v", BCON_INT64((int64_t)prev + 1), "}");
+    bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+    bson_t reply;
+    bson_error_t e;
+    bool ok = true;
+    *won = false;
+    if (mongoc_collection_update_one(c, sel, upd, opts, &reply, &e)) {
+        int64_t matched = 0;
+        wh__get_int(&reply, "matchedCount", &matched);
+        bson_iter_t it;
+        *won = matched > 0 || bson_iter_init_find(&it, &reply, "upsertedId");
+    } else if (!wh__is_dup(&e)) {
+        ok = wh__merr(m, err, &e, "claim params version %llu", (unsigned long long)prev + 1);
+    }
+    bson_destroy(&reply);
+    bson_destroy(sel);
+    bson_destroy(upd);
+    bson_destroy(opts);
     return ok;
 }
 
@@ -61,8 +103,9 @@ bool wh__mongo_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t 
     bool ok = true, stored = false;
     uint64_t v = 0;
     for (int tries = 0; ok && !stored && tries < WH__PV_TRIES; tries++) {
-        ok = wh__params_newest(m, &v, err);
-        if (!ok) break;
+        bool won = false;
+        ok = wh__params_claimed(m, c, &v, err) && wh__params_claim(m, c, v, &won, err);
+        if (!ok || !won) continue; /* another setter took v + 1: the next one */
         v++;
         bson_t d = BSON_INITIALIZER, id;
         BSON_APPEND_DOCUMENT_BEGIN(&d, "_id", &id);
@@ -73,7 +116,7 @@ bool wh__mongo_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t 
         BSON_APPEND_INT64(&d, "x", sum);
         bson_error_t e;
         stored = mongoc_collection_insert_one(c, &d, NULL, NULL, &e);
-        if (!stored && !wh__is_dup(&e)) /* dup: another setter took v; the next one */
+        if (!stored && !wh__is_dup(&e)) /* dup: left by a setter that died after its claim */
             ok = wh__merr(m, err, &e, "set params version %llu", (unsigned long long)v);
         bson_destroy(&d);
     }

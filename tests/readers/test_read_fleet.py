@@ -24,6 +24,7 @@ SECONDS = float(os.environ.get("WH_FLEET_SECONDS", "2"))
 FLOATS = int(os.environ.get("WH_FLEET_FLOATS", str(64 << 10)))
 SWAP_CAP = 4
 STARVE_NICE = 5  # the reader gets a third of a fleet process's CPU share
+FIRST_ITEM_S = 60  # how long past SECONDS a reader may take to its first item
 
 
 def fleet_cfg():
@@ -77,6 +78,12 @@ def read_kind(kind, cfg, seconds, wt, torch):
     t0 = time.monotonic()
     deadline = t0 + seconds
 
+    def going():
+        # SECONDS of reading, and at least until a first item (a starved
+        # DataLoader's workers can take seconds just to start), bounded
+        now = time.monotonic()
+        return now < deadline or (out["items"] == 0 and now < deadline + FIRST_ITEM_S)
+
     def check(ident, data):
         whlib.check_sample(ident.numpy(), data.numpy())
         out["items"] += 1
@@ -87,7 +94,7 @@ def read_kind(kind, cfg, seconds, wt, torch):
             ds = wt.MongoTupleheadDataset(config=cfg, views=kind == "map_views")
             held = None
             i = 0
-            while time.monotonic() < deadline:
+            while going():
                 x, y = ds[i % SWAP_CAP]
                 check(x, y)
                 held = (x, y)  # a training step keeps its batch until the next
@@ -97,19 +104,19 @@ def read_kind(kind, cfg, seconds, wt, torch):
             ds = wt.WireheadIterableDataset(config=cfg, views=kind == "iterable_views")
             it = (torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
                   if kind == "dataloader" else ds)
-            while time.monotonic() < deadline:
+            while going():
                 for item in it:
                     check(item["id"], item["data"])
-                    if time.monotonic() >= deadline:
+                    if not going():
                         break
         elif kind == "loader":
             ld = wt.WireheadLoader(config=cfg, batch_size=2, num_threads=2)
             try:
-                while time.monotonic() < deadline:
+                while going():
                     for b in ld:
                         for r in range(b["id"].shape[0]):
                             check(b["id"][r], b["data"][r])
-                        if time.monotonic() >= deadline:
+                        if not going():
                             break
                 out["gone"] = ld.stats().get("gone")
             finally:
@@ -125,7 +132,7 @@ def read_all(cfg, seconds, kinds):
     prints RESULT {kind: result}. One process: its start is slow under
     load."""
     import faulthandler
-    faulthandler.dump_traceback_later(len(kinds) * (seconds + 60), exit=True)  # a hang says where
+    faulthandler.dump_traceback_later(len(kinds) * (seconds + FIRST_ITEM_S + 60), exit=True)  # a hang says where
     import torch
 
     import wirehead_torch as wt
@@ -157,7 +164,7 @@ def fleet_reads(cfg, generators, fleet_procs, floats, kinds):
         seals0 = store.status()["seals"]
         r = spawn_self("read", json.dumps(cfg), SECONDS, ",".join(kinds))
         try:
-            out, err = r.communicate(timeout=len(kinds) * (SECONDS + 60) + 60)
+            out, err = r.communicate(timeout=len(kinds) * (SECONDS + FIRST_ITEM_S + 60) + 60)
         except subprocess.TimeoutExpired:
             whlib.stop(r)
             raise
