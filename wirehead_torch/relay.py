@@ -216,6 +216,12 @@ class WireheadRelay:
                     log.warning("wirehead relay: %s", e)
                     self._stop.wait(self.poll)
                     continue
+                except _C.LeaseLostError as e:
+                    # the relay we took over from still holds the copy's lease:
+                    # it gives it up as it ends, or it lapses once it is dead
+                    log.warning("wirehead relay: %s; waiting for it to end", e)
+                    self._stop.wait(1.0)
+                    continue
                 if info is not None:
                     n += 1
                     self._say(f"generation {info['generation']}: {info['samples']} samples, "
@@ -231,6 +237,13 @@ class WireheadRelay:
 
     def close(self):
         self._src.close()
+        if self._lock_fd is not None:
+            # the copy's lease goes before the lock: the relay that takes over
+            # next must find the store free
+            try:
+                self._dst.get().resign()
+            except _C.WireheadError:
+                pass
         self._dst.close()
         if self._lock_fd is not None:
             # removed while held (a waiting relay then locks a new file), then let go

@@ -373,6 +373,36 @@ def test_one_relay_per_node(relay_cfg):
                 whlib.stop(p)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_waiting_relay_takes_over_from_one_that_copied(relay_cfg, sig):
+    """A relay that has copied (so holds the copy's lease) is stopped while
+    another waits: the waiting one takes over and copies what comes next."""
+    cfg, path = relay_cfg()
+    src = whlib.open_store(cfg)
+    a = _relay_proc(path)
+    c = None
+    try:
+        whlib.wait_line(a.stderr, "fills", 30)
+        first = _feed(src, 1)
+        local = _local(cfg)
+        whlib.until(lambda: local.current() == first, 60, "the first relay's copy")
+        c = _relay_proc(path)
+        whlib.wait_line(c.stderr, "waiting to take over", 30)
+        assert whlib.stop(a, sig) == 0
+        whlib.wait_line(c.stderr, "fills", 30)
+        after = _feed(src, 2)
+        whlib.until(lambda: local.current() == after or c.poll() is not None, 60,
+                    "the second relay's copy")
+        assert c.poll() is None, whlib.tail(c.stderr)
+        assert whlib.read_generation(local, after, SWAP_CAP) == [(2, p) for p in range(SWAP_CAP)]
+        local.close()
+    finally:
+        for p in (a, c):
+            if p is not None:
+                whlib.stop(p)
+        src.close()
+
+
 def test_local_cache_config():
     base = {"SWAP_CAP": 4, "SAMPLE": ["x"]}
     with pytest.raises(ConfigError, match="LOCAL_CACHE"):
