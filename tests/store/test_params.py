@@ -261,6 +261,10 @@ def test_params_command_and_status(store_cfg, tmp_path, capsys):
         "version": 2, "params": {"noise": 1.5, "name": "warm"}}
     assert cli.main(["params", "--config", str(path), "--set", "noise"]) == 2
     assert "KEY=JSON" in capsys.readouterr().err
+    for bad in ("NaN", "Infinity", "-Infinity"):  # Python's json takes them, JSON does not
+        assert cli.main(["params", "--config", str(path), "--set", f"noise={bad}"]) == 2
+        assert f"{bad} is not a JSON value" in capsys.readouterr().err
+    assert wt.get_params(config=cfg)[0] == 2  # nothing stored
     _fill(cfg, 1.5, 4)
     assert cli.main(["status", "--config", str(path), "--json"]) == 0
     st = json.loads(capsys.readouterr().out)

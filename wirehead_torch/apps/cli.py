@@ -112,8 +112,10 @@ def _cmd_params(args):
             key, sep, text = item.partition("=")
             if not sep or not key:
                 raise ValueError(f"--set {item!r}: give KEY=JSON (e.g. --set noise=0.2)")
+            def no_constant(name, key=key):  # NaN and Infinity are not JSON
+                raise ValueError(f"--set {key}: {name} is not a JSON value; give a number")
             try:
-                params[key] = json.loads(text)
+                params[key] = json.loads(text, parse_constant=no_constant)
             except json.JSONDecodeError as e:
                 raise ValueError(f"--set {key}: {text!r} is not JSON ({e}); a string is "
                                  f"quoted: --set {key}='\"text\"'") from None
