@@ -332,3 +332,21 @@ class RawClient:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+if __name__ == "__main__":
+    # By hand: `python tests/helpers/mongo_server.py [PORT]` serves an empty,
+    # in-memory database on loopback until Ctrl-C (to try the MongoDB store
+    # on one machine; it keeps nothing and is not a production server).
+    import sys
+    srv = MongoTestServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()
+    print(f"in-memory MongoDB test server: {srv.uri} (Ctrl-C ends it, and its data)",
+          flush=True)
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while srv.proc.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
