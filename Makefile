@@ -182,8 +182,9 @@ test-wheel: wheel
 # Style kept by tools: the C tree matches .clang-format, the Python passes
 # ruff with the rules in pyproject.toml.
 CFORMAT_FILES = $(wildcard ext/*.c ext/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
-lint: .venv/.stamp
+lint: .venv/.stamp $(EXT)
 	clang-format --dry-run --Werror $(CFORMAT_FILES)
+	$(PY) tests/helpers/check_layers.py
 	$(PY) -m ruff check wirehead_torch compat tests benchmarks setup.py
 
 test: lint test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2

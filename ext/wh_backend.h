@@ -66,7 +66,7 @@ struct wh_store {
     uint64_t pv_ok_gen; /* newest generation found to qualify */
     uint64_t gp_gen;    /* wh_store_gen_params' last answer, for gp_gen */
     wh_gen_params_t gp;
-    struct wh_pfile *pfile; /* shm: the params side file, mapped (wh_params.c) */
+    struct wh_pfile *pfile; /* shm: the params side file, mapped (wh_pfile.c) */
 };
 
 /* The protocol's shared error texts: every backend reports these cases
@@ -75,15 +75,13 @@ static inline bool wh_store_err_gone(wh_err_t *err, uint64_t gen) {
     return wh_err_set(err, WH_E_GONE, "generation %llu was reclaimed", (unsigned long long)gen);
 }
 
-/* The shm params side file (wh_params.c): the operations the shm backend
+/* The shm params side file (wh_pfile.c): the operations the shm backend
  * puts in its table, and removal by `clean`. */
 bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err);
 bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err);
 bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
 void wh_pfile_close(wh_store_t *st);
 bool wh_pfile_clean(const char *name, wh_err_t *err);
-/* A reader's min_params filter over the read generation (wh_params.c). */
-bool wh_params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 
 /* Backends. */
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
@@ -124,7 +122,7 @@ bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t 
 void wh_mongo_names_free(char **names);
 
 /* One more sample, made under params version v, in a generation's figures
- * (both backends' gen_params count with it; ext/wh_params.c). */
+ * (both backends' gen_params count with it; ext/wh_pfile.c). */
 void wh__gen_params_add(wh_gen_params_t *out, uint64_t v);
 
 #endif

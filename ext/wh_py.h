@@ -1,7 +1,8 @@
 /* Private to the Python bindings (ext/wh_py_*.c): the module state and the
  * helpers the binding files share. One file binds each type (Array, Store,
  * CudaStage, Loader, SharedMap, Xxh3) plus the plan functions; wh_py_module.c holds
- * the module definition, the exception types and the error mapping. Each
+ * the module definition and the exception types, wh_py_util.c the shared
+ * helpers (the error mapping among them). Each
  * binding file adds its types and functions to the module through its
  * wh_py_*_exec, called once from the module's exec slot. */
 #ifndef WH_PY_H

@@ -25,6 +25,8 @@ void wh_store_names_free(char **names) {
 
 /* The fork guard, one meaning for both backends: a handle belongs to the
  * process that opened it (shared locks, a MongoDB client's sockets). */
+static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
+
 static bool wh__here(const wh_store_t *st, wh_err_t *err) {
     if (getpid() != st->pid)
         return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
@@ -94,7 +96,7 @@ bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t 
 
 bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
     if (!wh__here(st, err)) return false;
-    return st->ops->current(st, gen, err) && wh_params_filter_gen(st, gen, err);
+    return st->ops->current(st, gen, err) && wh__params_filter_gen(st, gen, err);
 }
 
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
@@ -290,4 +292,98 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
         if (err) *err = e;
         return false;
     }
+}
+
+/* ---- parameters (docs/params.md): the calls over the backends ---- */
+
+bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
+                         wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (len > WH_PARAMS_MAX)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "params document is %zu bytes, more than the %u bytes a store keeps", len,
+                          WH_PARAMS_MAX);
+    return st->ops->params_set(st, doc, len, version, err);
+}
+
+bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
+                         wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    return st->ops->params_get(st, version, doc, len, err);
+}
+
+bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    return st->ops->params_version(st, version, err);
+}
+
+void wh_store_set_put_params(wh_store_t *st, uint64_t version) { st->put_params = version; }
+
+uint64_t wh_store_last_params(const wh_store_t *st) { return st->last_params; }
+
+void wh_store_set_min_params(wh_store_t *st, uint64_t v) {
+    st->min_params = v;
+    st->pv_gen = 0;
+    st->pv_ok_gen = 0;
+}
+
+static bool wh__meta_only(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
+    WH_UNUSED(ctx);
+    WH_UNUSED(meta);
+    WH_UNUSED(dst);
+    WH_UNUSED(err);
+    return true; /* no destinations: nothing is copied */
+}
+
+bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err) {
+    if (!wh__here(st, err)) return false;
+    if (gen && gen == st->gp_gen) {
+        *out = st->gp;
+        return true;
+    }
+    memset(out, 0, sizeof *out);
+    if (st->ops->gen_params) {
+        if (!st->ops->gen_params(st, gen, out, err)) return false;
+    } else {
+        for (uint32_t pos = 0; pos < st->cfg.swap_cap; pos++) {
+            wh_sample_meta_t meta;
+            wh_err_t e = {0};
+            if (!wh_store_read(st, gen, pos, wh__meta_only, NULL, &meta, &e)) {
+                if (e.code != WH_E_CORRUPT && e.code != WH_E_SCHEMA) {
+                    if (err) *err = e;
+                    return false;
+                }
+                out->skipped++;
+                continue;
+            }
+            wh__gen_params_add(out, meta.params_version);
+        }
+    }
+    st->gp_gen = gen;
+    st->gp = *out;
+    return true;
+}
+
+/* wh_store_current's filter for a reader that asked for min_params: the
+ * newest generation known to qualify (0: none yet). */
+static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
+    uint64_t g = *gen;
+    if (!st->min_params || !g) return true;
+    if (g != st->pv_gen) {
+        wh_gen_params_t gp;
+        wh_err_t e = {0};
+        if (!wh_store_gen_params(st, g, &gp, &e)) {
+            if (e.code != WH_E_GONE && e.code != WH_E_NOTFOUND) {
+                if (err) *err = e;
+                return false;
+            }
+            *gen = st->pv_ok_gen; /* reclaimed meanwhile: ask again next time */
+            return true;
+        }
+        st->pv_gen = g;
+        st->pv_gen_ok = gp.samples && gp.min >= st->min_params;
+        if (st->pv_gen_ok && g > st->pv_ok_gen) st->pv_ok_gen = g;
+    }
+    *gen = st->pv_ok_gen;
+    return true;
 }

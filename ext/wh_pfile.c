@@ -1,6 +1,6 @@
-/* Parameters through the store (docs/params.md): the calls of wh_store.h
- * over the backends, the shm side file, and the per-generation versions
- * read back from the samples' headers.
+/* The shm backend's parameters side file (docs/params.md), and the count of
+ * a generation's params versions both backends make. The store's params
+ * calls over the backends are in wh_store.c.
  *
  * The shm side file /dev/shm/wirehead-params.NAME (never a store's name:
  * those start "wirehead.") holds a header and two slots. A set, under the
@@ -290,105 +290,5 @@ bool wh_pfile_clean(const char *name, wh_err_t *err) {
     snprintf(path, sizeof path, "/dev/shm/wirehead-params.%s", name);
     if (unlink(path) != 0 && errno != ENOENT)
         return wh_err_set(err, WH_E_SYS, "remove %s: %s", path, strerror(errno));
-    return true;
-}
-
-/* ---- the store's calls ---- */
-
-static bool wh__here(const wh_store_t *st, wh_err_t *err) {
-    if (getpid() != st->pid)
-        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
-    return true;
-}
-
-bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
-                         wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
-    if (len > WH_PARAMS_MAX)
-        return wh_err_set(err, WH_E_TOOBIG,
-                          "params document is %zu bytes, more than the %u bytes a store keeps", len,
-                          WH_PARAMS_MAX);
-    return st->ops->params_set(st, doc, len, version, err);
-}
-
-bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
-                         wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
-    return st->ops->params_get(st, version, doc, len, err);
-}
-
-bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
-    return st->ops->params_version(st, version, err);
-}
-
-void wh_store_set_put_params(wh_store_t *st, uint64_t version) { st->put_params = version; }
-
-uint64_t wh_store_last_params(const wh_store_t *st) { return st->last_params; }
-
-void wh_store_set_min_params(wh_store_t *st, uint64_t v) {
-    st->min_params = v;
-    st->pv_gen = 0;
-    st->pv_ok_gen = 0;
-}
-
-static bool wh__meta_only(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
-    WH_UNUSED(ctx);
-    WH_UNUSED(meta);
-    WH_UNUSED(dst);
-    WH_UNUSED(err);
-    return true; /* no destinations: nothing is copied */
-}
-
-bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
-    if (gen && gen == st->gp_gen) {
-        *out = st->gp;
-        return true;
-    }
-    memset(out, 0, sizeof *out);
-    if (st->ops->gen_params) {
-        if (!st->ops->gen_params(st, gen, out, err)) return false;
-    } else {
-        for (uint32_t pos = 0; pos < st->cfg.swap_cap; pos++) {
-            wh_sample_meta_t meta;
-            wh_err_t e = {0};
-            if (!wh_store_read(st, gen, pos, wh__meta_only, NULL, &meta, &e)) {
-                if (e.code != WH_E_CORRUPT && e.code != WH_E_SCHEMA) {
-                    if (err) *err = e;
-                    return false;
-                }
-                out->skipped++;
-                continue;
-            }
-            wh__gen_params_add(out, meta.params_version);
-        }
-    }
-    st->gp_gen = gen;
-    st->gp = *out;
-    return true;
-}
-
-/* wh_store_current's filter for a reader that asked for min_params: the
- * newest generation known to qualify (0: none yet). */
-bool wh_params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
-    uint64_t g = *gen;
-    if (!st->min_params || !g) return true;
-    if (g != st->pv_gen) {
-        wh_gen_params_t gp;
-        wh_err_t e = {0};
-        if (!wh_store_gen_params(st, g, &gp, &e)) {
-            if (e.code != WH_E_GONE && e.code != WH_E_NOTFOUND) {
-                if (err) *err = e;
-                return false;
-            }
-            *gen = st->pv_ok_gen; /* reclaimed meanwhile: ask again next time */
-            return true;
-        }
-        st->pv_gen = g;
-        st->pv_gen_ok = gp.samples && gp.min >= st->min_params;
-        if (st->pv_gen_ok && g > st->pv_ok_gen) st->pv_ok_gen = g;
-    }
-    *gen = st->pv_ok_gen;
     return true;
 }

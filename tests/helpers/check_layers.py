@@ -1,0 +1,92 @@
+"""`make lint`: the C core has no circles. Reads which ext/ file defines
+and which calls each external symbol (nm over the extension's objects) and
+fails naming every group of files that call each other round in a circle.
+
+Usage: check_layers.py [OBJDIR]  (default: the in-place build's objects)
+"""
+import glob
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _symbols(obj):
+    """(defined, undefined) global symbols of one object file."""
+    out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "TDBR":
+            defined.add(parts[2])
+        elif len(parts) == 2 and parts[0] == "U":
+            undefined.add(parts[1])
+    return defined, undefined
+
+
+def graph(objdir):
+    """{file: [files whose functions it calls]} over ext/*.c."""
+    files = {}
+    for src in sorted(glob.glob(os.path.join(ROOT, "ext", "*.c"))):
+        name = os.path.basename(src)[:-2]
+        obj = os.path.join(objdir, name + ".o")
+        if not os.path.exists(obj) or os.path.getmtime(obj) < os.path.getmtime(src):
+            sys.exit(f"check_layers: {obj} is missing or older than {src}; build first "
+                     f"(make build)")
+        files[name] = _symbols(obj)
+    owner = {s: n for n, (d, _) in files.items() for s in d}
+    return {n: sorted({owner[s] for s in u if owner.get(s, n) != n})
+            for n, (_, u) in files.items()}
+
+
+def circles(g):
+    """Groups of two or more files that reach each other (Tarjan's SCC)."""
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def main():
+    objdirs = sys.argv[1:] or glob.glob(os.path.join(ROOT, "build", "temp.*", "ext"))
+    if not objdirs:
+        sys.exit("check_layers: no build/temp.*/ext objects; build first (make build)")
+    g = graph(objdirs[0])
+    found = circles(g)
+    for group in found:
+        print("ext/ files that call each other in a circle: " + ", ".join(group),
+              file=sys.stderr)
+        for f in group:
+            print(f"  {f}.c calls {[t for t in g[f] if t in group]}", file=sys.stderr)
+    if found:
+        sys.exit(1)
+    print(f"check_layers: {len(g)} C files, no circles")
+
+
+if __name__ == "__main__":
+    main()
