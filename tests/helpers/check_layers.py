@@ -1,9 +1,12 @@
-"""`make lint`: the C core has no circles. Reads which ext/ file defines
-and which calls each external symbol (nm over the extension's objects) and
-fails naming every group of files that call each other round in a circle.
+"""`make lint`: no circles in the house. For the C core, reads which ext/
+file defines and which calls each external symbol (nm over the extension's
+objects); for the package, which module imports which (at any depth of the
+code, the package's lazy top-level names aside). Fails naming every group
+of files that call or import each other round in a circle.
 
 Usage: check_layers.py [OBJDIR]  (default: the in-place build's objects)
 """
+import ast
 import glob
 import os
 import subprocess
@@ -38,6 +41,34 @@ def graph(objdir):
     owner = {s: n for n, (d, _) in files.items() for s in d}
     return {n: sorted({owner[s] for s in u if owner.get(s, n) != n})
             for n, (_, u) in files.items()}
+
+
+def py_graph():
+    """{module: [package modules it imports]} over wirehead_torch/."""
+    mods = {}
+    for p in glob.glob(os.path.join(ROOT, "wirehead_torch", "**", "*.py"), recursive=True):
+        rel = os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
+        mods[rel.removesuffix(".__init__")] = p
+    g = {}
+    for m, p in mods.items():
+        pkg = m if p.endswith("__init__.py") else m.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(open(p).read(), p)):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    deps.add(full if full in mods else base)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        # the package's names are lazy (resolved on first use), so importing
+        # them from a library module is no circle; only the apps do
+        deps.discard("wirehead_torch")
+        g[m] = sorted(d for d in deps if d in mods and d != m)
+    return g
 
 
 def circles(g):
@@ -76,16 +107,18 @@ def main():
     objdirs = sys.argv[1:] or glob.glob(os.path.join(ROOT, "build", "temp.*", "ext"))
     if not objdirs:
         sys.exit("check_layers: no build/temp.*/ext objects; build first (make build)")
-    g = graph(objdirs[0])
-    found = circles(g)
-    for group in found:
-        print("ext/ files that call each other in a circle: " + ", ".join(group),
-              file=sys.stderr)
-        for f in group:
-            print(f"  {f}.c calls {[t for t in g[f] if t in group]}", file=sys.stderr)
-    if found:
+    bad = False
+    for what, g, verb in (("ext/ files", graph(objdirs[0]), "calls"),
+                          ("wirehead_torch modules", py_graph(), "imports")):
+        for group in circles(g):
+            bad = True
+            print(f"{what} that {verb.rstrip('s')} each other in a circle: " + ", ".join(group),
+                  file=sys.stderr)
+            for f in group:
+                print(f"  {f} {verb} {[t for t in g[f] if t in group]}", file=sys.stderr)
+        print(f"check_layers: {len(g)} {what}, " + ("circles above" if bad else "no circles"))
+    if bad:
         sys.exit(1)
-    print(f"check_layers: {len(g)} C files, no circles")
 
 
 if __name__ == "__main__":
