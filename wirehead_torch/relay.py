@@ -73,9 +73,11 @@ class WireheadRelay:
     positions and checksummed bytes) and seals it locally. A generation
     MongoDB reclaims while it is copied is abandoned for the newest. One
     relay per node: a second one waits for the first to end
-    (``wait=False``: raises RelayBusyError instead)."""
+    (``wait=False``: raises RelayBusyError instead). ``quiet=True``: no
+    line per copied generation (the start line and warnings stay)."""
 
-    def __init__(self, config_path=None, config=None, poll=0.05, wait=True, out=None):
+    def __init__(self, config_path=None, config=None, poll=0.05, wait=True, out=None,
+                 quiet=False):
         self.cfg = get_config(config_path, config)
         if not self.cfg["LOCAL_CACHE"]:
             raise ConfigError(f"{self.cfg.source}: a relay needs LOCAL_CACHE (shm://NAME or "
@@ -84,6 +86,7 @@ class WireheadRelay:
         self.poll = float(poll)
         self.wait = wait
         self.out = out
+        self.quiet = bool(quiet)
         self._src = ProcessStore(self.cfg)
         self._dst = ProcessStore(self.cfg, local=True)
         self._lock_fd = None
@@ -95,7 +98,11 @@ class WireheadRelay:
                         "started": time.time(), "updated": time.time()}
         self._written = 0.0
 
-    def _say(self, text):
+    def _say(self, text, every=False):
+        """A line to the log (and out); every: one of those said per
+        generation, which quiet drops."""
+        if every and self.quiet:
+            return
         log.info("wirehead relay: %s", text)
         if self.out is not None:
             print(text, file=self.out, flush=True)
@@ -172,6 +179,7 @@ class WireheadRelay:
             newest = src.current()
         have = dst.current()
         fig = self.figures
+        fig.pop("last_error", None)
         fig["source_gen"], fig["local_gen"] = newest, have
         fig["lag_generations"] = max(0, newest - have) if have else (1 if newest else 0)
         if not newest or newest <= have:
@@ -184,7 +192,7 @@ class WireheadRelay:
         except _C.GenerationGoneError:
             fig["abandoned"] += 1  # reclaimed while copied: the newest next
             self._say(f"generation {newest} was reclaimed in MongoDB while copied; "
-                      f"taking the newest")
+                      f"taking the newest", every=True)
             return None
         fig["generations"] += 1
         fig["bytes"] += info["bytes"]
@@ -204,12 +212,16 @@ class WireheadRelay:
                 return 0
             self._say(f"pid {os.getpid()} fills {self.local} from "
                       f"{redact(self.cfg['STORE'])}")
-            self._write_figures(force=True)
+            # the figures file is written from the first look at MongoDB on:
+            # a relay that fails before it leaves the last relay's figures
             while not self._stop:
                 try:
                     info = self.step()
                 except (_C.StoreUnavailableError, _C.NotFoundError) as e:
                     log.warning("wirehead relay: %s; retrying", e)
+                    # status tells a live relay that cannot reach MongoDB from a dead one
+                    self.figures["last_error"] = str(e)
+                    self._write_figures()
                     self._stop.wait(1.0)
                     continue
                 except _C.PinLimitError as e:  # readers pin the areas: try again
@@ -225,7 +237,8 @@ class WireheadRelay:
                 if info is not None:
                     n += 1
                     self._say(f"generation {info['generation']}: {info['samples']} samples, "
-                              f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s")
+                              f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s",
+                              every=True)
                     if max_generations is not None and n >= max_generations:
                         break
                     continue  # a newer one may be sealed already

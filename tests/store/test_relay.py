@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 
 import wirehead_torch as wt
 from wirehead_torch._arrays import to_store_arrays
+from wirehead_torch.apps import cli
 from wirehead_torch.config import ConfigError, local_cache_uri, resolve
 
 import whlib
@@ -425,3 +427,42 @@ def test_local_cache_config():
     assert len(names) == 2  # two "nodes" on one host keep apart
     other = resolve(dict(base, STORE="mongodb://h/db2", LOCAL_CACHE="auto"))
     assert local_cache_uri(other) != local_cache_uri(cfg)
+
+
+def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg):
+    """--quiet drops the line per copied generation, not the start line; a
+    relay that cannot reach MongoDB says in its figures (so in status) that
+    it lives and why it copies nothing."""
+    cfg, path = relay_cfg()
+    src = whlib.open_store(cfg)
+    try:
+        gen = _feed(src, 1)
+        r = _relay_proc(path, "--quiet", "--max-generations", "1")
+        assert r.wait(60) == 0
+        err = r.stderr.read()
+        assert "fills" in err and f"generation {gen}:" not in err, err
+        fig = wt.relay.relay_figures(cfg)
+        assert fig["generations"] == 1 and fig["local_gen"] == gen, fig
+        assert fig["bytes"] > 0
+        # the same node's copy, its MongoDB gone: nothing listens on the port
+        dead = dict(cfg, STORE=f"mongodb://127.0.0.1:{whlib.free_port()}/x", CONNECT_TIMEOUT=1)
+        relay = wt.WireheadRelay(config=dead)
+        t = threading.Thread(target=relay.run, daemon=True)
+        t.start()
+        try:
+            whlib.until(lambda: (wt.relay.relay_figures(cfg) or {}).get("last_error"), 60,
+                        "the unreachable relay's figures")
+            fig = wt.relay.relay_figures(cfg)
+            assert fig["running"] and fig["pid"] == os.getpid(), fig
+            assert fig["generations"] == 0 and "127.0.0.1" in fig["last_error"], fig
+            text = "\n".join(cli._fmt_local({"relay": fig, "store": cfg["LOCAL_CACHE"],
+                                              "node": "n", "read_gen": 0,
+                                              "lag_generations": 0, "readers": []}, {}))
+            assert "relay error" in text and "retrying" in text, text
+        finally:
+            relay.stop()
+            t.join(30)
+            relay.close()
+        assert not t.is_alive()
+    finally:
+        src.close()

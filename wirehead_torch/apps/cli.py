@@ -88,6 +88,8 @@ def _fmt_local(loc, st):
     out.append(f"  relay          {state}: {r['generations']} generations mirrored, "
                f"{r['bytes'] / 2**20:.2f} MiB pulled from MongoDB"
                + (f", last pull {r['last_pull_s']:.3f}s, mean {mean:.3f}s" if mean else ""))
+    if r["running"] and r.get("last_error"):
+        out.append(f"  relay error    {r['last_error']} (retrying)")
     return out
 
 
@@ -156,7 +158,8 @@ def _cmd_status(args):
 
 def _cmd_relay(args):
     from ..relay import WireheadRelay
-    with WireheadRelay(config_path=args.config, wait=not args.no_wait) as r:  # logs to stderr
+    with WireheadRelay(config_path=args.config, wait=not args.no_wait,
+                       quiet=args.quiet) as r:  # logs to stderr
         r.run(max_generations=args.max_generations)
     return 0
 
@@ -232,6 +235,8 @@ def main(argv=None):
                    help="stop after copying this many generations")
     r.add_argument("--no-wait", action="store_true",
                    help="exit if another relay fills this node's store (default: wait)")
+    r.add_argument("--quiet", action="store_true",
+                   help="no line per copied generation (start line and warnings stay)")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     _config_arg(c)
     pa = sub.add_parser("params", help="show or change the params generators read "
