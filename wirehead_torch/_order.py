@@ -184,11 +184,17 @@ def check_ignore_fits(dtype, value, name):
                          f"{dtype}; pass an ignore_index that does, or pad='repeat'")
 
 
+def warn_skipped(where, n, last):
+    """The one warning for corrupt samples the read policy skipped: n of
+    them, the last one's reason; a neighbour stands in as padding."""
+    log.warning("%s: skipped %d corrupt sample(s); a neighbour stands in as padding: %s",
+                where, n, last)
+
+
 def log_skips(info, seen, where):
-    """Logs corrupt samples skipped since the last call; returns the count."""
+    """Warns of corrupt samples skipped since the last call; returns the count."""
     n = info["corrupt"]
     if n > seen:
-        log.warning("%s: skipped %d corrupt sample(s) (replaced by padding): %s", where,
-                    n - seen, info["last_skip"])
+        warn_skipped(where, n - seen, info["last_skip"])
     return n
 

@@ -7,9 +7,9 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
+from ._reader import wait_for_generation
 from ._store import ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
-from .dataset import wait_for_generation
 
 _REFRESH = {"epoch": 0, "step": 1}
 _ITER_LOCK = threading.Lock()  # guards WireheadLoader._active only
