@@ -295,15 +295,9 @@ bool wh_pfile_clean(const char *name, wh_err_t *err) {
 
 /* ---- the store's calls ---- */
 
-static bool wh__here(const wh_store_t *st, wh_err_t *err) {
-    if (getpid() != st->pid)
-        return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
-    return true;
-}
-
 bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
                          wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (len > WH_PARAMS_MAX)
         return wh_err_set(err, WH_E_TOOBIG,
                           "params document is %zu bytes, more than the %u bytes a store keeps", len,
@@ -313,12 +307,12 @@ bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *
 
 bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
                          wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->params_get(st, version, doc, len, err);
 }
 
 bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->params_version(st, version, err);
 }
 
@@ -341,7 +335,7 @@ static bool wh__meta_only(void *ctx, const wh_sample_meta_t *meta, void **dst, w
 }
 
 bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (gen && gen == st->gp_gen) {
         *out = st->gp;
         return true;

@@ -23,9 +23,7 @@ void wh_store_names_free(char **names) {
     if (names) wh_mongo_names_free(names);
 }
 
-/* The fork guard, one meaning for both backends: a handle belongs to the
- * process that opened it (shared locks, a MongoDB client's sockets). */
-static bool wh__here(const wh_store_t *st, wh_err_t *err) {
+bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
     if (getpid() != st->pid)
         return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
     return true;
@@ -73,33 +71,33 @@ void wh_store_destroy(wh_store_t *st) {
 
 bool wh_store_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                   wh_put_status_t *status, uint64_t *gen, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->put(st, arr, n, wait_ms, status, gen, err);
 }
 
 bool wh_store_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->lead(st, leader, err);
 }
 
 bool wh_store_resign(wh_store_t *st, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->resign(st, err);
 }
 
 bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->seal(st, sealed, info, err);
 }
 
 bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->current(st, gen, err) && wh_params_filter_gen(st, gen, err);
 }
 
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                    wh_sample_meta_t *meta, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (pos >= st->cfg.swap_cap)
         return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
                           st->cfg.swap_cap);
@@ -109,7 +107,7 @@ bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, vo
 }
 
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->status(st, out, err);
 }
 
@@ -172,7 +170,7 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, co
 
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (!st->ops->view)
         return wh_err_set(err, WH_E_INVALID,
                           "store-backed views need an shm:// store; %s "
@@ -198,7 +196,7 @@ static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint32_t lost, u
                         uint32_t pos, wh_sample_meta_t *meta, wh_err_t *err) {
     if (a->view) return wh_store_view(st, gen, pos, a->view, meta, err);
     if (lost >= WH_READ_HOLD_AFTER && st->ops->read_held) {
-        if (!wh__here(st, err)) return false;
+        if (!wh_store_here(st, err)) return false;
         wh_err_t e = {0};
         if (st->ops->read_held(st, gen, pos, a->fn, a->ctx, meta, &e)) return true;
         if (e.code != WH_E_PINNED) {
