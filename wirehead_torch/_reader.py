@@ -164,3 +164,15 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
         f"themselves) or a manager (wirehead-torch manager --config ...), or wait longer "
         f"({longer})"
         f"{original_layout_hint(cfg)}") from None
+
+
+def step_generation(store, gen, refresh):
+    """The generation the next step reads: with refresh='step' the newest
+    sealed one, where it is newer than gen (during an outage gen stays: the
+    read policy waits it out); with refresh='epoch' gen."""
+    if refresh != "step":
+        return gen
+    try:
+        return max(gen, store.current())
+    except _C.StoreUnavailableError:
+        return gen

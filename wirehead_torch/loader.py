@@ -5,7 +5,7 @@ import torch
 
 from . import _C
 from ._arrays import to_output
-from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
+from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
 from ._reader import wait_for_generation
 from ._store import PerProcess, ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
@@ -70,7 +70,7 @@ class WireheadLoader:
 
     def __len__(self):
         # from the plan each time: the rank may be known only once iterating
-        return _C.plan_info(**self._plan())["rank_batches"]
+        return plan_sizes(self._plan())["rank_batches"]
 
     def set_epoch(self, epoch):
         """The next iteration runs this epoch. A state loaded for the same
