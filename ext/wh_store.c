@@ -32,8 +32,7 @@ bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
-    if (cfg->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
+    if (!wh_swap_cap_check(cfg->swap_cap, "SWAP_CAP", err)) return NULL;
     if (wh__is(cfg->uri, "shm://"))
         st = wh_shm_open(cfg, err);
     else if (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://"))
