@@ -85,6 +85,9 @@ bool wh_pfile_clean(const char *name, wh_err_t *err);
 /* The fork guard, one meaning for every call on a handle: it belongs to
  * the process that opened it (shared locks, a MongoDB client's sockets). */
 bool wh_store_here(const wh_store_t *st, wh_err_t *err);
+/* The read position check every read path calls (copy, view, the read
+ * policy, MongoDB's encoded read): pos must be below SWAP_CAP. */
+bool wh_store_pos_check(const wh_store_t *st, uint32_t pos, wh_err_t *err);
 /* A reader's min_params filter over the read generation (wh_params.c). */
 bool wh_params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 

@@ -29,6 +29,13 @@ bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
     return true;
 }
 
+bool wh_store_pos_check(const wh_store_t *st, uint32_t pos, wh_err_t *err) {
+    if (pos >= st->cfg.swap_cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
+                          st->cfg.swap_cap);
+    return true;
+}
+
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
@@ -97,9 +104,7 @@ bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                    wh_sample_meta_t *meta, wh_err_t *err) {
     if (!wh_store_here(st, err)) return false;
-    if (pos >= st->cfg.swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          st->cfg.swap_cap);
+    if (!wh_store_pos_check(st, pos, err)) return false;
     if (!st->ops->read(st, gen, pos, fn, ctx, meta, err)) return false;
     if (meta) st->last_params = meta->params_version;
     return true;
@@ -175,9 +180,7 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                           "store-backed views need an shm:// store; %s "
                           "stores are read as copies",
                           st->ops->scheme);
-    if (pos >= st->cfg.swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          st->cfg.swap_cap);
+    if (!wh_store_pos_check(st, pos, err)) return false;
     return st->ops->view(st, gen, pos, out, meta, err);
 }
 
@@ -246,9 +249,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     at->pad = false;
     at->gone = at->corrupt = 0;
     at->last_skip[0] = 0;
-    if (cap == 0 || at->pos >= cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u", at->pos,
-                          cap);
+    if (!wh_store_pos_check(st, at->pos, err)) return false;
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     /* Ends: each lost race waits (up to timeout_s) for a generation other
      * than the lost one, so the loop goes on only while the store keeps
