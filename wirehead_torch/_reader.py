@@ -95,9 +95,11 @@ def _waiting_for(store, cfg, newer_than=0, min_params=0):
 
 
 def _absent_note(cfg):
-    return (f"shm store {redact(cfg['STORE'])} to be created: with BYTE_BUDGET auto the first "
-            f"generator's first sample creates it" if str(cfg["STORE"]).startswith("shm://")
-            else f"store {redact(cfg['STORE'])} to be created ({_not_created(cfg)})")
+    return (f"shm store {redact(cfg['STORE'])} to be created (it does not exist yet: with "
+            f"BYTE_BUDGET auto the first generator's first sample creates it)"
+            if str(cfg["STORE"]).startswith("shm://")
+            else f"store {redact(cfg['STORE'])} to be created (it does not exist yet: "
+                 f"{_not_created(cfg)})")
 
 
 def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop=None,
