@@ -43,6 +43,13 @@ bool wh_err_prefix(wh_err_t *err, const char *fmt, ...) {
     return false;
 }
 
+bool wh_swap_cap_check(uint64_t n, const char *what, wh_err_t *err) {
+    if (n < WH_SWAP_CAP_MIN || n > WH_SWAP_CAP_MAX)
+        return wh_err_set(err, WH_E_INVALID, "%s must be between %u and 2**30 (%u), got %llu", what,
+                          WH_SWAP_CAP_MIN, WH_SWAP_CAP_MAX, (unsigned long long)n);
+    return true;
+}
+
 void wh_err_clear(wh_err_t *err) {
     if (err) {
         err->code = WH_OK;

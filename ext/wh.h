@@ -15,6 +15,16 @@
 #define WH_MAX_NAME 64
 #define WH_ERR_LEN 512
 
+/* SWAP_CAP, positions per generation: the one range every C guard checks
+ * (config.py reads it as _C.SWAP_CAP_MAX). 2**30 keeps positions, and
+ * their sums over the 4 areas, well inside uint32. */
+#define WH_SWAP_CAP_MIN 1u
+#define WH_SWAP_CAP_MAX (1u << 30)
+/* BYTE_BUDGET, bytes per generation area: 0 is auto (a put sizes the shm
+ * store from its sample); a set one is at least the store's least area. */
+#define WH_BYTE_BUDGET_AUTO 0u
+#define WH_BYTE_BUDGET_MIN 4096u
+
 /* Error codes; the module glue maps each to a Python exception class. */
 typedef enum {
     WH_OK = 0,
@@ -48,6 +58,10 @@ bool wh_err_set(wh_err_t *err, wh_code_t code, const char *fmt, ...)
 /* Prepends context: "ctx: <old message>". Keeps the code. Returns false. */
 bool wh_err_prefix(wh_err_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void wh_err_clear(wh_err_t *err);
+/* The SWAP_CAP range check (WH_SWAP_CAP_MIN..MAX) every C guard calls:
+ * false with err (WH_E_INVALID) naming what (the key, or the plan's field)
+ * and the value. */
+bool wh_swap_cap_check(uint64_t n, const char *what, wh_err_t *err);
 
 /* Element types. Codes are stored on disk/shm: never renumber. */
 typedef enum {

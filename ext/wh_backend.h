@@ -82,6 +82,18 @@ bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh
 bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
 void wh_pfile_close(wh_store_t *st);
 bool wh_pfile_clean(const char *name, wh_err_t *err);
+/* The fork guard, one meaning for every call on a handle: it belongs to
+ * the process that opened it (shared locks, a MongoDB client's sockets). */
+bool wh_store_here(const wh_store_t *st, wh_err_t *err);
+/* The read position check every read path calls (copy, view, the read
+ * policy, MongoDB's encoded read): pos must be below SWAP_CAP. Inline: the
+ * backends call it, and they call nothing of wh_store.c. */
+static inline bool wh_store_pos_check(const wh_store_t *st, uint32_t pos, wh_err_t *err) {
+    if (pos >= st->cfg.swap_cap)
+        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
+                          st->cfg.swap_cap);
+    return true;
+}
 
 /* Backends. */
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);

@@ -129,9 +129,7 @@ static bool wh__read_impl(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn
                           wh_raw_fn raw, wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     const wh_schema_t *schema = &st->cfg.schema;
-    if (pos >= st->cfg.swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          st->cfg.swap_cap);
+    if (!wh_store_pos_check(st, pos, err)) return false;
     if (gen == 0 || gen > m->known_read) {
         wh__state_t s;
         if (!wh__state_get(m, true, &s, NULL, err)) return false;

@@ -86,9 +86,7 @@ uint32_t wh_plan_perm(uint32_t n, uint64_t seed, uint64_t epoch, bool shuffle, u
 
 bool wh_plan_check(const wh_plan_t *p, wh_err_t *err) {
     if (!p) return wh_err_set(err, WH_E_INVALID, "sample plan: no plan given");
-    if (p->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID,
-                          "sample plan: swap_cap (SWAP_CAP) must be >= 1, got %u", p->swap_cap);
+    if (!wh_swap_cap_check(p->swap_cap, "sample plan: swap_cap (SWAP_CAP)", err)) return false;
     if (p->world < 1)
         return wh_err_set(err, WH_E_INVALID, "sample plan: world (WORLD_SIZE) must be >= 1, got %u",
                           p->world);

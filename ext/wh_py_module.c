@@ -72,7 +72,11 @@ static int wh__exec(PyObject *m) {
         PyModule_AddIntConstant(m, "FORMAT_VERSION", WH_FORMAT_VERSION) ||
         PyModule_AddIntConstant(m, "FAULT_HOOKS", WH_FAULTS_BUILT) ||
         PyModule_AddIntConstant(m, "MAX_FIELDS", WH_MAX_FIELDS) ||
-        PyModule_AddIntConstant(m, "MAX_NDIM", WH_MAX_NDIM))
+        PyModule_AddIntConstant(m, "MAX_NDIM", WH_MAX_NDIM) ||
+        PyModule_AddIntConstant(m, "SWAP_CAP_MIN", WH_SWAP_CAP_MIN) ||
+        PyModule_AddIntConstant(m, "SWAP_CAP_MAX", WH_SWAP_CAP_MAX) ||
+        PyModule_AddIntConstant(m, "BYTE_BUDGET_AUTO", WH_BYTE_BUDGET_AUTO) ||
+        PyModule_AddIntConstant(m, "BYTE_BUDGET_MIN", WH_BYTE_BUDGET_MIN))
         return -1;
     return 0;
 }

@@ -26,7 +26,7 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
                              "create", "min_params", NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     unsigned long swap_cap = 0;
-    unsigned long long byte_budget = 0, chunk_bytes = 4ull << 20; /* 0: auto */
+    unsigned long long byte_budget = WH_BYTE_BUDGET_AUTO, chunk_bytes = 4ull << 20;
     double lease_s = 10.0, connect_timeout_s = 10.0;
     int verify = 1, create = 1;
     unsigned long long min_params = 0;
@@ -42,8 +42,9 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     c->dbname = wh__opt_str(dbname, out->keep);
     c->prefix = wh__opt_str(prefix, out->keep);
     if (PyErr_Occurred()) goto fail;
-    if (swap_cap == 0 || swap_cap > (1ul << 30)) {
-        PyErr_SetString(S->value, "SWAP_CAP must be between 1 and 2**30");
+    wh_err_t range = {0};
+    if (!wh_swap_cap_check(swap_cap, "SWAP_CAP", &range)) {
+        wh_py_raise(S, &range);
         goto fail;
     }
     if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {

@@ -23,11 +23,11 @@ void wh_store_names_free(char **names) {
     if (names) wh_mongo_names_free(names);
 }
 
-/* The fork guard, one meaning for both backends: a handle belongs to the
- * process that opened it (shared locks, a MongoDB client's sockets). */
 static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 
-static bool wh__here(const wh_store_t *st, wh_err_t *err) {
+/* The fork guard, one meaning for both backends: a handle belongs to the
+ * process that opened it (shared locks, a MongoDB client's sockets). */
+bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
     if (getpid() != st->pid)
         return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
     return true;
@@ -36,8 +36,7 @@ static bool wh__here(const wh_store_t *st, wh_err_t *err) {
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
-    if (cfg->swap_cap < 1)
-        return wh_err_set(err, WH_E_INVALID, "SWAP_CAP must be at least 1"), NULL;
+    if (!wh_swap_cap_check(cfg->swap_cap, "SWAP_CAP", err)) return NULL;
     if (wh__is(cfg->uri, "shm://"))
         st = wh_shm_open(cfg, err);
     else if (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://"))
@@ -75,43 +74,41 @@ void wh_store_destroy(wh_store_t *st) {
 
 bool wh_store_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                   wh_put_status_t *status, uint64_t *gen, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->put(st, arr, n, wait_ms, status, gen, err);
 }
 
 bool wh_store_lead(wh_store_t *st, bool *leader, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->lead(st, leader, err);
 }
 
 bool wh_store_resign(wh_store_t *st, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->resign(st, err);
 }
 
 bool wh_store_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->seal(st, sealed, info, err);
 }
 
 bool wh_store_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->current(st, gen, err) && wh__params_filter_gen(st, gen, err);
 }
 
 bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                    wh_sample_meta_t *meta, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
-    if (pos >= st->cfg.swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          st->cfg.swap_cap);
+    if (!wh_store_here(st, err)) return false;
+    if (!wh_store_pos_check(st, pos, err)) return false;
     if (!st->ops->read(st, gen, pos, fn, ctx, meta, err)) return false;
     if (meta) st->last_params = meta->params_version;
     return true;
 }
 
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->status(st, out, err);
 }
 
@@ -174,15 +171,13 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, co
 
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (!st->ops->view)
         return wh_err_set(err, WH_E_INVALID,
                           "store-backed views need an shm:// store; %s "
                           "stores are read as copies",
                           st->ops->scheme);
-    if (pos >= st->cfg.swap_cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range (SWAP_CAP=%u)", pos,
-                          st->cfg.swap_cap);
+    if (!wh_store_pos_check(st, pos, err)) return false;
     return st->ops->view(st, gen, pos, out, meta, err);
 }
 
@@ -200,7 +195,7 @@ static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint32_t lost, u
                         uint32_t pos, wh_sample_meta_t *meta, wh_err_t *err) {
     if (a->view) return wh_store_view(st, gen, pos, a->view, meta, err);
     if (lost >= WH_READ_HOLD_AFTER && st->ops->read_held) {
-        if (!wh__here(st, err)) return false;
+        if (!wh_store_here(st, err)) return false;
         wh_err_t e = {0};
         if (st->ops->read_held(st, gen, pos, a->fn, a->ctx, meta, &e)) return true;
         if (e.code != WH_E_PINNED) {
@@ -251,9 +246,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     at->pad = false;
     at->gone = at->corrupt = 0;
     at->last_skip[0] = 0;
-    if (cap == 0 || at->pos >= cap)
-        return wh_err_set(err, WH_E_INVALID, "position %u out of range for SWAP_CAP=%u", at->pos,
-                          cap);
+    if (!wh_store_pos_check(st, at->pos, err)) return false;
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     /* Ends: each lost race waits (up to timeout_s) for a generation other
      * than the lost one, so the loop goes on only while the store keeps
@@ -298,7 +291,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
 
 bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
                          wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (len > WH_PARAMS_MAX)
         return wh_err_set(err, WH_E_TOOBIG,
                           "params document is %zu bytes, more than the %u bytes a store keeps", len,
@@ -308,12 +301,12 @@ bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *
 
 bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len,
                          wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->params_get(st, version, doc, len, err);
 }
 
 bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     return st->ops->params_version(st, version, err);
 }
 
@@ -336,7 +329,7 @@ static bool wh__meta_only(void *ctx, const wh_sample_meta_t *meta, void **dst, w
 }
 
 bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err) {
-    if (!wh__here(st, err)) return false;
+    if (!wh_store_here(st, err)) return false;
     if (gen && gen == st->gp_gen) {
         *out = st->gp;
         return true;

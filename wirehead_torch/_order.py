@@ -110,14 +110,24 @@ class Order:
         d["_inherited"] = _found_rank_world() or self._inherited
         return d
 
-    def plan(self, workers=0, worker=0, batch=0, drop_last=False):
+    def plan(self, workers=0, worker=0, batch=0, drop_last=False, whole_batches=False):
         """Arguments of the C order functions (pad='drop' never pads; the
         batch size still counts batches on resume; drop_last keeps whole
-        batches only)."""
+        batches only, and so does pad='drop' with whole_batches: workers
+        whose items a DataLoader batches must all end on a whole batch)."""
         rank, world = rank_world(self._rank_arg, self._world_arg, self._inherited)
+        drop_last = bool(batch) and (drop_last or (whole_batches and self.pad == "drop"))
         return dict(swap_cap=self.swap_cap, world=world, rank=rank,
                     workers=workers, worker=worker, batch=batch, shuffle=self.shuffle,
-                    seed=self.seed, pad=PAD_CODES[self.pad], drop_last=bool(drop_last))
+                    seed=self.seed, pad=PAD_CODES[self.pad], drop_last=drop_last)
+
+
+def plan_sizes(plan):
+    """What a plan gives (steps per worker; items, batches and padding per
+    rank), counted by the C plan alone (wh_plan.c): len() of every reader
+    asks here."""
+    from . import _C
+    return _C.plan_info(**plan)
 
 
 # Padding above this share of a rank's items in an epoch is logged (once
@@ -137,12 +147,11 @@ def check_yields(plan, what, batch_size=None, drop_last=None):
     """plan_info of plan; a ValueError naming the numbers when it gives a
     worker no item (pad='drop' with fewer samples than readers, or
     drop_last/whole batches with a share smaller than one batch)."""
-    from . import _C
-    info = _C.plan_info(**plan)
+    info = plan_sizes(plan)
     if info["steps"] > 0:
         return info
     pad = [k for k, v in PAD_CODES.items() if v == plan["pad"]][0]
-    share = _C.plan_info(**dict(plan, batch=0, drop_last=False))["steps"]
+    share = plan_sizes(dict(plan, batch=0, drop_last=False))["steps"]
     if share == 0:
         raise ValueError(
             f"{what}: pad='drop' gives no batch: {_shape(plan)}, so each reader's share of "
@@ -184,11 +193,17 @@ def check_ignore_fits(dtype, value, name):
                          f"{dtype}; pass an ignore_index that does, or pad='repeat'")
 
 
+def warn_skipped(where, n, last):
+    """The one warning for corrupt samples the read policy skipped: n of
+    them, the last one's reason; a neighbour stands in as padding."""
+    log.warning("%s: skipped %d corrupt sample(s); a neighbour stands in as padding: %s",
+                where, n, last)
+
+
 def log_skips(info, seen, where):
-    """Logs corrupt samples skipped since the last call; returns the count."""
+    """Warns of corrupt samples skipped since the last call; returns the count."""
     n = info["corrupt"]
     if n > seen:
-        log.warning("%s: skipped %d corrupt sample(s) (replaced by padding): %s", where,
-                    n - seen, info["last_skip"])
+        warn_skipped(where, n - seen, info["last_skip"])
     return n
 

@@ -17,6 +17,36 @@ def shm_path(cfg):
     return f"/dev/shm/wirehead.{uri[len('shm://'):]}" if uri.startswith("shm://") else None
 
 
+class PerProcess:
+    """A handle of the process that opened it, the one fork guard of the
+    Python side: a forked child (or an unpickled copy) sees none and opens
+    its own, and only the opener closes it (shared locks, sockets)."""
+
+    __slots__ = ("obj", "pid")
+
+    def __init__(self):
+        self.obj = None
+        self.pid = None
+
+    def get(self):
+        """The handle, or None where this process has not opened one."""
+        return self.obj if self.obj is not None and self.pid == os.getpid() else None
+
+    def keep(self, obj):
+        self.obj, self.pid = obj, os.getpid()
+        return obj
+
+    def drop(self):
+        """Forgets the handle; returns it where this process opened it (to
+        close), else None."""
+        obj = self.get()
+        self.obj = self.pid = None
+        return obj
+
+    def __reduce__(self):
+        return PerProcess, ()  # a handle never crosses a pickle
+
+
 class ProcessStore:
     """Opens the store lazily, once per process (DataLoader workers and
     forked children get their own handle).
@@ -33,9 +63,12 @@ class ProcessStore:
         self.local = local  # a reader's: the node-local copy under LOCAL_CACHE
         # readers: generations made entirely under params >= this only
         self.min_params = min_params
-        self._st = None
-        self._pid = None
+        self._h = PerProcess()
         self._noted = False
+
+    @property
+    def _st(self):
+        return self._h.get()
 
     def note_created(self, say=None):
         """Says, once, what an shm store this process created reserves in
@@ -61,26 +94,26 @@ class ProcessStore:
 
     def get(self):
         """This process's handle."""
-        if self._st is None or self._pid != os.getpid():
+        st = self._h.get()
+        if st is None:
             with secrets_hidden(self.cfg["STORE"]):  # a C error may quote the URI
                 kw = store_kwargs(self.cfg, self.create, self.local)
                 if self.min_params:
                     kw["min_params"] = self.min_params
-                self._st = _C.Store(**kw)
-            self._pid = os.getpid()
+                st = self._h.keep(_C.Store(**kw))
             self._noted = False
             if self.cfg["BYTE_BUDGET"] is not None:
                 self.note_created()
-        return self._st
+        return st
 
     def close(self):
-        if self._st is not None and self._pid == os.getpid():
-            self._st.close()
-        self._st = None
+        st = self._h.drop()
+        if st is not None:
+            st.close()
 
     def __getstate__(self):
         return {"cfg": self.cfg, "create": self.create, "local": self.local,
-                "min_params": self.min_params, "_st": None, "_pid": None, "_noted": False}
+                "min_params": self.min_params, "_h": PerProcess(), "_noted": False}
 
 
 def check_min_params(value):

@@ -19,6 +19,8 @@ from urllib.parse import unquote
 
 import yaml
 
+from . import _C
+
 
 class ConfigError(ValueError):
     """A config value (or the config file) is not usable; the message names
@@ -63,9 +65,9 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000 ** 2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30,
           "t": 1 << 40, "tib": 1 << 40}
 
-# The bounds the C side takes (the Store arguments): SWAP_CAP 1..2**30; byte
-# counts fit in uint64 with headroom; timeouts below 1e6 s.
-_INT_RANGES = {"SWAP_CAP": (1, 1 << 30), "PORT": (1, 65535)}
+# The bounds the C side takes (the Store arguments): SWAP_CAP's range is the
+# C one (wh.h); byte counts fit in uint64 with headroom; timeouts below 1e6 s.
+_INT_RANGES = {"SWAP_CAP": (_C.SWAP_CAP_MIN, _C.SWAP_CAP_MAX), "PORT": (1, 65535)}
 # (least, most); all must be positive. CHUNKSIZE (MiB): a chunk document
 # must fit MongoDB's 16 MiB limit, and tiny chunks make reads of millions.
 _NUM_RANGES = {"LEASE_SECONDS": (0, 1e6), "READ_TIMEOUT": (0, 1e6),
@@ -188,9 +190,9 @@ def _check_value(key, v, where):
         if _is_auto(v):
             return None
         n = parse_bytes(v, key, where)
-        if n < 4096:  # the shm store's least area
-            raise ConfigError(f"{where}: BYTE_BUDGET must be at least 4096 bytes (or auto), "
-                              f"got {v!r}")
+        if n < _C.BYTE_BUDGET_MIN:  # the shm store's least area
+            raise ConfigError(f"{where}: BYTE_BUDGET must be at least {_C.BYTE_BUDGET_MIN} "
+                              f"bytes (or auto), got {v!r}")
         return n
     if key in ("VERIFY_READS", "SELF_SEAL"):
         if not isinstance(v, bool):
@@ -638,9 +640,15 @@ def local_cache_uri(cfg):
     return f"shm://relay-{safe}-{tag}"
 
 
+def budget_arg(byte_budget):
+    """A config's BYTE_BUDGET (None: auto) as the C store takes it."""
+    return _C.BYTE_BUDGET_AUTO if byte_budget is None else int(byte_budget)
+
+
 def store_kwargs(cfg, create=True, local=False):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
-    (create=False: open only an existing store). BYTE_BUDGET auto is 0: the
+    (create=False: open only an existing store). BYTE_BUDGET auto is
+    _C.BYTE_BUDGET_AUTO (0): the
     C store then lets only a put create an shm store, sized from its sample.
     local=True: a reader's store, the node-local copy when LOCAL_CACHE is
     set (only its relay creates it)."""
@@ -648,7 +656,7 @@ def store_kwargs(cfg, create=True, local=False):
     uri = local_cache_uri(cfg) if local else None
     if uri:
         return dict(create=create, uri=uri, swap_cap=cfg.swap_cap, fields=list(cfg.sample),
-                    byte_budget=0, chunk_bytes=int(cfg.chunksize * (1 << 20)),
+                    byte_budget=_C.BYTE_BUDGET_AUTO, chunk_bytes=int(cfg.chunksize * (1 << 20)),
                     dbname=cfg.dbname, prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
                     connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
     return dict(
@@ -656,7 +664,7 @@ def store_kwargs(cfg, create=True, local=False):
         uri=cfg.store,
         swap_cap=cfg.swap_cap,
         fields=list(cfg.sample),
-        byte_budget=cfg.byte_budget or 0,
+        byte_budget=budget_arg(cfg.byte_budget),
         chunk_bytes=int(cfg.chunksize * (1 << 20)),
         dbname=cfg.dbname,
         prefix=cfg.collection_prefix,

@@ -6,7 +6,7 @@ import copy
 import torch
 
 from . import _C
-from ._order import check_yields, rank_world, warn_padding
+from ._order import check_yields, plan_sizes, rank_world, warn_padding
 from .dataset import _CurrentGenerationReader
 from .iterable import _GEN, WireheadIterableDataset
 
@@ -40,7 +40,7 @@ class _PlanBatchSampler(torch.utils.data.Sampler):
                     seed=self.seed, pad=0, drop_last=self.drop_last)
 
     def __len__(self):
-        steps = _C.plan_info(**self.plan())["steps"]
+        steps = plan_sizes(self.plan())["steps"]
         return -(-steps // self.batch_size)
 
     def __iter__(self):

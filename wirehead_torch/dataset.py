@@ -1,16 +1,16 @@
 """Map-style readers of the current generation, with the original names."""
 import copy
 import logging
-import os
-import time
 
 import numpy as np
 
 from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
+from ._order import warn_skipped
+from ._reader import wait_for_generation
 from ._store import ProcessStore, check_min_params
-from .config import get_config, redact, store_kwargs
+from .config import get_config, redact
 
 try:
     import torch
@@ -22,124 +22,11 @@ except ImportError:  # pragma: no cover - torch is a dependency of readers
 log = logging.getLogger("wirehead_torch")
 
 
-def original_layout_hint(cfg):
-    """A sentence for a user whose MongoDB database holds the original
-    wirehead's collections (``read.bin``, ``status``, ...), else ''."""
-    if not cfg["STORE"].startswith("mongodb"):
-        return ""
-    try:
-        names = set(_C.mongo_collections(**store_kwargs(cfg, False)))
-    except _C.WireheadError:
-        return ""
-    theirs = sorted(names & {f"{cfg['READ_COLLECTION']}.bin", f"{cfg['WRITE_COLLECTION']}.bin",
-                             f"{cfg['TEMP_COLLECTION']}.bin", "status"})
-    if not theirs:
-        return ""
-    return (f"; database {cfg['DBNAME']!r} holds collections of the original wirehead "
-            f"({', '.join(theirs)}), which wirehead_torch does not read: run the generators "
-            f"with wirehead_torch (or `from wirehead import ...` of this package) to fill "
-            f"its own collections ({cfg['COLLECTION_PREFIX']}.state, "
-            f"{cfg['COLLECTION_PREFIX']}.gen.N), and drop the old ones when no original "
-            f"wirehead process uses them")
-
-
 def unit_interval_normalize(img):
     """Scales img to [0, 1] by its minimum and maximum (the original's
     preprocessing helper, for the ``normalize=`` keyword)."""
     lo, hi = img.min(), img.max()
     return (img - lo) / (hi - lo)
-
-
-# How often a reader waiting for a generation says what it waits for.
-WAIT_NOTE_EVERY = 5.0
-
-
-def _relay_wait(cfg):
-    """What a reader of the node-local copy (LOCAL_CACHE) waits for."""
-    from .config import local_cache_uri
-    from .relay import RELAY_COMMAND, relay_figures
-    fig = relay_figures(cfg)
-    if fig and fig["running"]:
-        return (f"the relay (pid {fig['pid']}) to copy the first generation of "
-                f"{redact(cfg['STORE'])} into {local_cache_uri(cfg)}", "start a generator")
-    return (f"a relay to fill this node's copy {local_cache_uri(cfg)} (LOCAL_CACHE) of "
-            f"{redact(cfg['STORE'])}", f"start one relay per node ({RELAY_COMMAND})")
-
-
-def _waiting_for(store, cfg):
-    """What a reader with no generation to read waits for, in words."""
-    if cfg["LOCAL_CACHE"]:
-        return _relay_wait(cfg)[0]
-    try:
-        st = store.status()
-    except _C.StoreNotCreatedError:
-        return (f"shm store {redact(cfg['STORE'])} to be created: with BYTE_BUDGET auto the "
-                f"first generator's first sample creates it")
-    except _C.WireheadError as e:
-        return f"{redact(cfg['STORE'])} to answer ({e})"
-    who = ("a manager or generator holds the lease" if st["leader_pid"] else
-           "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
-    return (f"the first generation of {redact(cfg['STORE'])}: the write generation holds "
-            f"{st['write_fill']} of SWAP_CAP={st['swap_cap']} samples and {who}")
-
-
-def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0):
-    """Newest sealed generation (other than newer_than); waits up to timeout
-    seconds (C read policy: bounded backoff) while there is none, the store
-    does not exist yet or the server cannot be reached, saying every few
-    seconds what it waits for."""
-    deadline = time.monotonic() + timeout
-    waited = 0.0
-    hinted = False
-    while True:
-        left = deadline - time.monotonic()
-        step = min(left, WAIT_NOTE_EVERY if waited else min(2.0, WAIT_NOTE_EVERY))
-        try:
-            return store.wait_generation(newer_than, max(step, 0.0))
-        except (_C.StoreTimeoutError, _C.StoreUnavailableError) as e:
-            # an outage is waited out for the whole timeout, like a slow start
-            if deadline - time.monotonic() <= 0:
-                if isinstance(e, _C.StoreUnavailableError):
-                    raise
-                break
-        waited = timeout - (deadline - time.monotonic())
-        if not hinted:  # a slow start: say early if this database holds the original's layout
-            hinted = True
-            hint = original_layout_hint(cfg)
-            if hint:
-                log.warning("wirehead reader: no generation yet%s", hint)
-        advice = (_relay_wait(cfg)[1] if cfg["LOCAL_CACHE"] else
-                  "start a generator (WireheadGenerator)")
-        log.warning("wirehead reader (pid %d): waiting %.0fs of its %gs timeout for %s; %s",
-                    os.getpid(), waited, timeout, _waiting_for(store, cfg), advice)
-    if min_params:
-        raise TimeoutError(f"no generation made entirely under params version >= {min_params} "
-                           f"in {redact(cfg['STORE'])} after {timeout:g}s "
-                           f"({_params_of_read(store)}); set_params must have reached that "
-                           f"version and generators a whole generation under it, or wait "
-                           f"longer (READ_TIMEOUT, or the reader's timeout=)") from None
-    raise TimeoutError(
-        f"no generation sealed in {redact(cfg['STORE'])} after {timeout:g}s: waited for "
-        f"{_waiting_for(store, cfg)}; "
-        f"{_relay_wait(cfg)[1] + ', ' if cfg['LOCAL_CACHE'] else ''}"
-        f"start generators (WireheadGenerator; with SELF_SEAL they seal full generations "
-        f"themselves) or a manager (wirehead-torch manager --config ...), or wait longer "
-        f"(READ_TIMEOUT, or the reader's timeout=)"
-        f"{original_layout_hint(cfg)}") from None
-
-
-def _params_of_read(store):
-    """The params versions of the read generation, in words."""
-    try:
-        st = store.status()
-        gen = st["read_gen"]
-        if not gen:
-            return "no generation is sealed yet"
-        gp = store.gen_params(gen)
-        return (f"the read generation {gen} was made under params versions "
-                f"{gp['min']}..{gp['max']}; the store is at version {store.params_version()}")
-    except _C.WireheadError as e:
-        return f"the store did not say more: {e}"
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):
@@ -149,8 +36,7 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
     as padding, or with skip=False raises CorruptSampleError."""
     got = store.read_sample(gen, pos, want, timeout, skip)
     if got.skipped:
-        log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
-                    "padding", got.skipped)
+        warn_skipped("wirehead reader", 1, got.skipped)
     return got
 
 
@@ -171,8 +57,7 @@ def view_sample(store, gen, pos, want, timeout, skip=True):
     except _C.PinLimitError:
         return None
     if got.skipped:
-        log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands in as "
-                    "padding", got.skipped)
+        warn_skipped("wirehead reader", 1, got.skipped)
     return got
 
 

@@ -8,10 +8,11 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._order import Order, check_ignore_fits, check_yields, warn_padding
+from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
+from ._reader import step_generation, wait_for_generation
 from ._store import ProcessStore, check_min_params
 from .config import get_config
-from .dataset import check_views_store, read_sample, view_sample, wait_for_generation
+from .dataset import check_views_store, read_sample, view_sample
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
@@ -124,12 +125,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     def _plan(self, workers, worker=0):
         """The plan of this worker: with a batch size, workers yield whole
         batches (pad='drop' and drop_last drop the partial one)."""
-        return self.order.plan(workers, worker, self.batch_size or 0,
-                               bool(self.batch_size) and (self.drop_last
-                                                          or self.order.pad == "drop"))
+        return self.order.plan(workers, worker, self.batch_size or 0, self.drop_last,
+                               whole_batches=True)
 
     def _steps(self, workers):
-        return _C.plan_info(**self._plan(workers))["steps"]
+        return plan_sizes(self._plan(workers))["steps"]
 
     def __len__(self):
         """Items this rank yields per epoch: exact when batch_size and
@@ -242,11 +242,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
-            if o.refresh == "step":
-                try:
-                    gen = max(gen, store.current())
-                except _C.StoreUnavailableError:
-                    pass  # keep reading gen; the read policy waits out the outage
+            gen = step_generation(store, gen, o.refresh)
             got = view_sample(store, gen, pos, o.want, self.timeout) if views else None
             viewed = got is not None
             if not viewed:  # a copy, also when the pin policy refuses the view
@@ -277,11 +273,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         ring, B = self._batch_ring, self.batch_size
         for b0 in range(0, len(positions), B):
             n = min(B, len(positions) - b0)
-            if o.refresh == "step":
-                try:
-                    gen = max(gen, store.current())
-                except _C.StoreUnavailableError:
-                    pass
+            gen = step_generation(store, gen, o.refresh)
             batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
                                     worker if in_worker else None)
             pad_l = [bool(pads[b0 + r]) or row.is_pad for r, row in enumerate(rows)]

@@ -1,15 +1,14 @@
 """WireheadLoader: the C-native batch loader (no Python worker processes)."""
-import os
 import threading
 
 import torch
 
 from . import _C
 from ._arrays import to_output
-from ._order import Order, check_ignore_fits, check_yields, log_skips, warn_padding
-from ._store import ProcessStore, check_min_params
+from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
+from ._reader import wait_for_generation
+from ._store import PerProcess, ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
-from .dataset import wait_for_generation
 
 _REFRESH = {"epoch": 0, "step": 1}
 _ITER_LOCK = threading.Lock()  # guards WireheadLoader._active only
@@ -58,8 +57,7 @@ class WireheadLoader:
         self._current = None     # (epoch, generation) of the running iteration
         self._consumed = 0
         self._skips = 0
-        self._ld = None
-        self._pid = None
+        self._ld = PerProcess()  # the C loader of this process
         self._rw = None
         self._active = None      # (thread id, token) of the running iteration
         self._store = ProcessStore(self.cfg, local=True, min_params=self.min_params_version)
@@ -72,7 +70,7 @@ class WireheadLoader:
 
     def __len__(self):
         # from the plan each time: the rank may be known only once iterating
-        return _C.plan_info(**self._plan())["rank_batches"]
+        return plan_sizes(self._plan())["rank_batches"]
 
     def set_epoch(self, epoch):
         """The next iteration runs this epoch. A state loaded for the same
@@ -86,22 +84,22 @@ class WireheadLoader:
         o = self.order
         plan = o.plan()
         rw = (plan["rank"], plan["world"])
-        if self._ld is not None and self._pid == os.getpid() and self._rw != rw:
-            self._ld.close()  # built before the process group existed
-            self._ld = None
-        if self._ld is None or self._pid != os.getpid():
+        ld = self._ld.get()
+        if ld is not None and self._rw != rw:
+            self._ld.drop().close()  # built before the process group existed
+            ld = None
+        if ld is None:
             self._rw = rw
             with secrets_hidden(self.cfg["STORE"]):
-                self._ld = _C.Loader(
+                ld = self._ld.keep(_C.Loader(
                     store=dict(store_kwargs(self.cfg, local=True),
                                min_params=self.min_params_version),
                     batch=self.batch_size,
                     threads=self.num_threads, prefetch=self.prefetch, drop_last=self.drop_last,
                     world=rw[1], rank=rw[0], shuffle=o.shuffle, seed=o.seed, pad=plan["pad"],
                     pad_batches=o.pad != "drop" or self.drop_last, want=o.want,
-                    refresh=_REFRESH[o.refresh], timeout_s=self.timeout, **self._cuda_kwargs())
-            self._pid = os.getpid()
-        return self._ld
+                    refresh=_REFRESH[o.refresh], timeout_s=self.timeout, **self._cuda_kwargs()))
+        return ld
 
     def _cuda_kwargs(self):
         # device="cuda": page-locked ring, async copies on a side stream (C)
@@ -206,12 +204,12 @@ class WireheadLoader:
         return self._loader().info()
 
     def close(self):
-        if self._ld is not None and self._pid == os.getpid():
-            self._ld.close()
-        self._ld = None
+        ld = self._ld.drop()
+        if ld is not None:
+            ld.close()
         self._store.close()
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d["_ld"], d["_pid"], d["_active"] = None, None, None
+        d["_ld"], d["_active"] = PerProcess(), None
         return d

@@ -13,7 +13,15 @@ import time
 
 from . import _C
 from ._store import ProcessStore, StopFlag
-from .config import ConfigError, get_config, local_cache_uri, node_name, redact, secrets_hidden
+from .config import (
+    ConfigError,
+    budget_arg,
+    get_config,
+    local_cache_uri,
+    node_name,
+    redact,
+    secrets_hidden,
+)
 
 log = logging.getLogger("wirehead_torch")
 
@@ -187,7 +195,7 @@ class WireheadRelay:
             return None
         try:
             with secrets_hidden(self.cfg["STORE"]):
-                info = dst.pull_from(src, newest, budget=self.cfg["BYTE_BUDGET"] or 0,
+                info = dst.pull_from(src, newest, budget=budget_arg(self.cfg["BYTE_BUDGET"]),
                                      wait_s=max(30.0, self.cfg["LEASE_SECONDS"]))
         except _C.GenerationGoneError:
             fig["abandoned"] += 1  # reclaimed while copied: the newest next

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from . import _C
+from ._reader import wait_for_generation
 from ._store import ProcessStore, StopFlag
 from .config import get_config, parse_bytes, redact
 
@@ -443,7 +444,9 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
             store = store_handle.get()
             swap_cap = store.swap_cap
             while not stop:
-                gen = _wait_generation(store, cfg, timeout, last, stop)
+                gen = wait_for_generation(store, cfg, timeout, last, stop=stop,
+                                          who="wirehead export", note_every=_WAIT_NOTE_EVERY,
+                                          longer="timeout= (--timeout) or READ_TIMEOUT")
                 if gen is None:
                     break
                 pos = 0
@@ -528,61 +531,6 @@ def _note_whole(index, whole):
     samples=N) is partial."""
     index["whole_generations"] = [g for g in index["generations"] if g in whole]
     index["partial_generations"] = [g for g in index["generations"] if g not in whole]
-
-
-def _wait_generation(store, cfg, timeout, newer_than, stop):
-    """The newest sealed generation newer than newer_than, waiting up to
-    timeout (None when stopped first); torch-free, unlike the readers'."""
-    start = time.monotonic()
-    deadline = start + timeout
-    note = start + _WAIT_NOTE_EVERY
-    what = "sealed generation" if not newer_than else f"generation newer than {newer_than}"
-    where = redact(cfg["STORE"])
-    missing = False
-    while not stop:
-        now = time.monotonic()
-        left = deadline - now
-        if now >= note:
-            note = now + _WAIT_NOTE_EVERY
-            if missing:
-                log.warning("wirehead export: waiting %.0fs of %gs: store %s does not exist "
-                            "yet (%s); start a generator", now - start, timeout, where,
-                            _not_created(cfg))
-            else:
-                log.warning("wirehead export: waiting %.0fs of %gs for a %s in %s",
-                            now - start, timeout, what, where)
-        try:
-            return store.wait_generation(newer_than, max(0.0, min(left, 1.0)))
-        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
-            missing = isinstance(e, _C.StoreNotCreatedError) or _absent(store)
-            if left <= 0:
-                if missing:
-                    raise TimeoutError(f"store {where} does not exist yet after {timeout:g}s "
-                                       f"({_not_created(cfg)}): start generators into it "
-                                       f"first, or wait longer with timeout= (--timeout) or "
-                                       f"READ_TIMEOUT") from None
-                raise TimeoutError(f"no {what} in {where} after {timeout:g}s: "
-                                   f"are generators running, and sealing (SELF_SEAL, or a "
-                                   f"manager)? Wait longer with timeout= (--timeout) or "
-                                   f"READ_TIMEOUT") from None
-    return None
-
-
-def _absent(store):
-    """Whether the store does not exist yet (the readers' test, docs/api.md)."""
-    try:
-        store.status()
-    except _C.StoreNotCreatedError:
-        return True
-    except _C.WireheadError:
-        pass
-    return False
-
-
-def _not_created(cfg):
-    if str(cfg["STORE"]).startswith("shm://"):
-        return "no shared-memory segment: no generator has put a sample"
-    return "no generator has created it"
 
 
 def check_store_layout(urls, config_path=None, config=None):

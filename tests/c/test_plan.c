@@ -210,7 +210,7 @@ static void test_check(void) {
     p.worker = 0;
     CHECK(wh_plan_check(&p, NULL), "workers 0 worker 0");
     p = good();
-    p.swap_cap = UINT32_MAX;
+    p.swap_cap = WH_SWAP_CAP_MAX;
     p.world = 65536;
     p.workers = 65535;
     p.batch = UINT32_MAX;
@@ -219,14 +219,15 @@ static void test_check(void) {
 
     expect_bad(NULL, "NULL plan", "plan");
     p = good(), p.swap_cap = 0, expect_bad(&p, "swap_cap 0", "swap_cap");
+    p = good(), p.swap_cap = WH_SWAP_CAP_MAX + 1, expect_bad(&p, "swap_cap 2**30+1", "swap_cap");
     p = good(), p.world = 0, p.rank = 0, expect_bad(&p, "world 0", "world");
     p = good(), p.rank = 2, expect_bad(&p, "rank == world", "rank");
     p = good(), p.worker = 3, expect_bad(&p, "worker == workers", "worker");
     p = good(), p.workers = 0, p.worker = 1, expect_bad(&p, "worker 1 with workers 0", "worker");
     p = good(), p.pad = 3, expect_bad(&p, "pad 3", "pad");
     p = good(), p.pad = -1, expect_bad(&p, "pad -1", "pad");
-    p = good(), p.swap_cap = UINT32_MAX, p.world = UINT32_MAX, p.rank = 0, p.workers = UINT32_MAX,
-    p.worker = 0, p.batch = UINT32_MAX;
+    p = good(), p.swap_cap = WH_SWAP_CAP_MAX, p.world = UINT32_MAX, p.rank = 0,
+    p.workers = UINT32_MAX, p.worker = 0, p.batch = UINT32_MAX;
     expect_bad(&p, "64-bit overflow", "overflow");
 }
 

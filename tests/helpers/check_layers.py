@@ -110,13 +110,14 @@ def main():
     bad = False
     for what, g, verb in (("ext/ files", graph(objdirs[0]), "calls"),
                           ("wirehead_torch modules", py_graph(), "imports")):
-        for group in circles(g):
-            bad = True
+        found = circles(g)
+        bad = bad or bool(found)
+        for group in found:
             print(f"{what} that {verb.rstrip('s')} each other in a circle: " + ", ".join(group),
                   file=sys.stderr)
             for f in group:
                 print(f"  {f} {verb} {[t for t in g[f] if t in group]}", file=sys.stderr)
-        print(f"check_layers: {len(g)} {what}, " + ("circles above" if bad else "no circles"))
+        print(f"check_layers: {len(g)} {what}, " + ("circles above" if found else "no circles"))
     if bad:
         sys.exit(1)
 

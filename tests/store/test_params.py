@@ -1,6 +1,7 @@
 """Parameters through the store (docs/params.md): set by a trainer, read by
 generators, recorded by every sample, filtered on by readers."""
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,7 +13,10 @@ import pytest
 import yaml
 
 import wirehead_torch as wt
+from wirehead_torch._reader import wait_for_generation
+from wirehead_torch._store import ProcessStore
 from wirehead_torch.apps import cli
+from wirehead_torch.config import get_config
 
 import whlib
 from whlib import open_store
@@ -179,6 +183,25 @@ def test_reader_takes_only_generations_under_min_version(store_cfg):
         assert batch["params_version"].tolist() == [v3, v3]
     with pytest.raises(ValueError, match="min_params_version"):
         wt.WireheadIterableDataset(config=cfg, min_params_version=-1)
+
+
+def test_a_reader_waiting_for_a_params_version_says_which(store_cfg, caplog):
+    """While a generation exists, the wait's note names the version wanted
+    and the read generation's, not a missing first generation."""
+    cfg = get_config(None, store_cfg(swap_cap=4, sample=SAMPLE, SELF_SEAL=True))
+    v1 = wt.set_params({"noise": 1.0}, config=cfg)
+    _fill(cfg, 1.0, 4)
+    handle = ProcessStore(cfg, min_params=v1 + 1)
+    try:
+        with caplog.at_level(logging.WARNING, "wirehead_torch"), \
+                pytest.raises(TimeoutError, match=rf">= {v1 + 1}"):
+            wait_for_generation(handle.get(), cfg, 0.5, min_params=v1 + 1, note_every=0.1)
+    finally:
+        handle.close()
+    notes = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert notes, caplog.text
+    assert f"params version >= {v1 + 1}" in notes[0] and f"versions {v1}..{v1}" in notes[0]
+    assert "first generation" not in notes[0] and "start a generator" not in notes[0]
 
 
 def test_concurrent_setters_get_unique_versions_and_no_torn_document(store_cfg):

@@ -202,20 +202,19 @@ def _check_children(children):
 
 
 def _wait_first_generation(cfg, children, timeout):
-    import wirehead_torch as wh
-    deadline = time.monotonic() + timeout
-    last_err = None
-    while time.monotonic() < deadline:
-        _check_children(children)
-        try:
-            if wh.status(cfg)["read_gen"]:
-                return
-        except (wh.WireheadError, ValueError) as e:
-            last_err = e
-        time.sleep(0.1)
-    raise TimeoutError(
-        f"no generation sealed in {timeout:.0f}s on {redact(cfg['STORE'])}"
-        + (f" (last status error: {last_err})" if last_err else ""))
+    """The readers' wait (the store opened as they open it), checking
+    between its slices that every child runs."""
+    from .._reader import wait_for_generation
+    from .._store import ProcessStore
+    from ..config import get_config
+    cfg = get_config(None, cfg)
+    handle = ProcessStore(cfg)
+    try:
+        wait_for_generation(handle.get(), cfg, timeout, check=lambda: _check_children(children),
+                            who="wirehead demo", longer="the demo waits "
+                            f"{timeout:.0f}s for its generators")
+    finally:
+        handle.close()
 
 
 def _run_demo(args):

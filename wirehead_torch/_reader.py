@@ -1,0 +1,180 @@
+"""The one wait for a sealed generation that every Python reader (the
+datasets, the loader, export, the demo) goes through; torch-free."""
+import logging
+import os
+import time
+
+from . import _C
+from .config import redact, store_kwargs
+
+log = logging.getLogger("wirehead_torch")
+
+# How often a reader waiting for a generation says what it waits for.
+WAIT_NOTE_EVERY = 5.0
+# The store's own wait runs in slices this long while a stop flag or a
+# check is to be looked at between them.
+_STOP_SLICE = 1.0
+
+
+def original_layout_hint(cfg):
+    """A sentence for a user whose MongoDB database holds the original
+    wirehead's collections (``read.bin``, ``status``, ...), else ''."""
+    if not cfg["STORE"].startswith("mongodb"):
+        return ""
+    try:
+        names = set(_C.mongo_collections(**store_kwargs(cfg, False)))
+    except _C.WireheadError:
+        return ""
+    theirs = sorted(names & {f"{cfg['READ_COLLECTION']}.bin", f"{cfg['WRITE_COLLECTION']}.bin",
+                             f"{cfg['TEMP_COLLECTION']}.bin", "status"})
+    if not theirs:
+        return ""
+    return (f"; database {cfg['DBNAME']!r} holds collections of the original wirehead "
+            f"({', '.join(theirs)}), which wirehead_torch does not read: run the generators "
+            f"with wirehead_torch (or `from wirehead import ...` of this package) to fill "
+            f"its own collections ({cfg['COLLECTION_PREFIX']}.state, "
+            f"{cfg['COLLECTION_PREFIX']}.gen.N), and drop the old ones when no original "
+            f"wirehead process uses them")
+
+
+def _relay_wait(cfg):
+    """What a reader of the node-local copy (LOCAL_CACHE) waits for."""
+    from .config import local_cache_uri
+    from .relay import RELAY_COMMAND, relay_figures
+    fig = relay_figures(cfg)
+    if fig and fig["running"]:
+        return (f"the relay (pid {fig['pid']}) to copy the first generation of "
+                f"{redact(cfg['STORE'])} into {local_cache_uri(cfg)}", "start a generator")
+    return (f"a relay to fill this node's copy {local_cache_uri(cfg)} (LOCAL_CACHE) of "
+            f"{redact(cfg['STORE'])}", f"start one relay per node ({RELAY_COMMAND})")
+
+
+def _not_created(cfg):
+    if str(cfg["STORE"]).startswith("shm://"):
+        return "no shared-memory segment: no generator has put a sample"
+    return "no generator has created it"
+
+
+def _params_of_read(store):
+    """The params versions of the read generation, in words."""
+    try:
+        st = store.status()
+        gen = st["read_gen"]
+        if not gen:
+            return "no generation is sealed yet"
+        gp = store.gen_params(gen)
+        return (f"the read generation {gen} was made under params versions "
+                f"{gp['min']}..{gp['max']}; the store is at version {store.params_version()}")
+    except _C.WireheadError as e:
+        return f"the store did not say more: {e}"
+
+
+def _waiting_for(store, cfg, newer_than=0, min_params=0):
+    """(what a reader with no generation to read waits for, what to do),
+    in words; what is None when the store does not exist yet."""
+    if cfg["LOCAL_CACHE"]:
+        return _relay_wait(cfg)
+    try:
+        st = store.status()
+    except _C.StoreNotCreatedError:
+        return None, "start a generator (WireheadGenerator)"
+    except _C.WireheadError as e:
+        return f"{redact(cfg['STORE'])} to answer ({e})", "start a generator (WireheadGenerator)"
+    if min_params and st["read_gen"]:
+        # a generation exists: what is missing is one made under the version wanted
+        return (f"a generation of {redact(cfg['STORE'])} made entirely under params version "
+                f">= {min_params} ({_params_of_read(store)})",
+                "set_params must reach that version and generators make a whole generation "
+                "under it")
+    who = ("a manager or generator holds the lease" if st["leader_pid"] else
+           "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
+    which = f"a generation newer than {newer_than}" if newer_than else "the first generation"
+    return (f"{which} of {redact(cfg['STORE'])}: the write generation holds "
+            f"{st['write_fill']} of SWAP_CAP={st['swap_cap']} samples and {who}",
+            "start a generator (WireheadGenerator)")
+
+
+def _absent_note(cfg):
+    return (f"shm store {redact(cfg['STORE'])} to be created (it does not exist yet: with "
+            f"BYTE_BUDGET auto the first generator's first sample creates it)"
+            if str(cfg["STORE"]).startswith("shm://")
+            else f"store {redact(cfg['STORE'])} to be created (it does not exist yet: "
+                 f"{_not_created(cfg)})")
+
+
+def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop=None,
+                        check=None, who="wirehead reader", note_every=WAIT_NOTE_EVERY,
+                        longer="READ_TIMEOUT, or the reader's timeout="):
+    """Newest sealed generation (other than newer_than); waits up to timeout
+    seconds (the store's C wait: bounded backoff) while there is none, the
+    store does not exist yet or the server cannot be reached, saying every
+    note_every seconds (who: the process's name there) what it waits for.
+
+    stop: a flag (true once stopped): None is returned once it is set.
+    check: called between slices of the wait; what it raises ends the wait.
+    longer: how the caller waits longer, for the timeout's error."""
+    start = time.monotonic()
+    deadline = start + timeout
+    note = start + min(2.0, note_every)  # the first note early: a slow start says why soon
+    sliced = stop is not None or check is not None
+    hinted = False
+    while not stop:
+        if check is not None:
+            check()
+        now = time.monotonic()
+        step = max(0.0, min(deadline, note) - now)
+        if sliced:
+            step = min(step, _STOP_SLICE)
+        try:
+            return store.wait_generation(newer_than, step)
+        except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
+            # an outage is waited out for the whole timeout, like a slow start
+            if time.monotonic() >= deadline:
+                if isinstance(e, _C.StoreUnavailableError):
+                    raise
+                break
+        now = time.monotonic()
+        if now < note:
+            continue
+        note = now + note_every
+        if not hinted:  # a slow start: say early if this database holds the original's layout
+            hinted = True
+            hint = original_layout_hint(cfg)
+            if hint:
+                log.warning("%s: no generation yet%s", who, hint)
+        what, advice = _waiting_for(store, cfg, newer_than, min_params)
+        log.warning("%s (pid %d): waiting %.0fs of its %gs timeout for %s; %s", who,
+                    os.getpid(), now - start, timeout, what or _absent_note(cfg), advice)
+    if stop:
+        return None
+    where = redact(cfg["STORE"])
+    what, advice = _waiting_for(store, cfg, newer_than, min_params)
+    if what is None:
+        raise TimeoutError(f"store {where} does not exist yet after {timeout:g}s "
+                           f"({_not_created(cfg)}): start generators into it first, or wait "
+                           f"longer ({longer})") from None
+    if min_params:
+        raise TimeoutError(f"no generation made entirely under params version >= {min_params} "
+                           f"in {where} after {timeout:g}s ({_params_of_read(store)}); "
+                           f"set_params must have reached that version and generators a whole "
+                           f"generation under it, or wait longer ({longer})") from None
+    raise TimeoutError(
+        f"no generation {'newer than ' + str(newer_than) + ' ' if newer_than else ''}sealed in "
+        f"{where} after {timeout:g}s: waited for {what}; "
+        f"{_relay_wait(cfg)[1] + ', ' if cfg['LOCAL_CACHE'] else ''}"
+        f"start generators (WireheadGenerator; with SELF_SEAL they seal full generations "
+        f"themselves) or a manager (wirehead-torch manager --config ...), or wait longer "
+        f"({longer})"
+        f"{original_layout_hint(cfg)}") from None
+
+
+def step_generation(store, gen, refresh):
+    """The generation the next step reads: with refresh='step' the newest
+    sealed one, where it is newer than gen (during an outage gen stays: the
+    read policy waits it out); with refresh='epoch' gen."""
+    if refresh != "step":
+        return gen
+    try:
+        return max(gen, store.current())
+    except _C.StoreUnavailableError:
+        return gen
