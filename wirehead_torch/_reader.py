@@ -11,6 +11,10 @@ log = logging.getLogger("wirehead_torch")
 
 # How often a reader waiting for a generation says what it waits for.
 WAIT_NOTE_EVERY = 5.0
+# How often a reader of the node-local copy looks whether its relay lives
+# (and says so when it does not).
+RELAY_CHECK_EVERY = 60.0
+_relay_checked = {}  # LOCAL_CACHE URI -> when this process last looked
 # The store's own wait runs in slices this long while a stop flag or a
 # check is to be looked at between them.
 _STOP_SLICE = 1.0
@@ -47,6 +51,26 @@ def _relay_wait(cfg):
                 f"{redact(cfg['STORE'])} into {local_cache_uri(cfg)}", "start a generator")
     return (f"a relay to fill this node's copy {local_cache_uri(cfg)} (LOCAL_CACHE) of "
             f"{redact(cfg['STORE'])}", f"start one relay per node ({RELAY_COMMAND})")
+
+
+def _check_relay(cfg, gen, who):
+    """A reader of the node-local copy says, at most once a minute, when no
+    relay runs on its node: it then reads a copy that no longer follows
+    MongoDB."""
+    from .config import local_cache_uri
+    from .relay import RELAY_COMMAND, relay_figures
+    local = local_cache_uri(cfg)
+    now = time.monotonic()
+    if now - _relay_checked.get(local, -RELAY_CHECK_EVERY) < RELAY_CHECK_EVERY:
+        return
+    _relay_checked[local] = now
+    fig = relay_figures(cfg)
+    if fig and fig["running"]:
+        return
+    last = f"the last one, pid {fig['pid']}, has ended" if fig else "none has run"
+    log.warning("%s (pid %d): no relay runs on this node (%s): reading generation %d of its "
+                "copy %s, which no longer follows %s; start one relay per node (%s)", who,
+                os.getpid(), last, gen, local, redact(cfg["STORE"]), RELAY_COMMAND)
 
 
 def _not_created(cfg):
@@ -126,7 +150,10 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
         if sliced:
             step = min(step, _STOP_SLICE)
         try:
-            return store.wait_generation(newer_than, step)
+            gen = store.wait_generation(newer_than, step)
+            if cfg["LOCAL_CACHE"]:
+                _check_relay(cfg, gen, who)
+            return gen
         except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
             # an outage is waited out for the whole timeout, like a slow start
             if time.monotonic() >= deadline:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import wirehead_torch as wt
+from wirehead_torch import _reader
 from wirehead_torch._arrays import to_store_arrays
 from wirehead_torch.apps import cli
 from wirehead_torch.config import ConfigError, local_cache_uri, resolve
@@ -429,10 +430,11 @@ def test_local_cache_config():
     assert local_cache_uri(other) != local_cache_uri(cfg)
 
 
-def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg):
+def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, caplog):
     """--quiet drops the line per copied generation, not the start line; a
-    relay that cannot reach MongoDB says in its figures (so in status) that
-    it lives and why it copies nothing."""
+    reader of the copy says when no relay runs on its node; a relay that
+    cannot reach MongoDB says in its figures (so in status) that it lives
+    and why it copies nothing."""
     cfg, path = relay_cfg()
     src = whlib.open_store(cfg)
     try:
@@ -444,6 +446,15 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg):
         fig = wt.relay.relay_figures(cfg)
         assert fig["generations"] == 1 and fig["local_gen"] == gen, fig
         assert fig["bytes"] > 0
+        # the relay has ended: a reader still reads the copy, and says so
+        local = _local(cfg)
+        _reader._relay_checked.clear()
+        with caplog.at_level("WARNING", logger="wirehead_torch"):
+            assert _reader.wait_for_generation(local, cfg, 10) == gen
+        local.close()
+        said = caplog.text
+        assert f"no relay runs on this node (the last one, pid {r.pid}, has ended)" in said, said
+        assert f"generation {gen} of its copy {cfg['LOCAL_CACHE']}" in said, said
         # the same node's copy, its MongoDB gone: nothing listens on the port
         dead = dict(cfg, STORE=f"mongodb://127.0.0.1:{whlib.free_port()}/x", CONNECT_TIMEOUT=1)
         relay = wt.WireheadRelay(config=dead)
