@@ -32,6 +32,7 @@ void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
 typedef struct {
     const wh_batch_fill_t *rq;
     wh_batch_t *b;
+    wh_batch_stats_t *stats;
     char *data;
     uint32_t i;
     const wh_read_at_t *at; /* the attempt in progress (for messages) */
@@ -52,18 +53,26 @@ static bool wh__bdest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t
         if (!wh_batch_layout(b, m, c->rq->n, want, err)) return false;
         if (!(c->data = c->rq->mem(c->rq->mem_ctx, b, err))) return false;
     } else {
+        if (c->rq->check && !c->rq->check(c->rq->mem_ctx, err)) return false;
         for (int f = 0; f < m->nfields; f++) {
             if (!(want & (1u << f)) || wh_field_meta_same(&m->f[f], &b->meta[f])) continue;
             char x[160], y[160];
             wh__shape_str(&m->f[f], x, sizeof x);
             wh__shape_str(&b->meta[f], y, sizeof y);
+            char name[WH_MAX_NAME + 8];
+            if (c->rq->schema)
+                snprintf(name, sizeof name, "%s", c->rq->schema->names[f]);
+            else
+                snprintf(name, sizeof name, "#%d", f);
+            c->stats->mismatch = true;
+            c->stats->mismatch_gen = c->at->gen;
+            c->stats->mismatch_pos = c->at->pos;
             return wh_err_set(err, WH_E_INVALID,
                               "field '%s': sample at position %u of generation %llu is %s but "
                               "the batch's first sample is %s; samples stacked in one batch "
                               "need one shape (use WireheadIterableDataset with a collate_fn "
                               "for ragged samples)",
-                              c->rq->schema->names[f], c->at->pos, (unsigned long long)c->at->gen,
-                              x, y);
+                              name, c->at->pos, (unsigned long long)c->at->gen, x, y);
         }
     }
     for (int f = 0; f < m->nfields; f++)
@@ -78,7 +87,7 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
     *data = NULL;
     if (rq->n < 1) return wh_err_set(err, WH_E_INVALID, "a batch needs at least one row");
     wh_read_at_t at;
-    wh__bfill_t c = {rq, b, NULL, 0, &at};
+    wh__bfill_t c = {rq, b, stats, NULL, 0, &at};
     for (uint32_t i = 0; i < rq->n; i++) {
         bool pad;
         memset(&at, 0, sizeof at);

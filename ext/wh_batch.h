@@ -31,7 +31,7 @@ bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint3
 /* What one fill reads and where its memory comes from. */
 typedef struct {
     wh_store_t *st;
-    const wh_schema_t *schema; /* field names, for messages */
+    const wh_schema_t *schema; /* field names, for messages (NULL: numbers) */
     uint32_t n;                /* rows >= 1 */
     uint32_t want;             /* bit i: field i */
     double timeout_s;
@@ -44,6 +44,9 @@ typedef struct {
      * sample): at least b->size bytes, or NULL with err set */
     void *(*mem)(void *ctx, const wh_batch_t *b, wh_err_t *err);
     void *mem_ctx;
+    /* may be NULL: called before each row is copied into the memory (a
+     * shared file's size checked again, so a copy cannot fault) */
+    bool (*check)(void *ctx, wh_err_t *err);
     /* may be NULL: sums[i * WH_MAX_FIELDS + f] gets the stored XXH3-64 of
      * field f of row i, the checksum its copy was checked against */
     uint64_t *sums;
@@ -55,6 +58,10 @@ typedef struct {
     uint64_t corrupt; /* samples skipped as corrupt (a neighbour stands in as padding) */
     char last_skip[WH_ERR_LEN];
     uint64_t gen; /* the generation the last row was read from */
+    /* a row whose sample has another layout than the first row's: where */
+    bool mismatch;
+    uint64_t mismatch_gen;
+    uint32_t mismatch_pos;
 } wh_batch_stats_t;
 
 /* Reads the n rows, starting at generation gen, each once through the

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "wh.h"
+#include "wh_batch.h"
 
 /* The DataLoader workers' batch ring (wirehead_torch/_ring.py) assembles
  * batches across processes: a worker and the DataLoader's main process map
@@ -61,5 +62,89 @@ void wh_word_store(const wh_map_t *m, size_t i, int64_t v);
 bool wh_word_cas(const wh_map_t *m, size_t i, int64_t expect, int64_t desired);
 /* Adds d to word i; returns the new value. */
 int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d);
+
+/* ---- the ring protocol ----
+ *
+ * Files, per (main process, dataset, worker k), mode 0600:
+ *   <region>               control words; the live worker holds its flock
+ *   <region>.s<j>.v<v>     slot j's bytes (a new version v when it grows)
+ * Control words per slot: owner pid (0: free), fill sequence, capacity,
+ * version. A worker takes free slots, fills them and sends a handle
+ * (slot, version, sequence, its pid, the rows' checksums); the main process
+ * claims the slot (owner worker -> main, atomically, only while version
+ * and sequence still match) and hands it back (owner main -> 0) when the
+ * last tensor over it is gone. The worker that takes a region reclaims
+ * every slot the main process does not hold: a handle of its dead
+ * predecessor is then refused. */
+#define WH_RING_WORDS 4
+enum {
+    WH_RING_OWNER,
+    WH_RING_SEQ,
+    WH_RING_CAP,
+    WH_RING_VER
+};
+
+typedef struct wh_ring wh_ring_t;
+
+/* One row of one field as the worker left it: what a claim checks. */
+typedef struct {
+    uint64_t off, n, hash;
+} wh_ring_check_t;
+
+/* Opens the region at path with nslots slots; label names the worker in
+ * messages. worker: the control file is made or taken over under its lock
+ * (*busy when another live process holds it) and every slot not held by
+ * main_pid is reclaimed; else (the main process) the existing file is
+ * opened. Owned by the caller: wh_ring_close (batches still out keep what
+ * they need). */
+wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bool worker,
+                        int64_t main_pid, bool *busy, wh_err_t *err);
+void wh_ring_close(wh_ring_t *r);
+/* Releases the region's lock (a worker's ring stays usable). */
+void wh_ring_unlock(wh_ring_t *r);
+uint32_t wh_ring_slots(const wh_ring_t *r);
+
+/* Worker: takes a free slot of at least nbytes (one too small is grown: a
+ * new, page-rounded file version made first, so a failure, a full /dev/shm
+ * among them as WH_E_NOSPACE, leaves the slot as it was), waiting up to
+ * wait_s while every slot is held; *slot -1 when none came free. *data:
+ * the slot's memory. Threads of one process take slots one at a time. */
+bool wh_ring_acquire(wh_ring_t *r, uint64_t nbytes, double wait_s, int *slot, void **data,
+                     wh_err_t *err);
+/* Worker: slot j back without sending it. */
+void wh_ring_give_back(wh_ring_t *r, int j);
+/* Worker: slot j's version and fill sequence, for its handle. */
+bool wh_ring_stamp(wh_ring_t *r, int j, int64_t *ver, int64_t *seq, wh_err_t *err);
+/* XXH3-64 of bytes [off, off + n) of slot j, its file checked first. */
+bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, wh_err_t *err);
+/* Slot j's mapping as it is now, a new reference (no claim on the slot:
+ * the worker's own view of what it fills). */
+bool wh_ring_slot_buf(wh_ring_t *r, int j, wh_buf_t **out, wh_err_t *err);
+/* Control word k of slot j. */
+bool wh_ring_word(wh_ring_t *r, int j, int k, int64_t *out, wh_err_t *err);
+
+/* Main process: claims slot j of a handle (version ver, sequence seq,
+ * filled by worker pid wpid) and checks each row against checks; *out: the
+ * slot's first size bytes, a buffer whose last reference hands the slot
+ * back. WH_E_GONE: reclaimed before the handle arrived; WH_E_CORRUPT: the
+ * bytes fail their check (the error names the file); WH_E_TOOBIG: the
+ * batch does not fit the slot. On an error the slot goes back to its
+ * worker. */
+bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
+                   const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
+                   wh_err_t *err);
+/* In-process iteration: slot j, already taken by this process, as such a
+ * buffer. */
+bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t *err);
+
+/* Worker: reads a batch (wh_batch_fill; rq->mem is set here) into a slot of
+ * r, taken once the first sample gives the batch's size, waiting up to
+ * wait_s for one; with no slot free (or r NULL) into heap memory, *heap
+ * (the caller's reference). *slot: the slot, -1 for heap memory. On an
+ * error nothing is held; *ring_failed tells the ring's errors (its files)
+ * from the read's. */
+bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
+                  wh_buf_t **heap, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
+                  bool *ring_failed, wh_err_t *err);
 
 #endif

@@ -283,22 +283,16 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 except _C.StoreUnavailableError:
                     pass
             batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
-                                    worker if in_worker else None)
-            pad_l = [bool(pads[b0 + r]) or row.is_pad for r, row in enumerate(rows)]
+                                    worker if in_worker else None, pads=pads[b0:b0 + n])
             if o.pad == "ignore":
                 try:
-                    self._fill_ignore(batch, pad_l)
+                    self._fill_ignore(batch, [row.is_pad for row in rows])
                 except BaseException:
                     ring.give_back(batch)
                     raise
             gen = rows[-1].generation
             self._progress = (epoch, start + b0 + n, gen)
-            yield ring.deliver(batch, {"is_pad": (pad_l, "bool"),
-                                       "generation": ([r.generation for r in rows], "int64"),
-                                       "position": ([r.position for r in rows], "int64"),
-                                       "params_version": ([r.params_version for r in rows],
-                                                          "int64")},
-                                  in_worker)
+            yield ring.deliver(batch, extras=True, in_worker=in_worker)
 
     def _fill_ignore(self, batch, pad_l):
         """ignore_index into the label fields of the padding rows."""
