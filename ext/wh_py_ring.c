@@ -88,15 +88,6 @@ static PyObject *wh__ring_give_back(wh__pyring_t *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *wh__ring_stamp(wh__pyring_t *self, PyObject *args) {
-    int j;
-    if (!PyArg_ParseTuple(args, "i", &j) || !wh__ring_open(self)) return NULL;
-    int64_t ver, seq;
-    wh_err_t err = {0};
-    if (!wh_ring_stamp(self->r, j, &ver, &seq, &err)) return wh__ring_raise(&err, false);
-    return Py_BuildValue("(LL)", (long long)ver, (long long)seq);
-}
-
 static PyObject *wh__ring_word(wh__pyring_t *self, PyObject *args) {
     int j, k;
     if (!PyArg_ParseTuple(args, "ii", &j, &k) || !wh__ring_open(self)) return NULL;
@@ -193,40 +184,76 @@ static bool wh__fill_run(wh_store_t *st, void *ctx, wh_err_t *err) {
                         &c->st, &c->ring_failed, err);
 }
 
-/* The result's layouts: (dtype, shape of one row, offset, bytes per row)
- * per wanted field, None for the others. */
-static PyObject *wh__fill_layouts(const wh__pyfill_t *c, int nfields) {
+/* Per stored field: its FieldLayout (dtype, shape of one row) and where its
+ * rows start, None for a field not wanted. */
+static PyObject *wh__fill_layouts(wh_py_state_t *S, const wh__pyfill_t *c, int nfields,
+                                  PyObject **offsets) {
     PyObject *out = PyList_New(nfields);
+    *offsets = out ? PyList_New(nfields) : NULL;
+    if (!*offsets) Py_CLEAR(out);
     for (int f = 0; out && f < nfields; f++) {
-        PyObject *o = Py_None;
+        PyObject *o = Py_None, *off = Py_None;
         if (c->rq.want & (1u << f)) {
             const wh_field_meta_t *m = &c->b.meta[f];
             PyObject *shape = wh_py_shape_tuple(m->ndim, m->shape);
-            o = shape
-                    ? Py_BuildValue("(sNKK)", wh_dtype_name(m->dtype), shape,
-                                    (unsigned long long)c->b.off[f], (unsigned long long)m->nbytes)
-                    : NULL;
+            o = shape ? wh_py_record(S->rec_layout, 2,
+                                     PyUnicode_FromString(wh_dtype_name(m->dtype)), shape)
+                      : NULL;
+            off = PyLong_FromUnsignedLongLong(c->b.off[f]);
         } else {
             Py_INCREF(o);
+            Py_INCREF(off);
         }
+        wh_py_list_put(offsets, f, off);
         wh_py_list_put(&out, f, o);
+        if (!*offsets) Py_CLEAR(out);
+    }
+    if (!out) Py_CLEAR(*offsets);
+    return out;
+}
+
+/* The rows' int64 extras at off (generation, position, params version). */
+static PyObject *wh__fill_i64(const wh__pyfill_t *c, uint64_t off) {
+    PyObject *out = PyList_New(c->b.n);
+    for (uint32_t i = 0; out && i < c->b.n; i++) {
+        int64_t v;
+        memcpy(&v, (const char *)c->data + off + 8 * (uint64_t)i, 8);
+        wh_py_list_put(&out, i, PyLong_FromLongLong(v));
     }
     return out;
 }
 
-static PyObject *wh__fill_rows(const wh__pyfill_t *c) {
-    const char *base = c->data;
+static PyObject *wh__fill_pads(const wh__pyfill_t *c) {
     PyObject *out = PyList_New(c->b.n);
-    for (uint32_t i = 0; out && i < c->b.n; i++) {
-        int64_t g, p, v;
-        memcpy(&g, base + c->b.gen_off + 8 * (uint64_t)i, 8);
-        memcpy(&p, base + c->b.pos_off + 8 * (uint64_t)i, 8);
-        memcpy(&v, base + c->b.pv_off + 8 * (uint64_t)i, 8);
-        wh_py_list_put(&out, i,
-                       Py_BuildValue("(LLNL)", (long long)g, (long long)p,
-                                     PyBool_FromLong(base[c->b.pad_off + i]), (long long)v));
-    }
+    for (uint32_t i = 0; out && i < c->b.n; i++)
+        wh_py_list_put(&out, i, PyBool_FromLong(((const char *)c->data)[c->b.pad_off + i]));
     return out;
+}
+
+/* The rows' checks, field by field: (offset, bytes, stored XXH3-64). */
+static PyObject *wh__fill_checks(const wh__pyfill_t *c, int nfields, const uint64_t *sums) {
+    size_t nw = 0, n = c->b.n;
+    for (int f = 0; f < nfields; f++) nw += (c->rq.want >> f) & 1u;
+    PyObject *blob =
+        PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nw * n * sizeof(wh_ring_check_t)));
+    if (!blob) return NULL;
+    wh_ring_check_t *ck = (wh_ring_check_t *)PyBytes_AS_STRING(blob);
+    for (int f = 0; f < nfields; f++) {
+        if (!(c->rq.want & (1u << f))) continue;
+        for (uint32_t i = 0; i < n; i++, ck++) {
+            ck->off = c->b.off[f] + (uint64_t)i * c->b.meta[f].nbytes;
+            ck->n = c->b.meta[f].nbytes;
+            ck->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
+        }
+    }
+    return blob;
+}
+
+#define WH__FILL_ITEMS 20
+
+static PyObject *wh__none(void) {
+    Py_INCREF(Py_None);
+    return Py_None;
 }
 
 /* ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s) */
@@ -292,51 +319,42 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
             wh_py_raise(S, &err);
         goto out;
     }
-    PyObject *layouts = wh__fill_layouts(&c, nfields);
-    PyObject *skipped = layouts
-                            ? Py_BuildValue("(KN)", (unsigned long long)c.st.corrupt,
-                                            wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL))
-                            : NULL;
-    if (!ok) { /* a row of another layout: named by the caller */
-        res = skipped ? Py_BuildValue("(iONNNN(KI)O)", -1, Py_None, layouts, PyTuple_New(0),
-                                      PyList_New(0), skipped, (unsigned long long)c.st.mismatch_gen,
-                                      c.st.mismatch_pos, Py_None)
-                      : NULL;
-        if (!skipped) Py_XDECREF(layouts);
+    PyObject *offsets = NULL, *layouts = wh__fill_layouts(S, &c, nfields, &offsets);
+    if (!layouts) goto out;
+    int64_t ver = 0, sq = 0;
+    if (!ok) { /* a row of another layout than the first: named by the caller */
+        res = wh_py_record(S->rec_fill, WH__FILL_ITEMS, PyLong_FromLong(-1), PyLong_FromLong(0),
+                           PyLong_FromLong(0), wh__none(), layouts, offsets, PyLong_FromLong(0),
+                           PyLong_FromLong(0), PyLong_FromLong(0), PyLong_FromLong(0),
+                           PyLong_FromLong(0), PyList_New(0), PyList_New(0), PyList_New(0),
+                           PyList_New(0), PyLong_FromUnsignedLongLong(c.st.corrupt),
+                           wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL),
+                           PyLong_FromUnsignedLongLong(c.st.mismatch_gen),
+                           PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none());
         goto out;
-    }
-    /* the rows' checks, field by field: (offset, bytes, stored XXH3-64) */
-    size_t nw = 0;
-    for (int f = 0; f < nfields; f++) nw += (c.rq.want >> f) & 1u;
-    PyObject *blob =
-        PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nw * n * sizeof(wh_ring_check_t)));
-    if (blob) {
-        wh_ring_check_t *ck = (wh_ring_check_t *)PyBytes_AS_STRING(blob);
-        for (int f = 0; f < nfields; f++) {
-            if (!(c.rq.want & (1u << f))) continue;
-            for (uint32_t i = 0; i < n; i++, ck++) {
-                ck->off = c.b.off[f] + (uint64_t)i * c.b.meta[f].nbytes;
-                ck->n = c.b.meta[f].nbytes;
-                ck->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
-            }
-        }
     }
     wh_buf_t *mb = c.heap;
     c.heap = NULL;
-    if (!mb && c.slot >= 0 && !wh_ring_slot_buf(c.r, c.slot, &mb, &err)) mb = NULL;
-    PyObject *mem = mb ? wh__bytes_array(S, mb, c.b.size) : (wh__ring_raise(&err, false), NULL);
-    PyObject *rows = wh__fill_rows(&c);
-    if (layouts && skipped && blob && mem && rows)
-        res = Py_BuildValue("(iNN(KKKKK)NNON)", c.slot, mem, layouts,
-                            (unsigned long long)c.b.pad_off, (unsigned long long)c.b.gen_off,
-                            (unsigned long long)c.b.pos_off, (unsigned long long)c.b.pv_off,
-                            (unsigned long long)c.b.size, rows, skipped, Py_None, blob);
-    else {
-        Py_XDECREF(layouts);
-        Py_XDECREF(skipped);
-        Py_XDECREF(blob);
-        Py_XDECREF(mem);
-        Py_XDECREF(rows);
+    PyObject *mem = NULL;
+    if (c.slot >= 0 &&
+        (!wh_ring_stamp(c.r, c.slot, &ver, &sq, &err) || !wh_ring_slot_buf(c.r, c.slot, &mb, &err)))
+        wh__ring_raise(&err, false);
+    else
+        mem = wh__bytes_array(S, mb, c.b.size);
+    if (!mem) {
+        Py_DECREF(layouts);
+        Py_DECREF(offsets);
+    } else {
+        res = wh_py_record(
+            S->rec_fill, WH__FILL_ITEMS, PyLong_FromLong(c.slot), PyLong_FromLongLong(ver),
+            PyLong_FromLongLong(sq), mem, layouts, offsets,
+            PyLong_FromUnsignedLongLong(c.b.pad_off), PyLong_FromUnsignedLongLong(c.b.gen_off),
+            PyLong_FromUnsignedLongLong(c.b.pos_off), PyLong_FromUnsignedLongLong(c.b.pv_off),
+            PyLong_FromUnsignedLongLong(c.b.size), wh__fill_i64(&c, c.b.gen_off),
+            wh__fill_i64(&c, c.b.pos_off), wh__fill_pads(&c), wh__fill_i64(&c, c.b.pv_off),
+            PyLong_FromUnsignedLongLong(c.st.corrupt),
+            wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL), wh__none(), wh__none(),
+            wh__fill_checks(&c, nfields, sums));
     }
     if (!res && c.slot >= 0) wh_ring_give_back(c.r, c.slot);
 out:
@@ -351,8 +369,6 @@ out:
 static PyMethodDef wh__ring_methods[] = {
     {"give_back", (PyCFunction)wh__ring_give_back, METH_O,
      "give_back(j): a worker's slot j back unsent"},
-    {"stamp", (PyCFunction)wh__ring_stamp, METH_VARARGS,
-     "stamp(j): (version, sequence) of slot j, for its handle"},
     {"word", (PyCFunction)wh__ring_word, METH_VARARGS, "word(j, k): control word k of slot j"},
     {"hash", (PyCFunction)wh__ring_hash, METH_VARARGS,
      "hash(j, offset, n): XXH3-64 of n bytes of slot j from offset"},
@@ -384,15 +400,49 @@ static PyType_Spec wh__ring_spec = {
 
 static PyMethodDef wh__ring_functions[] = {
     {"ring_fill", (PyCFunction)wh__ring_fill, METH_VARARGS,
-     "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s): one batch read "
-     "(each sample once, through the read policy) into a free slot of ring, or heap memory when "
-     "none comes free in wait_s (ring None: always). (slot, memory, layouts, (pad_off, gen_off, "
-     "pos_off, pv_off, size), rows, (skipped, last_skip), mismatch, checks); mismatch "
-     "(generation, position) names a row of another layout than the first, nothing held then."},
+     "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s) -> RingFill: one "
+     "batch read (each sample once, through the read policy) into a free slot of ring, or heap "
+     "memory when none comes free in wait_s (ring None: always); positions uint32 and pads one "
+     "byte per row, as bytes."},
     {NULL, NULL, 0, NULL},
 };
 
+static PyStructSequence_Field wh__fill_fields[] = {
+    {"slot", "the ring slot filled, -1: heap memory (or nothing, see mismatch_generation)"},
+    {"version", "the slot's file version (for its handle)"},
+    {"sequence", "the slot's fill sequence (for its handle)"},
+    {"memory", "uint8 Array over the batch's bytes; None with a mismatch"},
+    {"layouts", "per stored field the FieldLayout of one row (the first row's), None if not "
+                "wanted"},
+    {"offsets", "per stored field where its rows start, None if not wanted"},
+    {"pad_offset", "where is_pad (uint8 per row) starts"},
+    {"generation_offset", "where generation (int64 per row) starts"},
+    {"position_offset", "where position (int64 per row) starts"},
+    {"params_version_offset", "where params_version (int64 per row) starts"},
+    {"size", "bytes the batch fills"},
+    {"generation", "per row, the generation read"},
+    {"position", "per row, the position read"},
+    {"is_pad", "per row, padding (the plan's, or a corrupt sample skipped)"},
+    {"params_version", "per row, the params version of the sample read"},
+    {"skipped", "corrupt samples skipped"},
+    {"last_skip", "why the last was skipped, None if none was"},
+    {"mismatch_generation", "a row of another layout than the first: its generation (nothing "
+                            "is held then); None otherwise"},
+    {"mismatch_position", "that row's position; None otherwise"},
+    {"checks", "bytes: (offset, bytes, stored XXH3-64) uint64 triples, one per row and field"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__fill_desc = {
+    "wirehead_torch._C.RingFill",
+    "One batch as ring_fill read it.",
+    wh__fill_fields,
+    WH__FILL_ITEMS,
+};
+
 int wh_py_ring_exec(PyObject *m, wh_py_state_t *S) {
-    if (wh_py_add_type(m, &S->ring, &wh__ring_spec) < 0) return -1;
+    if (wh_py_add_type(m, &S->ring, &wh__ring_spec) < 0 ||
+        wh_py_add_record(m, &S->rec_fill, &wh__fill_desc) < 0)
+        return -1;
     return PyModule_AddFunctions(m, wh__ring_functions);
 }

@@ -71,16 +71,21 @@ class RowRead(NamedTuple):
     params_version: int  # of the sample read (docs/params.md)
 
 
+def _itemsize(dtype):
+    torch = _import_torch()  # not before a batch is read: numpy-only readers lack it
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
 class Batch:
-    """One filled batch: the slot (None: heap memory, no slot was free),
-    its memory (a uint8 Array), the field layout and each field's place in
-    it, the extras' places (is_pad, generation, position, params_version)
-    and the rows' checks."""
+    """One filled batch: the slot (None: heap memory, no slot was free)
+    and its (version, sequence), its memory (a uint8 Array), the field
+    layout and each field's place in it, the extras' places (is_pad,
+    generation, position, params_version) and the rows' checks."""
 
-    __slots__ = ("ring", "slot", "mem", "layout", "fields", "extras", "checks", "size")
+    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "checks", "size")
 
-    def __init__(self, ring, slot, mem, layout, fields, extras, checks, size):
-        self.ring, self.slot, self.mem, self.layout = ring, slot, mem, layout
+    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, checks, size):
+        self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
         self.fields, self.extras, self.checks, self.size = fields, extras, checks, size
 
     def resum(self, k, r):
@@ -176,14 +181,16 @@ class BatchRing:
 
     # --- layout ------------------------------------------------------------
     def _layout(self, layouts):
-        """[LayoutEntry] of a batch's first row (layouts: ring_fill's),
-        checked against what torch can hold once per layout and process."""
-        out = [LayoutEntry(i, name, layouts[i][0], tuple(layouts[i][1]), layouts[i][3],
-                           (self.cast or {}).get(name))
-               for i, name in zip(self.want, self.names)]
+        """[LayoutEntry] of a batch's first row (layouts: ring_fill's
+        FieldLayouts), checked against what torch can hold once per layout
+        and process."""
+        out = []
+        for i, name in zip(self.want, self.names):
+            dtype, shape = layouts[i].dtype, tuple(layouts[i].shape)
+            out.append(LayoutEntry(i, name, dtype, shape, 0, (self.cast or {}).get(name)))
         pid, checked = self._checked
-        if pid == os.getpid() and checked == out:
-            return out
+        if pid == os.getpid() and [e._replace(nbytes=0) for e in checked] == out:
+            return checked
         torch = _import_torch()
         for e in out:
             if _torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
@@ -195,6 +202,8 @@ class BatchRing:
                 raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
                                 f"{torch.__version__} cannot view; batches=True needs a dtype "
                                 f"torch has (use batches=False with cast=)")
+        out = [e._replace(nbytes=int(np.prod(e.shape, dtype=np.int64)) * _itemsize(e.dtype))
+               for e in out]
         self._checked = (os.getpid(), out)
         return out
 
@@ -227,38 +236,39 @@ class BatchRing:
         ring = self.worker_ring(worker)
         pos = np.asarray(positions, dtype=np.uint32)
         pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
-        slot, mem, layouts, extras, rows, (nskip, why), mismatch, checks = _C.ring_fill(
-            ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
-            self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0)
-        layout = [LayoutEntry(i, name, layouts[i][0], tuple(layouts[i][1]), layouts[i][3], None)
-                  for i, name in zip(self.want, self.names)]
-        if mismatch is not None:
-            self._shape_error(store, *mismatch, layout, skip)
+        got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
+                           self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0)
+        if got.mismatch_generation is not None:
+            first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
+                                 None) for i, name in zip(self.want, self.names)]
+            self._shape_error(store, got.mismatch_generation, got.mismatch_position, first, skip)
         try:
-            layout = self._layout(layouts)
+            layout = self._layout(got.layouts)
         except BaseException:
-            if slot >= 0:
-                ring.give_back(slot)
+            if got.slot >= 0:
+                ring.give_back(got.slot)
             raise
-        if slot < 0 and ring is not None and not ring.warned:
+        if got.slot < 0 and ring is not None and not ring.warned:
             ring.warned = True
             log.warning("wirehead: every ring slot of worker %s is still held by batches "
                         "in use; sending batches the ordinary way (a copy) while that "
                         "lasts (raise ring_slots)", ring.worker)
-        if nskip:
+        if got.skipped:
             log.warning("wirehead reader: skipped %d corrupt sample(s) (%s); a neighbour stands "
-                        "in as padding", nskip, why)
-        n = len(rows)
-        fields = [_ring.SlotField(key, e.dtype, (n,) + e.shape, layouts[e.index][2],
+                        "in as padding", got.skipped, got.last_skip)
+        n = len(got.position)
+        fields = [_ring.SlotField(key, e.dtype, (n,) + e.shape, got.offsets[e.index],
                                   e.nbytes * n, e.cast)
                   for e, key in zip(layout, self.keys)]
-        pad_off, gen_off, pos_off, pv_off, size = extras
-        batch = Batch(ring if slot >= 0 else None, slot if slot >= 0 else None, mem, layout,
-                      fields, ((("is_pad", pad_off, "bool", n), ("generation", gen_off, "int64", n),
-                               ("position", pos_off, "int64", n),
-                               ("params_version", pv_off, "int64", n))),
-                      bytearray(checks), size)
-        return batch, [RowRead(*r) for r in rows]
+        extras = (("is_pad", got.pad_offset, "bool", n),
+                  ("generation", got.generation_offset, "int64", n),
+                  ("position", got.position_offset, "int64", n),
+                  ("params_version", got.params_version_offset, "int64", n))
+        slot = got.slot if got.slot >= 0 else None
+        batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
+                      got.memory, layout, fields, extras, bytearray(got.checks), got.size)
+        return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
+                                                  got.params_version)]
 
     def give_back(self, batch):
         """The batch's slot back to the ring (the batch will not be sent)."""
@@ -276,6 +286,6 @@ class BatchRing:
             return _ring.tensors(mem, batch.fields, more, self.form)
         del mem  # the worker's own view of the slot: the handle or local() takes it over
         if in_worker:
-            return batch.ring.handle(batch.slot, batch.fields, more, self.form,
+            return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
                                      bytes(batch.checks), batch.size)
         return batch.ring.local(batch.slot, batch.fields, more, batch.size, self.form)

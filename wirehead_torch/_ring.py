@@ -111,11 +111,12 @@ class WorkerRing:
     def give_back(self, j):
         self.c.give_back(j)
 
-    def handle(self, j, fields, extras, form, checks, size):
-        """The filled slot j as the handle sent to the main process, with the
-        XXH3 of each row of each field (checks: packed (offset, nbytes,
-        XXH3-64), the stored checksums the copy was checked against)."""
-        ver, seq = self.c.stamp(j)
+    def handle(self, j, stamp, fields, extras, form, checks, size):
+        """The filled slot j (stamp: its version and fill sequence) as the
+        handle sent to the main process, with the XXH3 of each row of each
+        field (checks: packed (offset, nbytes, XXH3-64), the stored
+        checksums the copy was checked against)."""
+        ver, seq = stamp
         return RingBatch(self.main_pid, self.token, self.worker, self.nslots, j, ver, seq,
                          self.pid, fields, extras, form, checks, size)
 
