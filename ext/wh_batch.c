@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 
 bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
                      wh_err_t *err) {
@@ -80,6 +81,102 @@ static bool wh__bdest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t
     return true;
 }
 
+/* float to IEEE half, rounding to nearest even */
+static uint16_t wh__half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
+    int32_t exp = (int32_t)((x >> 23) & 0xffu);
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp), h = mant >> shift, rem = mant & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* float to bfloat16, rounding to nearest even */
+static uint16_t wh__bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* count elements of dtype at p set to the value; false for a dtype that
+ * cannot hold it (bool, complex) */
+static bool wh__fill_value(char *p, int dtype, uint64_t count, int64_t vi, double vf) {
+    unsigned char one[8];
+    size_t size = wh_dtype_size(dtype);
+    switch (dtype) {
+    case WH_DT_U8: one[0] = (uint8_t)vi; break;
+    case WH_DT_I8: one[0] = (uint8_t)(int8_t)vi; break;
+    case WH_DT_U16: {
+        uint16_t v = (uint16_t)vi;
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_I16: {
+        int16_t v = (int16_t)vi;
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_U32: {
+        uint32_t v = (uint32_t)vi;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_I32: {
+        int32_t v = (int32_t)vi;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_U64: {
+        uint64_t v = (uint64_t)vi;
+        memcpy(one, &v, 8);
+    } break;
+    case WH_DT_I64: memcpy(one, &vi, 8); break;
+    case WH_DT_F16: {
+        uint16_t v = wh__half((float)vf);
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_BF16: {
+        uint16_t v = wh__bf16((float)vf);
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_F32: {
+        float v = (float)vf;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_F64: memcpy(one, &vf, 8); break;
+    default: return false;
+    }
+    for (uint64_t k = 0; k < count; k++) memcpy(p + k * size, one, size);
+    return true;
+}
+
+/* pad='ignore': the padding rows' label fields hold the ignore value. */
+static void wh__fill_ignore(const wh_batch_fill_t *rq, const wh_batch_t *b, char *base) {
+    uint32_t fields = rq->ignore_fields & rq->want;
+    for (uint32_t i = 0; fields && i < b->n; i++) {
+        if (!base[b->pad_off + i]) continue;
+        for (int f = 0; f < WH_MAX_FIELDS; f++) {
+            if (!(fields & (1u << f))) continue;
+            const wh_field_meta_t *m = &b->meta[f];
+            size_t size = wh_dtype_size(m->dtype);
+            char *p = base + b->off[f] + (uint64_t)i * m->nbytes;
+            if (!size ||
+                !wh__fill_value(p, m->dtype, m->nbytes / size, rq->ignore_int, rq->ignore_float))
+                continue;
+            if (rq->sums) rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] = XXH3_64bits(p, m->nbytes);
+        }
+    }
+}
+
 bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
                    wh_batch_stats_t *stats, wh_err_t *err) {
     memset(stats, 0, sizeof *stats);
@@ -120,6 +217,7 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
                 rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] =
                     rq->want & (1u << f) ? meta.f[f].checksum : 0;
     }
+    wh__fill_ignore(rq, b, c.data);
     stats->gen = gen;
     *data = c.data;
     return true;

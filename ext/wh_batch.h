@@ -50,6 +50,12 @@ typedef struct {
     /* may be NULL: sums[i * WH_MAX_FIELDS + f] gets the stored XXH3-64 of
      * field f of row i, the checksum its copy was checked against */
     uint64_t *sums;
+    /* pad='ignore': bit f set, field f of every padding row is filled with
+     * the value (integer fields: ignore_int, floating ones: ignore_float),
+     * its sum taken anew; the caller checks the value fits the dtype */
+    uint32_t ignore_fields;
+    int64_t ignore_int;
+    double ignore_float;
 } wh_batch_fill_t;
 
 /* What one fill met on the way. */

@@ -256,7 +256,33 @@ static PyObject *wh__none(void) {
     return Py_None;
 }
 
-/* ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s) */
+/* pad='ignore': the label fields (stored indices) and the value. */
+static int wh__ignore_args(wh_py_state_t *S, wh_batch_fill_t *rq, PyObject *fields,
+                           PyObject *value) {
+    PyObject *seq = PySequence_Fast(fields, "ignore_fields must be a sequence of field indices");
+    if (!seq) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (k < 0 || k >= WH_MAX_FIELDS) {
+            if (!PyErr_Occurred()) PyErr_Format(S->value, "field index %ld out of range", k);
+            Py_DECREF(seq);
+            return -1;
+        }
+        rq->ignore_fields |= 1u << k;
+    }
+    Py_DECREF(seq);
+    if (PyLong_Check(value)) {
+        rq->ignore_int = PyLong_AsLongLong(value);
+        rq->ignore_float = (double)rq->ignore_int;
+    } else {
+        rq->ignore_float = PyFloat_AsDouble(value);
+        rq->ignore_int = (int64_t)rq->ignore_float;
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s,
+ * ignore_fields=None, ignore_value=None) */
 static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     wh_py_state_t *S = wh_py_mstate(module);
     PyObject *ring, *store, *wantl;
@@ -264,8 +290,9 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     Py_buffer pos, pads;
     double timeout, wait_s;
     int skip;
-    if (!PyArg_ParseTuple(args, "OOKy*y*Odpd", &ring, &store, &gen, &pos, &pads, &wantl, &timeout,
-                          &skip, &wait_s))
+    PyObject *ignl = Py_None, *ignv = Py_None;
+    if (!PyArg_ParseTuple(args, "OOKy*y*Odpd|OO", &ring, &store, &gen, &pos, &pads, &wantl,
+                          &timeout, &skip, &wait_s, &ignl, &ignv))
         return NULL;
     PyObject *res = NULL, *seq = NULL;
     uint64_t *sums = NULL;
@@ -305,6 +332,7 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     c.rq.at = wh__fill_at;
     c.rq.at_ctx = &c;
     c.rq.sums = sums;
+    if (ignl != Py_None && wh__ignore_args(S, &c.rq, ignl, ignv) < 0) goto out;
     c.gen = gen;
     c.wait_s = wait_s;
     c.pos = pos.buf;
@@ -400,10 +428,12 @@ static PyType_Spec wh__ring_spec = {
 
 static PyMethodDef wh__ring_functions[] = {
     {"ring_fill", (PyCFunction)wh__ring_fill, METH_VARARGS,
-     "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s) -> RingFill: one "
+     "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s, "
+     "ignore_fields=None, ignore_value=None) -> RingFill: one "
      "batch read (each sample once, through the read policy) into a free slot of ring, or heap "
      "memory when none comes free in wait_s (ring None: always); positions uint32 and pads one "
-     "byte per row, as bytes."},
+     "byte per row, as bytes. ignore_fields, ignore_value: pad='ignore', the padding rows' "
+     "label fields filled with the value (the caller checks it fits)."},
     {NULL, NULL, 0, NULL},
 };
 

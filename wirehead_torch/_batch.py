@@ -12,7 +12,6 @@ in-process, into the batch's tensors.
 """
 import logging
 import os
-import struct
 import weakref
 from typing import NamedTuple, Optional
 
@@ -26,7 +25,6 @@ log = logging.getLogger("wirehead_torch")
 # How long a DataLoader worker waits for one of its slots (held by the main
 # process's tensors) before it sends a batch the plain way.
 RING_WAIT_S = 0.5
-_CHECK = struct.Struct("=QQQ")  # a row's check: offset, bytes, XXH3-64
 
 
 # What batches=True cannot serve, by keyword: the batch's tensors view a
@@ -87,23 +85,6 @@ class Batch:
     def __init__(self, ring, slot, stamp, mem, layout, fields, extras, checks, size):
         self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
         self.fields, self.extras, self.checks, self.size = fields, extras, checks, size
-
-    def resum(self, k, r):
-        """Row r of layout entry k was written after its read: its check anew."""
-        if self.slot is None:
-            return
-        nb = self.layout[k].nbytes
-        off = self.fields[k].offset + r * nb
-        for i in range(0, len(self.checks), _CHECK.size):
-            if _CHECK.unpack_from(self.checks, i)[0] == off:
-                _CHECK.pack_into(self.checks, i, off, nb, self.ring.c.hash(self.slot, off, nb))
-
-    def row(self, k, r):
-        """Layout entry k of row r as a flat, writable tensor over the batch's memory."""
-        torch = _import_torch()
-        nb = self.layout[k].nbytes
-        off = self.fields[k].offset + r * nb
-        return torch.from_dlpack(self.mem)[off:off + nb].view(getattr(torch, self.layout[k].dtype))
 
 
 class BatchRing:
@@ -224,20 +205,25 @@ class BatchRing:
         raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
 
     # --- reading a batch ---------------------------------------------------
-    def fill(self, store, gen, positions, worker, skip=True, pads=None):
+    def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None):
         """(Batch, rows): the samples at positions of generation gen, each
         read once through the store's read policy (a reclaimed generation
         moves to the newest; a corrupt sample is skipped and a neighbour
         stands in, or with skip=False raises CorruptSampleError naming it)
         into its row of a free slot of this process's ring, in one C call.
         rows: one RowRead (generation, position, is_pad, params_version) per
-        sample, as read; pads: which rows the plan pads. worker: the
-        DataLoader worker id, None in-process."""
+        sample, as read; pads: which rows the plan pads; ignore: (label
+        field names, ignore_index) for pad='ignore', written into the
+        padding rows' label fields (the caller checks it fits their dtype).
+        worker: the DataLoader worker id, None in-process."""
         ring = self.worker_ring(worker)
         pos = np.asarray(positions, dtype=np.uint32)
         pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
+        labels, value = ignore or ((), None)
         got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
-                           self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0)
+                           self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0,
+                           [i for i, name in zip(self.want, self.names) if name in labels]
+                           if ignore else None, value)
         if got.mismatch_generation is not None:
             first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
                                  None) for i, name in zip(self.want, self.names)]
@@ -266,7 +252,7 @@ class BatchRing:
                   ("params_version", got.params_version_offset, "int64", n))
         slot = got.slot if got.slot >= 0 else None
         batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
-                      got.memory, layout, fields, extras, bytearray(got.checks), got.size)
+                      got.memory, layout, fields, extras, got.checks, got.size)
         return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
                                                   got.params_version)]
 
