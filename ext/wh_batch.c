@@ -50,7 +50,7 @@ static bool wh__bdest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t
     wh__bfill_t *c = ctx;
     wh_batch_t *b = c->b;
     uint32_t want = c->rq->want;
-    if (!c->data) {
+    if (c->i == 0) { /* again on a retry of the first row: the sample read may differ */
         if (!wh_batch_layout(b, m, c->rq->n, want, err)) return false;
         if (!(c->data = c->rq->mem(c->rq->mem_ctx, b, err))) return false;
     } else {

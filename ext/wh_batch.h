@@ -41,7 +41,9 @@ typedef struct {
     void (*at)(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
     void *at_ctx;
     /* memory for the batch, once its layout is known (from the first
-     * sample): at least b->size bytes, or NULL with err set */
+     * sample; called again when the first row's read is retried, the new
+     * memory replacing the old): at least b->size bytes, or NULL with err
+     * set */
     void *(*mem)(void *ctx, const wh_batch_t *b, wh_err_t *err);
     void *mem_ctx;
     /* may be NULL: called before each row is copied into the memory (a

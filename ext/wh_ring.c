@@ -506,6 +506,11 @@ typedef struct {
 static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh__rfill_t *c = ctx;
     void *data = NULL;
+    /* a retry of the first row lays the batch out again: what it had goes back */
+    if (c->slot >= 0) wh_ring_give_back(c->r, c->slot);
+    wh_buf_unref(c->heap);
+    c->slot = -1;
+    c->heap = NULL;
     if (c->r && !wh_ring_acquire(c->r, b->size, c->wait_s, &c->slot, &data, err)) {
         c->failed = true;
         return NULL;

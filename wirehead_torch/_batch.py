@@ -5,9 +5,10 @@ WireheadIterableDataset(batches=True) and the map-style readers
 A BatchRing belongs to one dataset. In each process that reads batches it
 holds that process's WorkerRing (_ring.py: a DataLoader worker's region, or
 region "m" when the dataset is iterated in the process that owns it) and the
-field layout learnt there. fill() reads each listed sample once, through the
-store's one C read policy, into its row of a free slot; deliver() turns the
-filled slot into what crosses the DataLoader's queue (a RingBatch handle) or,
+field layout last checked there. fill() is one C call (_C.ring_fill: each
+listed sample read once, through the store's one read policy, into its row
+of a free slot, with the rows' extras); deliver() turns the filled slot
+into what crosses the DataLoader's queue (a RingBatch handle) or,
 in-process, into the batch's tensors.
 """
 import logging
