@@ -2560,6 +2560,112 @@ out:
     ring_unlink(path);
 }
 
+/* A worker's fill of a ring slot (wh_ring_fill over wh_batch_fill) from a
+ * real store: rows, extras, the stored checksums handed over, pad='ignore'
+ * written with its checks anew, a row of another shape named, and heap
+ * memory when the one slot is held. */
+typedef struct {
+    const uint32_t *pos;
+    const bool *pad;
+} ring_at_t;
+
+static void ring_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
+    const ring_at_t *a = ctx;
+    *pos = a->pos[i];
+    *pad = a->pad[i];
+}
+
+static void t_ring_fill(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/whctest-ringfill-%d", (int)getpid());
+    ring_unlink(path);
+    wh_err_t e = {0};
+    wh_ring_t *r = NULL;
+    wh_buf_t *held = NULL, *heap = NULL;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    bool lead, sealed, busy, rf = false;
+    uint64_t gen = 0;
+    REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
+    /* ids 0, 500 and 1000 hold 8 int32 of data, id 1 holds 9 */
+    static const uint64_t ids[4] = {0, 500, 1000, 1};
+    for (int i = 0; i < 4; i++) REQUIRE(fill_ids(st, ids[i], 1), "put %d", i);
+    REQUIRE(seal_once(st, &sealed, &gen) && sealed, "seal");
+    r = wh_ring_open(path, "0", 1, true, (int64_t)getpid(), &busy, &e);
+    REQUIRE(r, "ring: %s", e.message);
+    uint32_t pos[3] = {0, 1, 2};
+    bool pad[3] = {false, false, true};
+    ring_at_t at = {pos, pad};
+    uint64_t sums[3 * WH_MAX_FIELDS];
+    wh_batch_fill_t rq = {.st = st,
+                          .schema = &c.schema,
+                          .n = 3,
+                          .want = 3,
+                          .timeout_s = 5,
+                          .at = ring_at,
+                          .at_ctx = &at,
+                          .sums = sums,
+                          .ignore_fields = 2,
+                          .ignore_int = -100,
+                          .ignore_float = -100};
+    wh_batch_t b;
+    wh_batch_stats_t bs;
+    void *data = NULL;
+    int slot = -1;
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == 0 &&
+                !heap,
+            "fill: %s", e.message);
+    const char *base = data;
+    wh_ring_check_t ck[6];
+    for (uint32_t i = 0; i < 3; i++) {
+        int64_t g, p, id;
+        memcpy(&g, base + b.gen_off + 8 * i, 8);
+        memcpy(&p, base + b.pos_off + 8 * i, 8);
+        memcpy(&id, base + b.off[0] + 8 * i, 8);
+        CHECK(g == (int64_t)gen && p == pos[i] && base[b.pad_off + i] == pad[i] &&
+                  id == (int64_t)ids[i],
+              "row %u: generation %lld position %lld pad %d id %lld", i, (long long)g, (long long)p,
+              base[b.pad_off + i], (long long)id);
+        const int32_t *d = (const int32_t *)(base + b.off[1] + (uint64_t)i * b.meta[1].nbytes);
+        for (int k = 0; k < 8; k++)
+            CHECK(d[k] == (pad[i] ? -100 : data_val(ids[i], k)), "row %u data %d: %d", i, k, d[k]);
+        for (int f = 0; f < 2; f++) {
+            uint64_t off = b.off[f] + (uint64_t)i * b.meta[f].nbytes;
+            CHECK(sums[i * WH_MAX_FIELDS + f] == XXH3_64bits(base + off, b.meta[f].nbytes),
+                  "row %u field %d: its sum is not its bytes' XXH3", i, f);
+            ck[f * 3 + i] = (wh_ring_check_t){off, b.meta[f].nbytes, sums[i * WH_MAX_FIELDS + f]};
+        }
+    }
+    int64_t ver, seq;
+    REQUIRE(wh_ring_stamp(r, 0, &ver, &seq, &e), "stamp: %s", e.message);
+    REQUIRE(wh_ring_claim(r, 0, ver, seq, (int64_t)getpid(), b.size, ck, 6, 6, &held, &e),
+            "claim: %s", e.message);
+    /* the one slot is held: heap memory */
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == -1 &&
+                heap && data == heap->data,
+            "fill with every slot held: %s", e.message);
+    wh_buf_unref(heap);
+    heap = NULL;
+    wh_buf_unref(held);
+    held = NULL;
+    pos[1] = 3; /* id 1: 9 int32, not 8 */
+    CHECK(!wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && bs.mismatch &&
+              bs.mismatch_pos == 3 && !rf && strstr(e.message, "field 'data'") && slot == -1,
+          "a row of another shape: %s", e.message);
+    int64_t owner = -1;
+    CHECK(wh_ring_word(r, 0, WH_RING_OWNER, &owner, &e) && owner == 0,
+          "a failed fill kept its slot: owner %lld", (long long)owner);
+out:
+    wh_buf_unref(held);
+    wh_buf_unref(heap);
+    wh_ring_close(r);
+    ring_unlink(path);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
@@ -2600,6 +2706,8 @@ int main(int argc, char **argv) {
         {"3 writers + manager + reader through 320 swaps", t_concurrent, false},
         {"params: versions, the bound, damage, a dead setter's lock", t_params, false},
         {"workers' ring: hand-over, checks, release, growth, reclaim, truncation", t_ring, false},
+        {"workers' ring: a fill from the store, pad='ignore', another shape, heap", t_ring_fill,
+         false},
         {"stress: generation ids after seals faster than 1/us", t_gen_ids_fast_seals, true},
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(cases); i++) {
