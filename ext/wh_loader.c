@@ -1,5 +1,6 @@
 /* Prefetching batch reader. Each ring slot is one wh_buf holding a whole
- * batch (every wanted field stacked, then is_pad, generation, position).
+ * batch, laid out and filled by wh_batch.c (the fill the DataLoader
+ * workers' ring uses too).
  * Slot states: FREE -> FILLING (a thread owns it) -> READY -> OUT (handed
  * to the caller). An OUT slot comes back FREE when its last reference goes,
  * from whichever thread drops it; the loader itself lives until then. */

@@ -1,5 +1,6 @@
 /* wirehead_torch._C.SharedMap: a mapped ring file with atomic control words
- * (wh_ring.h), the DataLoader batch ring's shared memory. */
+ * (wh_ring.h), the raw view tests and tools take of a ring's or the store's
+ * file; the ring itself is _C.Ring (wh_py_ring.c). */
 #include "wh_py.h"
 
 #include <errno.h>

@@ -82,9 +82,9 @@ static PyObject *wh__bytes_array(wh_py_state_t *S, wh_buf_t *buf, uint64_t size)
 }
 
 static PyObject *wh__ring_give_back(wh__pyring_t *self, PyObject *arg) {
-    int j = PyLong_AsLong(arg) > INT32_MAX ? -1 : (int)PyLong_AsLong(arg);
+    long j = PyLong_AsLong(arg);
     if ((j == -1 && PyErr_Occurred()) || !wh__ring_open(self)) return NULL;
-    wh_ring_give_back(self->r, j);
+    wh_ring_give_back(self->r, j < 0 || j > INT32_MAX ? -1 : (int)j);
     Py_RETURN_NONE;
 }
 

@@ -1,5 +1,7 @@
 /* The DataLoader workers' batch ring: slot files in /dev/shm shared by the
- * workers and the DataLoader's main process (wirehead_torch/_ring.py). */
+ * workers and the DataLoader's main process, the protocol that hands a slot
+ * between them, and a worker's fill of a slot (bound in wh_py_ring.c;
+ * wirehead_torch/_ring.py keeps the DataLoader glue). */
 #ifndef WH_RING_H
 #define WH_RING_H
 
@@ -10,8 +12,7 @@
 #include "wh.h"
 #include "wh_batch.h"
 
-/* The DataLoader workers' batch ring (wirehead_torch/_ring.py) assembles
- * batches across processes: a worker and the DataLoader's main process map
+/* The ring assembles batches across processes: a worker and the DataLoader's main process map
  * the same files under /dev/shm, and slot ownership lives in 64-bit control
  * words that both sides change with atomic operations. Every ring file is
  * made and opened through wh_shmfile (ours, mode 0600, never a symlink) and
