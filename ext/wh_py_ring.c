@@ -361,14 +361,16 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
                            PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none());
         goto out;
     }
+    /* a slot's bytes reach Python through claim or local; heap memory here */
     wh_buf_t *mb = c.heap;
     c.heap = NULL;
     PyObject *mem = NULL;
-    if (c.slot >= 0 &&
-        (!wh_ring_stamp(c.r, c.slot, &ver, &sq, &err) || !wh_ring_slot_buf(c.r, c.slot, &mb, &err)))
-        wh__ring_raise(&err, false);
-    else
+    if (mb)
         mem = wh__bytes_array(S, mb, c.b.size);
+    else if (wh_ring_stamp(c.r, c.slot, &ver, &sq, &err))
+        mem = wh__none();
+    else
+        wh__ring_raise(&err, false);
     if (!mem) {
         Py_DECREF(layouts);
         Py_DECREF(offsets);
@@ -441,7 +443,8 @@ static PyStructSequence_Field wh__fill_fields[] = {
     {"slot", "the ring slot filled, -1: heap memory (or nothing, see mismatch_generation)"},
     {"version", "the slot's file version (for its handle)"},
     {"sequence", "the slot's fill sequence (for its handle)"},
-    {"memory", "uint8 Array over the batch's bytes; None with a mismatch"},
+    {"memory", "uint8 Array over the batch's bytes in heap memory; None for a slot (claimed or "
+               "taken locally) or a mismatch"},
     {"layouts", "per stored field the FieldLayout of one row (the first row's), None if not "
                 "wanted"},
     {"offsets", "per stored field where its rows start, None if not wanted"},

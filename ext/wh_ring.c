@@ -390,16 +390,6 @@ bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, 
     return ok;
 }
 
-bool wh_ring_slot_buf(wh_ring_t *r, int j, wh_buf_t **out, wh_err_t *err) {
-    if (!wh__slot_ok(r, j, err)) return false;
-    pthread_mutex_lock(&r->mu);
-    wh__smap_t *s = wh__words_ok(r, err) ? wh__slot(r, j, err) : NULL;
-    if (s) wh_buf_ref(&s->buf);
-    pthread_mutex_unlock(&r->mu);
-    *out = s ? &s->buf : NULL;
-    return s != NULL;
-}
-
 static void wh__held_release(wh_buf_t *b) {
     wh__held_t *h = (wh__held_t *)b;
     wh_ring_t *r = h->r;

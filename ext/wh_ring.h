@@ -118,9 +118,6 @@ void wh_ring_give_back(wh_ring_t *r, int j);
 bool wh_ring_stamp(wh_ring_t *r, int j, int64_t *ver, int64_t *seq, wh_err_t *err);
 /* XXH3-64 of bytes [off, off + n) of slot j, its file checked first. */
 bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, wh_err_t *err);
-/* Slot j's mapping as it is now, a new reference (no claim on the slot:
- * the worker's own view of what it fills). */
-bool wh_ring_slot_buf(wh_ring_t *r, int j, wh_buf_t **out, wh_err_t *err);
 /* Control word k of slot j. */
 bool wh_ring_word(wh_ring_t *r, int j, int k, int64_t *out, wh_err_t *err);
 

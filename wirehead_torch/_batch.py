@@ -77,8 +77,8 @@ def _itemsize(dtype):
 
 class Batch:
     """One filled batch: the slot (None: heap memory, no slot was free)
-    and its (version, sequence), its memory (a uint8 Array), the field
-    layout and each field's place in it, the extras' places (is_pad,
+    and its (version, sequence), its heap memory (a uint8 Array; None for a
+    slot), the field layout and each field's place in it, the extras' places (is_pad,
     generation, position, params_version) and the rows' checks."""
 
     __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "checks", "size")
@@ -268,10 +268,9 @@ class BatchRing:
         when no slot was free. extras: add the rows' is_pad, generation,
         position and params_version as small tensors."""
         more = batch.extras if extras else ()
-        mem, batch.mem = batch.mem, None
         if batch.slot is None:
+            mem, batch.mem = batch.mem, None
             return _ring.tensors(mem, batch.fields, more, self.form)
-        del mem  # the worker's own view of the slot: the handle or local() takes it over
         if in_worker:
             return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
                                      bytes(batch.checks), batch.size)
