@@ -10,7 +10,8 @@ WH_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 WH_HDRS    := $(wildcard ext/*.h)
 # the sample order: pure arithmetic over wh.c
 WH_PLAN_SRCS  := ext/wh.c ext/wh_plan.c
-# the store (both backends) and what it stands on: every ext/ file but the
+# the store (both backends) and what it stands on (the batch fill and the
+# workers' ring, wh_batch.c and wh_ring.c, included): every ext/ file but the
 # Python glue, the readers built on the store, and the CUDA stage
 WH_NOT_STORE  := $(wildcard ext/wh_py*.c) ext/wh_dlpack.c ext/wh_loader.c ext/wh_plan.c \
                  ext/wh_cuda.c ext/wh_cudart.c

@@ -1,5 +1,6 @@
 /* Prefetching batch reader. Each ring slot is one wh_buf holding a whole
- * batch (every wanted field stacked, then is_pad, generation, position).
+ * batch, laid out and filled by wh_batch.c (the fill the DataLoader
+ * workers' ring uses too).
  * Slot states: FREE -> FILLING (a thread owns it) -> READY -> OUT (handed
  * to the caller). An OUT slot comes back FREE when its last reference goes,
  * from whichever thread drops it; the loader itself lives until then. */
@@ -11,17 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
-#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
-#include <xxh_x86dispatch.h> /* XXH3 with the widest SIMD the CPU has, chosen at run time */
-#endif
-
-#include "wh_shmfile.h"
 
 enum {
     WH__FREE,
@@ -141,115 +133,64 @@ static wh__lslot_t *wh__slot_free(wh_loader_t *ld) {
 
 typedef struct {
     wh_loader_t *ld;
-    wh__lslot_t *s;
-    uint32_t i, n;
-    const wh_read_at_t *at; /* the attempt in progress (for messages) */
-} wh__fill_t;
+    const wh_plan_perm_t *perm;
+    uint64_t first;
+} wh__plan_at_t;
 
-static void wh__shape_str(const wh_field_meta_t *f, char *out, size_t cap) {
-    size_t k = (size_t)snprintf(out, cap, "%s(", wh_dtype_name(f->dtype));
-    for (int d = 0; d < f->ndim && k < cap; d++)
-        k += (size_t)snprintf(out + k, cap - k, d ? ", %lld" : "%lld", (long long)f->shape[d]);
-    if (k < cap) snprintf(out + k, cap - k, ")");
+static void wh__plan_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
+    wh__plan_at_t *c = ctx;
+    wh_plan_item_at(&c->ld->cfg.plan, c->perm, c->first + i, pos, pad);
 }
 
-/* Lays out the batch from its first sample; grows the buffer if needed. */
-static bool wh__layout(wh__fill_t *c, const wh_sample_meta_t *m, wh_err_t *err) {
-    wh_loader_t *ld = c->ld;
-    wh__lslot_t *s = c->s;
-    uint64_t off = 0, n = c->n, part;
-    for (int f = 0; f < m->nfields; f++) {
-        s->b.meta[f] = m->f[f];
-        s->b.off[f] = off;
-        if (!(ld->cfg.want & (1u << f))) continue;
-        if (!wh_mul_ok(m->f[f].nbytes, n, &part) || part > WH_SAMPLE_MAX_BYTES * 64 ||
-            !wh_add_ok(off, WH_ALIGN_UP(part), &off))
-            return wh_err_set(err, WH_E_INVALID, "batch size overflows");
-    }
-    s->b.pad_off = off;
-    s->b.gen_off = off + WH_ALIGN_UP(n);
-    s->b.pos_off = s->b.gen_off + WH_ALIGN_UP(8 * n);
-    s->b.pv_off = s->b.pos_off + WH_ALIGN_UP(8 * n);
-    uint64_t total = s->b.pv_off + WH_ALIGN_UP(8 * n);
-    if (total > s->cap) {
+/* The slot's buffer, grown to the batch's size. */
+static void *wh__slot_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
+    wh__lslot_t *s = ctx;
+    wh_loader_t *ld = s->ld;
+    if (b->size > s->cap) {
         if (s->buf.data) ld->cfg.alloc.free(ld->cfg.alloc.ctx, s->buf.data, s->cap);
-        s->buf.data = ld->cfg.alloc.alloc(ld->cfg.alloc.ctx, total);
-        s->cap = s->buf.data ? total : 0;
+        s->buf.data = ld->cfg.alloc.alloc(ld->cfg.alloc.ctx, b->size);
+        s->cap = s->buf.data ? b->size : 0;
         if (!s->buf.data)
             return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch buffer",
-                              (unsigned long long)total);
+                              (unsigned long long)b->size),
+                   NULL;
     }
-    s->buf.size = total;
-    return true;
-}
-
-static bool wh__dest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t *err) {
-    wh__fill_t *c = ctx;
-    wh__lslot_t *s = c->s;
-    const wh_schema_t *schema = &c->ld->cfg.store.schema;
-    if (c->i == 0) {
-        if (!wh__layout(c, m, err)) return false;
-    } else {
-        for (int f = 0; f < m->nfields; f++) {
-            if (!(c->ld->cfg.want & (1u << f)) || wh_field_meta_same(&m->f[f], &s->b.meta[f]))
-                continue;
-            char a[160], b[160];
-            wh__shape_str(&m->f[f], a, sizeof a);
-            wh__shape_str(&s->b.meta[f], b, sizeof b);
-            return wh_err_set(err, WH_E_INVALID,
-                              "field '%s': sample at position %u of generation %llu is %s but "
-                              "the batch's first sample is %s; samples stacked in one batch "
-                              "need one shape (use WireheadIterableDataset with a collate_fn "
-                              "for ragged samples)",
-                              schema->names[f], c->at->pos, (unsigned long long)c->at->gen, a, b);
-        }
-    }
-    for (int f = 0; f < m->nfields; f++)
-        if (c->ld->cfg.want & (1u << f))
-            dst[f] = (char *)s->buf.data + s->b.off[f] + (uint64_t)c->i * m->f[f].nbytes;
-    return true;
+    s->buf.size = b->size;
+    return s->buf.data;
 }
 
 static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t index, uint64_t gen,
                      const wh_plan_perm_t *perm, wh_err_t *err) {
     uint64_t first = index * ld->cfg.batch;
     uint32_t n = (uint32_t)(ld->steps - first < ld->cfg.batch ? ld->steps - first : ld->cfg.batch);
-    s->b.index = index;
-    s->b.n = n;
     if (ld->cfg.refresh == WH_REFRESH_STEP) {
         uint64_t g = 0;
         if (wh_store_current(st, &g, NULL) && g > gen) gen = g;
     }
-    wh_read_at_t at;
-    wh__fill_t c = {ld, s, 0, n, &at};
-    for (uint32_t i = 0; i < n; i++) {
-        bool pad;
-        memset(&at, 0, sizeof at);
-        at.gen = gen;
-        wh_plan_item_at(&ld->cfg.plan, perm, first + i, &at.pos, &pad);
-        c.i = i;
-        wh_sample_meta_t meta;
-        bool ok =
-            wh_store_read_sample(st, &at, ld->cfg.timeout_s, &ld->stop, wh__dest, &c, &meta, err);
-        if (at.gone) __atomic_fetch_add(&ld->stats.gone, at.gone, __ATOMIC_RELAXED);
-        if (at.corrupt || at.gen > gen) {
-            pthread_mutex_lock(&ld->mu);
-            ld->stats.corrupt += at.corrupt;
-            if (at.corrupt) memcpy(ld->stats.last_skip, at.last_skip, sizeof at.last_skip);
-            if (at.gen > ld->gen) ld->gen = at.gen;
-            pthread_mutex_unlock(&ld->mu);
-        }
-        if (!ok) return wh_err_prefix(err, "batch %llu", (unsigned long long)index);
-        gen = at.gen;
-        pad = pad || at.pad;
-        uint32_t pos = at.pos;
-        char *base = s->buf.data;
-        base[s->b.pad_off + i] = pad;
-        int64_t g64 = (int64_t)gen, p64 = pos, v64 = (int64_t)meta.params_version;
-        memcpy(base + s->b.gen_off + 8 * (uint64_t)i, &g64, 8);
-        memcpy(base + s->b.pos_off + 8 * (uint64_t)i, &p64, 8);
-        memcpy(base + s->b.pv_off + 8 * (uint64_t)i, &v64, 8);
+    wh__plan_at_t pc = {ld, perm, first};
+    wh_batch_fill_t rq = {.st = st,
+                          .schema = &ld->cfg.store.schema,
+                          .n = n,
+                          .want = ld->cfg.want,
+                          .timeout_s = ld->cfg.timeout_s,
+                          .stop = &ld->stop,
+                          .at = wh__plan_at,
+                          .at_ctx = &pc,
+                          .mem = wh__slot_mem,
+                          .mem_ctx = s};
+    wh_batch_stats_t bs;
+    void *data;
+    bool ok = wh_batch_fill(&rq, gen, &s->b, &data, &bs, err);
+    s->b.index = index;
+    if (bs.gone) __atomic_fetch_add(&ld->stats.gone, bs.gone, __ATOMIC_RELAXED);
+    if (bs.corrupt || bs.gen > gen) {
+        pthread_mutex_lock(&ld->mu);
+        ld->stats.corrupt += bs.corrupt;
+        if (bs.corrupt) memcpy(ld->stats.last_skip, bs.last_skip, sizeof bs.last_skip);
+        if (bs.gen > ld->gen) ld->gen = bs.gen;
+        pthread_mutex_unlock(&ld->mu);
     }
+    if (!ok) return wh_err_prefix(err, "batch %llu", (unsigned long long)index);
     __atomic_fetch_add(&ld->stats.items, n, __ATOMIC_RELAXED);
     return true;
 }
@@ -486,107 +427,4 @@ void wh_loader_destroy(wh_loader_t *ld) {
     for (uint32_t i = 0; i < ld->nthreads; i++) pthread_join(ld->threads[i], NULL);
     ld->nthreads = 0;
     wh__loader_unref(ld);
-}
-
-/* ---- the DataLoader workers' batch ring: shared maps, control words ---- */
-
-bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
-                 bool *busy, wh_err_t *err) {
-    m->base = NULL;
-    m->size = 0;
-    m->fd = -1;
-    if (busy) *busy = false;
-    if (strlen(path) >= sizeof m->path)
-        return wh_err_set(err, WH_E_INVALID, "ring file path too long: %s", path);
-    snprintf(m->path, sizeof m->path, "%s", path);
-    if (size == 0) return wh_err_set(err, WH_E_INVALID, "ring file %s: size 0", path);
-    int fd;
-    if (how == WH_MAP_CREATE) {
-        fd = wh_shmfile_create(path, size, err);
-    } else if (how == WH_MAP_OPEN) {
-        fd = wh_shmfile_open(path, size, err);
-    } else {
-        /* made empty, then locked, then reserved: whoever opens it meanwhile
-         * finds it locked, or empty and free to reserve under its own lock */
-        fd = wh_shmfile_create(path, 0, err);
-        if (fd == -EEXIST) fd = wh_shmfile_open(path, 0, err);
-    }
-    if (fd < 0) return false;
-    if (how == WH_MAP_REGION) {
-        uint64_t have = 0;
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            int e = errno;
-            close(fd);
-            if (e == EWOULDBLOCK && busy) *busy = true;
-            return wh_err_set(err, WH_E_SYS, "ring file %s: %s", path,
-                              e == EWOULDBLOCK ? "held by another live process" : strerror(e));
-        }
-        if (!wh_shmfile_check(fd, path, 0, &have, err) ||
-            (have == 0 && !wh_shmfile_reserve(fd, path, size, err))) {
-            close(fd);
-            return false;
-        }
-    }
-    if (!wh_shmfile_check(fd, path, size, NULL, err)) {
-        close(fd);
-        return false;
-    }
-    void *p =
-        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-    if (p == MAP_FAILED) {
-        int e = errno;
-        close(fd);
-        return wh_err_set(err, WH_E_SYS, "ring file %s: mmap of %zu bytes: %s", path, size,
-                          strerror(e));
-    }
-    if (hugepage) madvise(p, size, MADV_HUGEPAGE); /* advice only: shmem huge pages may be off */
-    m->base = p;
-    m->size = size;
-    m->fd = fd;
-    return true;
-}
-
-void wh_map_unlock(wh_map_t *m) {
-    if (m->fd >= 0) flock(m->fd, LOCK_UN);
-}
-
-bool wh_map_intact(const wh_map_t *m, wh_err_t *err) {
-    if (!m->base) return wh_err_set(err, WH_E_INVALID, "ring file %s: not mapped", m->path);
-    return wh_shmfile_check(m->fd, m->path, m->size, NULL, err);
-}
-
-bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err) {
-    if (!wh_map_intact(m, err)) return false;
-    if (off > m->size || n > m->size - off)
-        return wh_err_set(err, WH_E_INVALID, "ring file %s: bytes %zu..%zu to check, %zu mapped",
-                          m->path, off, off + n, m->size);
-    *out = XXH3_64bits((const char *)m->base + off, n);
-    return true;
-}
-
-void wh_map_close(wh_map_t *m) {
-    if (m->base) munmap(m->base, m->size);
-    if (m->fd >= 0) close(m->fd);
-    m->base = NULL;
-    m->size = 0;
-    m->fd = -1;
-}
-
-static int64_t *wh__word(const wh_map_t *m, size_t i) { return (int64_t *)m->base + i; }
-
-int64_t wh_word_load(const wh_map_t *m, size_t i) {
-    return __atomic_load_n(wh__word(m, i), __ATOMIC_SEQ_CST);
-}
-
-void wh_word_store(const wh_map_t *m, size_t i, int64_t v) {
-    __atomic_store_n(wh__word(m, i), v, __ATOMIC_SEQ_CST);
-}
-
-bool wh_word_cas(const wh_map_t *m, size_t i, int64_t expect, int64_t desired) {
-    return __atomic_compare_exchange_n(wh__word(m, i), &expect, desired, false, __ATOMIC_SEQ_CST,
-                                       __ATOMIC_SEQ_CST);
-}
-
-int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d) {
-    return __atomic_add_fetch(wh__word(m, i), d, __ATOMIC_SEQ_CST);
 }

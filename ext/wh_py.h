@@ -1,6 +1,6 @@
 /* Private to the Python bindings (ext/wh_py_*.c): the module state and the
  * helpers the binding files share. One file binds each type (Array, Store,
- * CudaStage, Loader, SharedMap, Xxh3) plus the plan functions; wh_py_module.c holds
+ * CudaStage, Loader, SharedMap, Ring, Xxh3) plus the plan functions; wh_py_module.c holds
  * the module definition and the exception types, wh_py_util.c the shared
  * helpers (the error mapping among them). Each
  * binding file adds its types and functions to the module through its
@@ -24,18 +24,19 @@
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout, *unavail,
         *notfound, *nostore, *lease, *pinned, *cuda;
-    PyTypeObject *array, *store, *loader, *map, *stage, *hasher;
+    PyTypeObject *array, *store, *loader, *map, *ring, *stage, *hasher;
     /* the named records results come in (struct sequences: still tuples) */
-    PyTypeObject *rec_put, *rec_read, *rec_copy, *rec_layout, *rec_batch, *rec_items, *rec_resume;
+    PyTypeObject *rec_put, *rec_read, *rec_copy, *rec_layout, *rec_batch, *rec_items, *rec_resume,
+        *rec_fill;
 } wh_py_state_t;
 
 /* one X() per field, laid out by hand */
 /* clang-format off */
 #define WH_PY_STATE_FIELDS(X)                                                                 \
     X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
-    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(stage) \
+    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(ring) X(stage) \
     X(hasher) \
-    X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume)
+    X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume) X(rec_fill)
 /* clang-format on */
 
 static inline wh_py_state_t *wh_py_mstate(PyObject *module) {
@@ -82,6 +83,13 @@ typedef struct {
 /* Store(...)'s arguments into out; the caller drops out->keep after use. */
 bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbuf_t *out);
 
+/* Runs fn on the handle of store (a Store of this module) with the GIL
+ * released and the handle's mutex held: 0 with *ok its result, or -1 with
+ * an exception set when store is no open Store (wh_py_store.c). */
+int wh_py_store_call(wh_py_state_t *S, PyObject *store,
+                     bool (*fn)(wh_store_t *, void *, wh_err_t *), void *ctx, bool *ok,
+                     wh_err_t *err);
+
 /* The GPU stage's counters merged into dict d (wh_py_cuda.c). */
 int wh_py_gpu_stats_into(PyObject *d, wh_gpu_t *g);
 
@@ -107,5 +115,6 @@ int wh_py_loader_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_plan_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_map_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_hash_exec(PyObject *m, wh_py_state_t *S);
+int wh_py_ring_exec(PyObject *m, wh_py_state_t *S);
 
 #endif

@@ -1,11 +1,12 @@
 /* wirehead_torch._C.SharedMap: a mapped ring file with atomic control words
- * (wh_loader.h), the DataLoader batch ring's shared memory. */
+ * (wh_ring.h), the raw view tests and tools take of a ring's or the store's
+ * file; the ring itself is _C.Ring (wh_py_ring.c). */
 #include "wh_py.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "wh_loader.h"
+#include "wh_ring.h"
 
 typedef struct {
     PyObject_HEAD wh_map_t

@@ -133,6 +133,20 @@ static bool wh__open(wh__pystore_t *self) {
     return self->st != NULL;
 }
 
+int wh_py_store_call(wh_py_state_t *S, PyObject *store,
+                     bool (*fn)(wh_store_t *, void *, wh_err_t *), void *ctx, bool *ok,
+                     wh_err_t *err) {
+    if (!PyObject_TypeCheck(store, S->store)) {
+        PyErr_Format(PyExc_TypeError, "expected a wirehead_torch._C.Store, got %s",
+                     Py_TYPE(store)->tp_name);
+        return -1;
+    }
+    wh__pystore_t *self = (wh__pystore_t *)store;
+    if (!wh__open(self)) return -1;
+    WH_PY_CALL(self, st, *ok, err, fn(self->st, ctx, err));
+    return 0;
+}
+
 static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
     (void)unused;
     if (self->inited) {

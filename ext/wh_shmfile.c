@@ -66,7 +66,8 @@ static int wh__reserve(int fd, const char *path, uint64_t size, wh_err_t *err) {
     struct statvfs vfs;
     unsigned long long avail = 0;
     if (fstatvfs(fd, &vfs) == 0) avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
-    wh_err_set(err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
+    /* a file size limit (EFBIG) leaves no room for this file either */
+    wh_err_set(err, r == ENOSPC || r == EFBIG ? WH_E_NOSPACE : WH_E_SYS,
                "%s: cannot reserve %llu bytes in /dev/shm (%s; %llu bytes free there)", path,
                (unsigned long long)size, strerror(r), avail);
     return r;

@@ -21,8 +21,9 @@
  * the first write; on that failure the file is removed again.
  * Returns the descriptor (the caller's to close), or a negative errno with
  * err set: -EEXIST when anything is at path already (then
- * wh_shmfile_open it, or refuse), -ENOSPC when the size cannot be
- * reserved (err->code WH_E_NOSPACE), another for any other failure. */
+ * wh_shmfile_open it, or refuse), -ENOSPC (or -EFBIG past a file size
+ * limit) when the size cannot be reserved (err->code WH_E_NOSPACE),
+ * another for any other failure. */
 int wh_shmfile_create(const char *path, uint64_t size, wh_err_t *err);
 
 /* Opens the existing file at path read-write, close-on-exec, without
@@ -43,7 +44,7 @@ bool wh_shmfile_check(int fd, const char *path, uint64_t min_size, uint64_t *siz
 
 /* Reserves size bytes of the open file fd (posix_fallocate); false with
  * err naming path, the size and the free space in /dev/shm (WH_E_NOSPACE
- * when there is no room). Does not remove the file. */
+ * when there is no room, or a file size limit forbids it). Does not remove the file. */
 bool wh_shmfile_reserve(int fd, const char *path, uint64_t size, wh_err_t *err);
 
 #endif

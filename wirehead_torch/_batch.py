@@ -5,9 +5,10 @@ WireheadIterableDataset(batches=True) and the map-style readers
 A BatchRing belongs to one dataset. In each process that reads batches it
 holds that process's WorkerRing (_ring.py: a DataLoader worker's region, or
 region "m" when the dataset is iterated in the process that owns it) and the
-field layout learnt there. fill() reads each listed sample once, through the
-store's one C read policy, into its row of a free slot; deliver() turns the
-filled slot into what crosses the DataLoader's queue (a RingBatch handle) or,
+field layout last checked there. fill() is one C call (_C.ring_fill: each
+listed sample read once, through the store's one read policy, into its row
+of a free slot, with the rows' extras); deliver() turns the filled slot
+into what crosses the DataLoader's queue (a RingBatch handle) or,
 in-process, into the batch's tensors.
 """
 import logging
@@ -25,7 +26,6 @@ log = logging.getLogger("wirehead_torch")
 # How long a DataLoader worker waits for one of its slots (held by the main
 # process's tensors) before it sends a batch the plain way.
 RING_WAIT_S = 0.5
-_ALIGN = 64  # each field's rows start on a cache line of the slot
 
 
 # What batches=True cannot serve, by keyword: the batch's tensors view a
@@ -53,7 +53,7 @@ def refuse_with_batches(**given):
 
 
 class LayoutEntry(NamedTuple):
-    """A field of the samples a batch stacks, as learnt from one of them."""
+    """A field of the samples a batch stacks, as learnt from its first row."""
     index: int  # in the stored sample
     name: str  # stored name
     dtype: str
@@ -70,44 +70,22 @@ class RowRead(NamedTuple):
     params_version: int  # of the sample read (docs/params.md)
 
 
-class _NewLayout(Exception):
-    """A batch's first sample has another layout than the one cached."""
-
-
 def _itemsize(dtype):
     torch = _import_torch()  # not before a batch is read: numpy-only readers lack it
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
 class Batch:
-    """One batch being filled: the slot (None: ordinary memory, no slot was
-    free), its memory, the field layout and each field's place in it."""
+    """One filled batch: the slot (None: heap memory, no slot was free)
+    and its (version, sequence), its heap memory (a uint8 Array; None for a
+    slot), the field layout and each field's place in it, the extras' places (is_pad,
+    generation, position, params_version) and the rows' checks."""
 
-    __slots__ = ("ring", "slot", "mem", "layout", "fields", "sums")
+    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "checks", "size")
 
-    def __init__(self, ring, slot, mem, layout, fields):
-        self.ring, self.slot, self.mem, self.layout, self.fields = ring, slot, mem, layout, fields
-        self.sums = {}  # (layout entry, row) -> the XXH3-64 its bytes have
-
-    def checks(self):
-        """(offset, nbytes, XXH3-64) of every row of every field: what the
-        main process checks a slot against before a tensor views it."""
-        return [(self.fields[k].offset + r * self.layout[k].nbytes, self.layout[k].nbytes, h)
-                for (k, r), h in sorted(self.sums.items())]
-
-    def resum(self, k, r):
-        """Row r of layout entry k was written after its read: hash it anew."""
-        if self.slot is not None:
-            nb = self.layout[k].nbytes
-            self.sums[(k, r)] = self.mem.hash(self.fields[k].offset + r * nb, nb)
-
-    def row(self, k, r):
-        """Layout entry k of row r as a flat, writable tensor over the batch's memory."""
-        dtype, nb = self.layout[k].dtype, self.layout[k].nbytes
-        torch = _import_torch()
-        return torch.frombuffer(memoryview(self.mem).cast("B"), dtype=getattr(torch, dtype),
-                                offset=self.fields[k].offset + r * nb,
-                                count=nb // _itemsize(dtype))
+    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, checks, size):
+        self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
+        self.fields, self.extras, self.checks, self.size = fields, extras, checks, size
 
 
 class BatchRing:
@@ -135,13 +113,13 @@ class BatchRing:
         # ring files are named by the DataLoader's main process and this token
         self.token = os.urandom(6).hex()
         self._ring = (None, None)  # (pid, WorkerRing) in this process
-        self._layout = (None, None)  # (pid, field layout) in this process
+        self._checked = (None, None)  # (pid, the layout last checked) in this process
         self._pickled_by = self._unpickled_in = None
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d["_ring"] = d["_layout"] = (None, None)
+        d["_ring"] = d["_checked"] = (None, None)
         d["_pickled_by"] = os.getpid()
         return d
 
@@ -184,31 +162,36 @@ class BatchRing:
         return ring
 
     # --- layout ------------------------------------------------------------
-    def layout(self, store, gen, pos, skip=True):
-        """[LayoutEntry] of the sample at (gen, pos), checked against what
-        torch can hold."""
-        torch = _import_torch()
-        arrs = store.read_sample(gen, pos, self.want, self.timeout, skip).arrays
+    def _layout(self, layouts):
+        """[LayoutEntry] of a batch's first row (layouts: ring_fill's
+        FieldLayouts), checked against what torch can hold once per layout
+        and process."""
         out = []
         for i, name in zip(self.want, self.names):
-            a = arrs[i]
-            target = (self.cast or {}).get(name)
-            if _torch_dtype(target or a.dtype, asked=target is not None) is None:
-                if target is None:
-                    raise TypeError(needs_cast_message(name, a.dtype, numpy_ok=False))
-                raise TypeError(f"cast={{'{name}': {target!r}}}: torch {torch.__version__} "
-                                f"has no dtype {target!r}")
-            if _torch_dtype(a.dtype, asked=True) is None:
-                raise TypeError(f"field '{name}' is stored as {a.dtype}, which torch "
+            dtype, shape = layouts[i].dtype, tuple(layouts[i].shape)
+            out.append(LayoutEntry(i, name, dtype, shape, 0, (self.cast or {}).get(name)))
+        pid, checked = self._checked
+        if pid == os.getpid() and [e._replace(nbytes=0) for e in checked] == out:
+            return checked
+        torch = _import_torch()
+        for e in out:
+            if _torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
+                if e.cast is None:
+                    raise TypeError(needs_cast_message(e.name, e.dtype, numpy_ok=False))
+                raise TypeError(f"cast={{'{e.name}': {e.cast!r}}}: torch {torch.__version__} "
+                                f"has no dtype {e.cast!r}")
+            if _torch_dtype(e.dtype, asked=True) is None:
+                raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
                                 f"{torch.__version__} cannot view; batches=True needs a dtype "
                                 f"torch has (use batches=False with cast=)")
-            nbytes = int(np.prod(a.shape, dtype=np.int64)) * _itemsize(a.dtype)
-            out.append(LayoutEntry(i, name, a.dtype, tuple(a.shape), nbytes, target))
+        out = [e._replace(nbytes=int(np.prod(e.shape, dtype=np.int64)) * _itemsize(e.dtype))
+               for e in out]
+        self._checked = (os.getpid(), out)
         return out
 
-    def _shape_error(self, store, gen, pos, layout, skip, cause=None):
+    def _shape_error(self, store, gen, pos, layout, skip):
         """Raises the error naming the field of the sample at (gen, pos)
-        that differs from the batch's layout; cause: the read's own error."""
+        that differs from the batch's layout."""
         # the generation the read policy finds it in (the newest if gen was reclaimed)
         got = store.read_sample(gen, pos, self.want, self.timeout, skip)
         gen, pos = got.generation, got.position
@@ -219,101 +202,76 @@ class BatchRing:
                     f"{self.what} stacks samples of one shape: field '{e.name}' is {e.dtype} "
                     f"{list(e.shape)} in this batch but {a.dtype} {list(a.shape)} at "
                     f"generation {gen} position {pos}; use batches=False with a collate_fn "
-                    f"for samples of varying shape") from cause
-        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch"
-                           + (f": {cause}" if cause else "")) from cause
+                    f"for samples of varying shape")
+        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
 
     # --- reading a batch ---------------------------------------------------
-    def fill(self, store, gen, positions, worker, skip=True):
+    def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None):
         """(Batch, rows): the samples at positions of generation gen, each
         read once through the store's read policy (a reclaimed generation
         moves to the newest; a corrupt sample is skipped and a neighbour
         stands in, or with skip=False raises CorruptSampleError naming it)
-        into its row of a free slot of this process's ring. rows: one
-        RowRead (generation, position, is_pad, params_version) per sample, as read. worker: the
-        DataLoader worker id, None in-process."""
+        into its row of a free slot of this process's ring, in one C call.
+        rows: one RowRead (generation, position, is_pad, params_version) per
+        sample, as read; pads: which rows the plan pads; ignore: (label
+        field names, ignore_index) for pad='ignore', written into the
+        padding rows' label fields (the caller checks it fits their dtype).
+        worker: the DataLoader worker id, None in-process."""
         ring = self.worker_ring(worker)
-        pid, layout = self._layout
-        layout = layout if pid == os.getpid() else None
-        # the layout is learnt once per process (one extra read) and again
-        # only when a batch's first sample differs from it
+        pos = np.asarray(positions, dtype=np.uint32)
+        pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
+        labels, value = ignore or ((), None)
+        got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
+                           self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0,
+                           [i for i, name in zip(self.want, self.names) if name in labels]
+                           if ignore else None, value)
+        if got.mismatch_generation is not None:
+            first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
+                                 None) for i, name in zip(self.want, self.names)]
+            self._shape_error(store, got.mismatch_generation, got.mismatch_position, first, skip)
         try:
-            if layout is None:
-                raise _NewLayout
-            got = self._one(store, ring, layout, gen, positions, worker, skip, True)
-        except _NewLayout:
-            layout = self.layout(store, gen, positions[0], skip)
-            got = self._one(store, ring, layout, gen, positions, worker, skip, False)
-        self._layout = (os.getpid(), layout)
-        return got
-
-    def _one(self, store, ring, layout, gen, positions, worker, skip, may_relayout):
-        n = len(positions)
-        fields, off = [], 0
-        for e, key in zip(layout, self.keys):
-            fields.append(_ring.SlotField(key, e.dtype, (n,) + e.shape, off, e.nbytes * n, e.cast))
-            off += -(-e.nbytes * n // _ALIGN) * _ALIGN
-        got = ring.acquire(off, RING_WAIT_S if worker is not None else 0) if ring else None
-        if got is None:
-            slot, mem = None, np.empty(off, np.uint8)
-            if ring is not None and not ring.warned:
-                ring.warned = True
-                log.warning("wirehead: every ring slot of worker %s is still held by batches "
-                            "in use; sending batches the ordinary way (a copy) while that "
-                            "lasts (raise ring_slots)", ring.worker)
-        else:
-            slot, mem = got
-        batch = Batch(ring, slot, mem, layout, fields)
-        try:
-            rows = self._rows(store, batch, gen, positions, skip, may_relayout)
+            layout = self._layout(got.layouts)
         except BaseException:
-            self.give_back(batch)
+            if got.slot >= 0:
+                ring.give_back(got.slot)
             raise
-        return batch, rows
-
-    def _rows(self, store, batch, gen, positions, skip, may_relayout):
-        """Reads each sample into its row of batch (one copy each)."""
-        layout, fields = batch.layout, batch.fields
-        view = memoryview(batch.mem).cast("B")
-        rows = []
-        for r, pos in enumerate(positions):
-            bufs = [None] * self.nfields
-            for e, f in zip(layout, fields):
-                bufs[e.index] = view[f.offset + r * e.nbytes:f.offset + (r + 1) * e.nbytes]
-            cause = None
-            if batch.slot is not None:
-                batch.mem.check()  # the slot file still whole: the copy cannot SIGBUS
-            got = None
-            try:
-                got = store.read_sample_into(gen, pos, bufs, self.timeout, skip)
-                gen, pos = got.generation, got.position
-            except _C.InvalidSampleError as err:
-                cause = err  # a field of another size: named below
-            if got is None or any(got.layouts[e.index] != (e.dtype, e.shape) for e in layout):
-                if r == 0 and may_relayout:
-                    raise _NewLayout
-                self._shape_error(store, gen, pos, layout, skip, cause)
-            if got.skipped:
-                log.warning("wirehead reader: skipped corrupt sample (%s); a neighbour stands "
-                            "in as padding", got.skipped)
-            for k, e in enumerate(layout):  # checked during the copy: no second pass here
-                batch.sums[(k, r)] = got.checksums[e.index]
-            rows.append(RowRead(gen, pos, bool(got.is_pad), store.last_params_version))
-        return rows
+        if got.slot < 0 and ring is not None and not ring.warned:
+            ring.warned = True
+            log.warning("wirehead: every ring slot of worker %s is still held by batches "
+                        "in use; sending batches the ordinary way (a copy) while that "
+                        "lasts (raise ring_slots)", ring.worker)
+        if got.skipped:
+            log.warning("wirehead reader: skipped %d corrupt sample(s) (%s); a neighbour stands "
+                        "in as padding", got.skipped, got.last_skip)
+        n = len(got.position)
+        fields = [_ring.SlotField(key, e.dtype, (n,) + e.shape, got.offsets[e.index],
+                                  e.nbytes * n, e.cast)
+                  for e, key in zip(layout, self.keys)]
+        extras = (("is_pad", got.pad_offset, "bool", n),
+                  ("generation", got.generation_offset, "int64", n),
+                  ("position", got.position_offset, "int64", n),
+                  ("params_version", got.params_version_offset, "int64", n))
+        slot = got.slot if got.slot >= 0 else None
+        batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
+                      got.memory, layout, fields, extras, got.checks, got.size)
+        return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
+                                                  got.params_version)]
 
     def give_back(self, batch):
         """The batch's slot back to the ring (the batch will not be sent)."""
         if batch.slot is not None:
             batch.ring.give_back(batch.slot)
 
-    def deliver(self, batch, extras=None, in_worker=False):
+    def deliver(self, batch, extras=False, in_worker=False):
         """The filled batch as a DataLoader worker sends it (a RingBatch
-        handle), or in-process as tensors over the slot; in ordinary memory
-        when no slot was free. extras: {name: (values, dtype)} added as
-        small tensors (the iterable's is_pad, generation, position)."""
-        extras = extras or {}
+        handle), or in-process as tensors over the slot; in heap memory
+        when no slot was free. extras: add the rows' is_pad, generation,
+        position and params_version as small tensors."""
+        more = batch.extras if extras else ()
         if batch.slot is None:
-            return _ring.plain(batch.mem, batch.fields, extras, self.form)
+            mem, batch.mem = batch.mem, None
+            return _ring.tensors(mem, batch.fields, more, self.form)
         if in_worker:
-            return batch.ring.handle(batch.slot, batch.fields, extras, self.form, batch.checks())
-        return batch.ring.local(batch.slot, batch.fields, extras, self.form)
+            return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
+                                     bytes(batch.checks), batch.size)
+        return batch.ring.local(batch.slot, batch.fields, more, batch.size, self.form)

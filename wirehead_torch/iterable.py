@@ -275,32 +275,27 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             n = min(B, len(positions) - b0)
             gen = step_generation(store, gen, o.refresh)
             batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
-                                    worker if in_worker else None)
-            pad_l = [bool(pads[b0 + r]) or row.is_pad for r, row in enumerate(rows)]
+                                    worker if in_worker else None, pads=pads[b0:b0 + n],
+                                    ignore=((o.label_fields, o.ignore_index)
+                                            if o.pad == "ignore" else None))
             if o.pad == "ignore":
                 try:
-                    self._fill_ignore(batch, pad_l)
+                    self._fill_ignore(batch, [row.is_pad for row in rows])
                 except BaseException:
                     ring.give_back(batch)
                     raise
             gen = rows[-1].generation
             self._progress = (epoch, start + b0 + n, gen)
-            yield ring.deliver(batch, {"is_pad": (pad_l, "bool"),
-                                       "generation": ([r.generation for r in rows], "int64"),
-                                       "position": ([r.position for r in rows], "int64"),
-                                       "params_version": ([r.params_version for r in rows],
-                                                          "int64")},
-                                  in_worker)
+            yield ring.deliver(batch, extras=True, in_worker=in_worker)
 
     def _fill_ignore(self, batch, pad_l):
-        """ignore_index into the label fields of the padding rows."""
-        for k, entry in enumerate(batch.layout):
-            if entry.name in self.order.label_fields:
-                for r in (r for r, pad in enumerate(pad_l) if pad):
-                    t = batch.row(k, r)
-                    check_ignore_fits(t.dtype, self.order.ignore_index, entry.name)
-                    t.fill_(self.order.ignore_index)
-                    batch.resum(k, r)
+        """The ignore_index the fill wrote into the padding rows' label
+        fields must fit their dtype."""
+        if any(pad_l):
+            for entry in batch.layout:
+                if entry.name in self.order.label_fields:
+                    check_ignore_fits(getattr(torch, entry.dtype), self.order.ignore_index,
+                                      entry.name)
 
     def __getstate__(self):
         d = dict(self.__dict__)

@@ -29,6 +29,7 @@
 
 #include "wh_sample.h"
 #include "wh_backend.h"
+#include "wh_ring.h"
 
 /* ---- test bookkeeping ------------------------------------------------ */
 
@@ -2459,6 +2460,212 @@ out:
     wh_store_destroy(st);
 }
 
+/* The DataLoader workers' ring (wh_ring.c) without Python: one region
+ * lock, a slot taken, handed over with every row checked, given back by its
+ * last reference, grown to a new file version, reclaimed from a worker that
+ * is gone (its late handle refused), and a truncated slot an error naming
+ * it. The worker and the main process are one process here: its pid plays
+ * both, and a made-up main pid lets a new worker reclaim. */
+static void ring_unlink(const char *path) {
+    char p[256];
+    unlink(path);
+    for (int j = 0; j < 2; j++)
+        for (int v = 1; v < 5; v++) {
+            snprintf(p, sizeof p, "%s.s%d.v%d", path, j, v);
+            unlink(p);
+        }
+}
+
+static void t_ring(void) {
+    char path[128], spath[256];
+    snprintf(path, sizeof path, "/dev/shm/whctest-ring-%d", (int)getpid());
+    ring_unlink(path);
+    int64_t me = getpid(), owner = -1, ver = 0, seq = 0, v2 = 0, s2 = 0;
+    wh_err_t e = {0};
+    bool busy = false;
+    wh_buf_t *held = NULL;
+    wh_ring_t *w = wh_ring_open(path, "0", 2, true, me, &busy, &e), *m = NULL, *w2 = NULL;
+    REQUIRE(w, "worker open: %s", e.message);
+    w2 = wh_ring_open(path, "0", 2, true, me, &busy, &e);
+    CHECK(!w2 && busy, "a second worker took a region whose lock is held");
+    int j = -1;
+    void *data = NULL;
+    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
+    REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
+    CHECK(ver == 1 && seq == 1, "first fill: version %lld sequence %lld", (long long)ver,
+          (long long)seq);
+    memset(data, 7, 100);
+    wh_ring_check_t ck = {0, 100, XXH3_64bits(data, 100)};
+    m = wh_ring_open(path, "0", 2, false, me, NULL, &e);
+    REQUIRE(m, "main open: %s", e.message);
+    CHECK(!wh_ring_claim(m, j, ver, seq + 1, me, 128, &ck, 1, 1, &held, &e) &&
+              e.code == WH_E_GONE && strstr(e.message, "reclaimed"),
+          "a stale sequence claimed: %s", e.message);
+    ((char *)data)[5] = 8; /* garbage after the fill */
+    CHECK(!wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 1, &held, &e) && e.code == WH_E_CORRUPT &&
+              strstr(e.message, path) && strstr(e.message, "XXH3"),
+          "changed bytes claimed: %s", e.message);
+    CHECK(wh_ring_word(w, j, WH_RING_OWNER, &owner, &e) && owner == 0,
+          "a refused slot is not back with its worker: owner %lld", (long long)owner);
+    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
+    memset(data, 9, 100);
+    ck.hash = XXH3_64bits(data, 100);
+    REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e) && seq == 2, "stamp: %s", e.message);
+    CHECK(!wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 2, &held, &e) && e.code == WH_E_CORRUPT,
+          "a handle short of checks claimed");
+    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
+    memset(data, 9, 100);
+    REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
+    REQUIRE(wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 1, &held, &e), "claim: %s", e.message);
+    CHECK(held->size == 128 && ((char *)held->data)[99] == 9, "the claimed slot's bytes");
+    wh_ring_close(m); /* a batch still out keeps what it needs */
+    m = NULL;
+    int k = -1;
+    CHECK(wh_ring_acquire(w, 100, 0, &k, &data, &e) && k == 1, "a held slot taken again: %d", k);
+    wh_ring_give_back(w, 1);
+    wh_buf_unref(held);
+    held = NULL;
+    CHECK(wh_ring_word(w, 0, WH_RING_OWNER, &owner, &e) && owner == 0,
+          "the last reference did not hand the slot back: owner %lld", (long long)owner);
+    /* grown: a new file version, page-rounded; the old file gone */
+    REQUIRE(wh_ring_acquire(w, 10000, 0, &j, &data, &e) && j == 0, "grow: %s", e.message);
+    REQUIRE(wh_ring_stamp(w, j, &v2, &s2, &e), "stamp: %s", e.message);
+    CHECK(v2 == 2 && wh_ring_word(w, j, WH_RING_CAP, &owner, &e) && owner % 4096 == 0 &&
+              owner >= 10000,
+          "grown slot: version %lld capacity %lld", (long long)v2, (long long)owner);
+    snprintf(spath, sizeof spath, "%s.s0.v1", path);
+    CHECK(access(spath, F_OK) != 0, "the slot's old file is left");
+    /* the worker goes; the next one (main pid made up) reclaims its slot */
+    wh_ring_close(w);
+    w = wh_ring_open(path, "0", 2, true, me + 1000000, &busy, &e);
+    REQUIRE(w, "second worker open: %s", e.message);
+    CHECK(wh_ring_word(w, 0, WH_RING_OWNER, &owner, &e) && owner == 0,
+          "a gone worker's slot not reclaimed: owner %lld", (long long)owner);
+    m = wh_ring_open(path, "0", 2, false, me, NULL, &e);
+    REQUIRE(m, "main open: %s", e.message);
+    CHECK(!wh_ring_claim(m, 0, v2, s2, me, 128, &ck, 1, 1, &held, &e) && e.code == WH_E_GONE,
+          "a reclaimed slot's late handle claimed");
+    /* truncated under us: an error naming the file, not a SIGBUS */
+    snprintf(spath, sizeof spath, "%s.s0.v2", path);
+    REQUIRE(truncate(spath, 0) == 0, "truncate: %s", strerror(errno));
+    uint64_t h = 0;
+    CHECK(!wh_ring_hash(w, 0, 0, 100, &h, &e) && strstr(e.message, spath) &&
+              strstr(e.message, "holds 0 bytes"),
+          "a truncated slot hashed: %s", e.message);
+out:
+    wh_buf_unref(held);
+    wh_ring_close(w2);
+    wh_ring_close(m);
+    wh_ring_close(w);
+    ring_unlink(path);
+}
+
+/* A worker's fill of a ring slot (wh_ring_fill over wh_batch_fill) from a
+ * real store: rows, extras, the stored checksums handed over, pad='ignore'
+ * written with its checks anew, a row of another shape named, and heap
+ * memory when the one slot is held. */
+typedef struct {
+    const uint32_t *pos;
+    const bool *pad;
+} ring_at_t;
+
+static void ring_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
+    const ring_at_t *a = ctx;
+    *pos = a->pos[i];
+    *pad = a->pad[i];
+}
+
+static void t_ring_fill(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/whctest-ringfill-%d", (int)getpid());
+    ring_unlink(path);
+    wh_err_t e = {0};
+    wh_ring_t *r = NULL;
+    wh_buf_t *held = NULL, *heap = NULL;
+    wh_store_t *st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    bool lead, sealed, busy, rf = false;
+    uint64_t gen = 0;
+    REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
+    /* ids 0, 500 and 1000 hold 8 int32 of data, id 1 holds 9 */
+    static const uint64_t ids[4] = {0, 500, 1000, 1};
+    for (int i = 0; i < 4; i++) REQUIRE(fill_ids(st, ids[i], 1), "put %d", i);
+    REQUIRE(seal_once(st, &sealed, &gen) && sealed, "seal");
+    r = wh_ring_open(path, "0", 1, true, (int64_t)getpid(), &busy, &e);
+    REQUIRE(r, "ring: %s", e.message);
+    uint32_t pos[3] = {0, 1, 2};
+    bool pad[3] = {false, false, true};
+    ring_at_t at = {pos, pad};
+    uint64_t sums[3 * WH_MAX_FIELDS];
+    wh_batch_fill_t rq = {.st = st,
+                          .schema = &c.schema,
+                          .n = 3,
+                          .want = 3,
+                          .timeout_s = 5,
+                          .at = ring_at,
+                          .at_ctx = &at,
+                          .sums = sums,
+                          .ignore_fields = 2,
+                          .ignore_int = -100,
+                          .ignore_float = -100};
+    wh_batch_t b;
+    wh_batch_stats_t bs;
+    void *data = NULL;
+    int slot = -1;
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == 0 &&
+                !heap,
+            "fill: %s", e.message);
+    const char *base = data;
+    wh_ring_check_t ck[6];
+    for (uint32_t i = 0; i < 3; i++) {
+        int64_t g, p, id;
+        memcpy(&g, base + b.gen_off + 8 * i, 8);
+        memcpy(&p, base + b.pos_off + 8 * i, 8);
+        memcpy(&id, base + b.off[0] + 8 * i, 8);
+        CHECK(g == (int64_t)gen && p == pos[i] && base[b.pad_off + i] == pad[i] &&
+                  id == (int64_t)ids[i],
+              "row %u: generation %lld position %lld pad %d id %lld", i, (long long)g, (long long)p,
+              base[b.pad_off + i], (long long)id);
+        const int32_t *d = (const int32_t *)(base + b.off[1] + (uint64_t)i * b.meta[1].nbytes);
+        for (int k = 0; k < 8; k++)
+            CHECK(d[k] == (pad[i] ? -100 : data_val(ids[i], k)), "row %u data %d: %d", i, k, d[k]);
+        for (int f = 0; f < 2; f++) {
+            uint64_t off = b.off[f] + (uint64_t)i * b.meta[f].nbytes;
+            CHECK(sums[i * WH_MAX_FIELDS + f] == XXH3_64bits(base + off, b.meta[f].nbytes),
+                  "row %u field %d: its sum is not its bytes' XXH3", i, f);
+            ck[f * 3 + i] = (wh_ring_check_t){off, b.meta[f].nbytes, sums[i * WH_MAX_FIELDS + f]};
+        }
+    }
+    int64_t ver, seq;
+    REQUIRE(wh_ring_stamp(r, 0, &ver, &seq, &e), "stamp: %s", e.message);
+    REQUIRE(wh_ring_claim(r, 0, ver, seq, (int64_t)getpid(), b.size, ck, 6, 6, &held, &e),
+            "claim: %s", e.message);
+    /* the one slot is held: heap memory */
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == -1 &&
+                heap && data == heap->data,
+            "fill with every slot held: %s", e.message);
+    wh_buf_unref(heap);
+    heap = NULL;
+    wh_buf_unref(held);
+    held = NULL;
+    pos[1] = 3; /* id 1: 9 int32, not 8 */
+    CHECK(!wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && bs.mismatch &&
+              bs.mismatch_pos == 3 && !rf && strstr(e.message, "field 'data'") && slot == -1,
+          "a row of another shape: %s", e.message);
+    int64_t owner = -1;
+    CHECK(wh_ring_word(r, 0, WH_RING_OWNER, &owner, &e) && owner == 0,
+          "a failed fill kept its slot: owner %lld", (long long)owner);
+out:
+    wh_buf_unref(held);
+    wh_buf_unref(heap);
+    wh_ring_close(r);
+    ring_unlink(path);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
@@ -2498,6 +2705,9 @@ int main(int argc, char **argv) {
         {"generation ids increase across re-creation", t_gen_ids_survive_recreate, false},
         {"3 writers + manager + reader through 320 swaps", t_concurrent, false},
         {"params: versions, the bound, damage, a dead setter's lock", t_params, false},
+        {"workers' ring: hand-over, checks, release, growth, reclaim, truncation", t_ring, false},
+        {"workers' ring: a fill from the store, pad='ignore', another shape, heap", t_ring_fill,
+         false},
         {"stress: generation ids after seals faster than 1/us", t_gen_ids_fast_seals, true},
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(cases); i++) {

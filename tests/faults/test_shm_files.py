@@ -257,8 +257,7 @@ def _slot_path(args):
 def _owner(args):
     """Owner word of a handle's slot (0: free)."""
     from wirehead_torch import _ring
-    s = _ring._MAIN[(args[0], args[1], args[2])]
-    return s.words.load(args[4] * _ring._WORDS + _ring._OWNER)
+    return _ring._MAIN[(args[0], args[1], args[2])].word(args[4], _ring._OWNER)
 
 
 def _rows_ok(b, indices):

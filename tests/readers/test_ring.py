@@ -224,3 +224,35 @@ def test_shared_map_words_and_size_checks(tmp_path):
     del m  # the buffer keeps the mapping alive
     with open(path, "rb") as f:
         assert view.cast("q")[1] == 9 and f.read()[8:16] == (9).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int64", "float16", "bfloat16", "float32", "float64"])
+def test_pad_ignore_through_workers_in_every_label_dtype(shm_cfg, dtype):
+    """The fill writes ignore_index into the padding rows' label field, in
+    each dtype a label can have; the main process's check of every row
+    holds for the rows written after their read."""
+    cfg = shm_cfg(swap_cap=5, sample=("img", "lbl"))
+    tdt = getattr(torch, dtype)
+    items = [(torch.full((3,), float(i)), torch.full((2,), i + 1, dtype=tdt)) for i in range(5)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    ds = ring_ds(cfg, pad="ignore", ignore_index=-100, label_fields=["lbl"], shuffle=False)
+    pads = 0
+    for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS):
+        assert b["lbl"].dtype == tdt
+        for img, lbl, pad in zip(b["img"], b["lbl"], b["is_pad"]):
+            want = -100 if pad else int(img[0]) + 1
+            assert lbl.float().tolist() == [want, want]
+            pads += bool(pad)
+    assert pads == 3  # 5 samples over 2 workers, each padded to 2 batches of 4
+
+
+def test_pad_ignore_that_does_not_fit_the_label_is_an_error(shm_cfg):
+    cfg = shm_cfg(swap_cap=3, sample=("img", "lbl"))
+    items = [(np.full(3, i, np.float32), np.full(2, i, np.uint8)) for i in range(3)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    ds = wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, pad="ignore",
+                                    ignore_index=-100, label_fields=["lbl"], shuffle=False)
+    with pytest.raises(ValueError, match="ignore_index -100 does not fit label field 'lbl'"):
+        list(ds)

@@ -1,0 +1,224 @@
+/* Batch layout and fill shared by both batch rings (wh_batch.h). */
+#include "wh_batch.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
+                     wh_err_t *err) {
+    uint64_t off = 0, part;
+    for (int f = 0; f < m->nfields; f++) {
+        b->meta[f] = m->f[f];
+        b->off[f] = off;
+        if (!(want & (1u << f))) continue;
+        if (!wh_mul_ok(m->f[f].nbytes, n, &part) || part > WH_SAMPLE_MAX_BYTES * 64 ||
+            !wh_add_ok(off, WH_ALIGN_UP(part), &off))
+            return wh_err_set(err, WH_E_INVALID, "batch size overflows");
+    }
+    b->n = n;
+    b->pad_off = off;
+    b->gen_off = off + WH_ALIGN_UP(n);
+    b->pos_off = b->gen_off + WH_ALIGN_UP(8 * (uint64_t)n);
+    b->pv_off = b->pos_off + WH_ALIGN_UP(8 * (uint64_t)n);
+    b->size = b->pv_off + WH_ALIGN_UP(8 * (uint64_t)n);
+    return true;
+}
+
+void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
+    *pos = ((const uint32_t *)ctx)[i];
+    *pad = false;
+}
+
+typedef struct {
+    const wh_batch_fill_t *rq;
+    wh_batch_t *b;
+    wh_batch_stats_t *stats;
+    char *data;
+    uint32_t i;
+    const wh_read_at_t *at; /* the attempt in progress (for messages) */
+} wh__bfill_t;
+
+static void wh__shape_str(const wh_field_meta_t *f, char *out, size_t cap) {
+    size_t k = (size_t)snprintf(out, cap, "%s(", wh_dtype_name(f->dtype));
+    for (int d = 0; d < f->ndim && k < cap; d++)
+        k += (size_t)snprintf(out + k, cap - k, d ? ", %lld" : "%lld", (long long)f->shape[d]);
+    if (k < cap) snprintf(out + k, cap - k, ")");
+}
+
+static bool wh__bdest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t *err) {
+    wh__bfill_t *c = ctx;
+    wh_batch_t *b = c->b;
+    uint32_t want = c->rq->want;
+    if (c->i == 0) { /* again on a retry of the first row: the sample read may differ */
+        if (!wh_batch_layout(b, m, c->rq->n, want, err)) return false;
+        if (!(c->data = c->rq->mem(c->rq->mem_ctx, b, err))) return false;
+    } else {
+        if (c->rq->check && !c->rq->check(c->rq->mem_ctx, err)) return false;
+        for (int f = 0; f < m->nfields; f++) {
+            if (!(want & (1u << f)) || wh_field_meta_same(&m->f[f], &b->meta[f])) continue;
+            char x[160], y[160];
+            wh__shape_str(&m->f[f], x, sizeof x);
+            wh__shape_str(&b->meta[f], y, sizeof y);
+            char name[WH_MAX_NAME + 8];
+            if (c->rq->schema)
+                snprintf(name, sizeof name, "%s", c->rq->schema->names[f]);
+            else
+                snprintf(name, sizeof name, "#%d", f);
+            c->stats->mismatch = true;
+            c->stats->mismatch_gen = c->at->gen;
+            c->stats->mismatch_pos = c->at->pos;
+            return wh_err_set(err, WH_E_INVALID,
+                              "field '%s': sample at position %u of generation %llu is %s but "
+                              "the batch's first sample is %s; samples stacked in one batch "
+                              "need one shape (use WireheadIterableDataset with a collate_fn "
+                              "for ragged samples)",
+                              name, c->at->pos, (unsigned long long)c->at->gen, x, y);
+        }
+    }
+    for (int f = 0; f < m->nfields; f++)
+        if (want & (1u << f)) dst[f] = c->data + b->off[f] + (uint64_t)c->i * m->f[f].nbytes;
+    return true;
+}
+
+/* float to IEEE half, rounding to nearest even */
+static uint16_t wh__half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
+    int32_t exp = (int32_t)((x >> 23) & 0xffu);
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp), h = mant >> shift, rem = mant & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* float to bfloat16, rounding to nearest even */
+static uint16_t wh__bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* count elements of dtype at p set to the value; false for a dtype that
+ * cannot hold it (bool, complex) */
+static bool wh__fill_value(char *p, int dtype, uint64_t count, int64_t vi, double vf) {
+    unsigned char one[8];
+    size_t size = wh_dtype_size(dtype);
+    switch (dtype) {
+    case WH_DT_U8: one[0] = (uint8_t)vi; break;
+    case WH_DT_I8: one[0] = (uint8_t)(int8_t)vi; break;
+    case WH_DT_U16: {
+        uint16_t v = (uint16_t)vi;
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_I16: {
+        int16_t v = (int16_t)vi;
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_U32: {
+        uint32_t v = (uint32_t)vi;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_I32: {
+        int32_t v = (int32_t)vi;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_U64: {
+        uint64_t v = (uint64_t)vi;
+        memcpy(one, &v, 8);
+    } break;
+    case WH_DT_I64: memcpy(one, &vi, 8); break;
+    case WH_DT_F16: {
+        uint16_t v = wh__half((float)vf);
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_BF16: {
+        uint16_t v = wh__bf16((float)vf);
+        memcpy(one, &v, 2);
+    } break;
+    case WH_DT_F32: {
+        float v = (float)vf;
+        memcpy(one, &v, 4);
+    } break;
+    case WH_DT_F64: memcpy(one, &vf, 8); break;
+    default: return false;
+    }
+    for (uint64_t k = 0; k < count; k++) memcpy(p + k * size, one, size);
+    return true;
+}
+
+/* pad='ignore': the padding rows' label fields hold the ignore value. */
+static void wh__fill_ignore(const wh_batch_fill_t *rq, const wh_batch_t *b, char *base) {
+    uint32_t fields = rq->ignore_fields & rq->want;
+    for (uint32_t i = 0; fields && i < b->n; i++) {
+        if (!base[b->pad_off + i]) continue;
+        for (int f = 0; f < WH_MAX_FIELDS; f++) {
+            if (!(fields & (1u << f))) continue;
+            const wh_field_meta_t *m = &b->meta[f];
+            size_t size = wh_dtype_size(m->dtype);
+            char *p = base + b->off[f] + (uint64_t)i * m->nbytes;
+            if (!size ||
+                !wh__fill_value(p, m->dtype, m->nbytes / size, rq->ignore_int, rq->ignore_float))
+                continue;
+            if (rq->sums) rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] = XXH3_64bits(p, m->nbytes);
+        }
+    }
+}
+
+bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
+                   wh_batch_stats_t *stats, wh_err_t *err) {
+    memset(stats, 0, sizeof *stats);
+    stats->gen = gen;
+    *data = NULL;
+    if (rq->n < 1) return wh_err_set(err, WH_E_INVALID, "a batch needs at least one row");
+    wh_read_at_t at;
+    wh__bfill_t c = {rq, b, stats, NULL, 0, &at};
+    for (uint32_t i = 0; i < rq->n; i++) {
+        bool pad;
+        memset(&at, 0, sizeof at);
+        at.gen = gen;
+        at.strict = rq->strict;
+        rq->at(rq->at_ctx, i, &at.pos, &pad);
+        c.i = i;
+        wh_sample_meta_t meta;
+        bool ok =
+            wh_store_read_sample(rq->st, &at, rq->timeout_s, rq->stop, wh__bdest, &c, &meta, err);
+        stats->gone += at.gone;
+        if (at.corrupt) {
+            stats->corrupt += at.corrupt;
+            memcpy(stats->last_skip, at.last_skip, sizeof at.last_skip);
+        }
+        if (at.gen > stats->gen) stats->gen = at.gen;
+        if (!ok) {
+            *data = c.data;
+            return false;
+        }
+        gen = at.gen;
+        char *base = c.data;
+        base[b->pad_off + i] = pad || at.pad;
+        int64_t g64 = (int64_t)gen, p64 = at.pos, v64 = (int64_t)meta.params_version;
+        memcpy(base + b->gen_off + 8 * (uint64_t)i, &g64, 8);
+        memcpy(base + b->pos_off + 8 * (uint64_t)i, &p64, 8);
+        memcpy(base + b->pv_off + 8 * (uint64_t)i, &v64, 8);
+        if (rq->sums)
+            for (int f = 0; f < meta.nfields; f++)
+                rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] =
+                    rq->want & (1u << f) ? meta.f[f].checksum : 0;
+    }
+    wh__fill_ignore(rq, b, c.data);
+    stats->gen = gen;
+    *data = c.data;
+    return true;
+}

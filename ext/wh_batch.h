@@ -1,0 +1,85 @@
+/* One batch laid out and filled in one place, for both batch rings: the C
+ * loader's heap slots (wh_loader.c) and the DataLoader workers' shared slot
+ * files (wh_ring.c). A batch stacks each wanted field [n, ...], each block
+ * 64-byte aligned, then is_pad uint8[n], generation int64[n], position
+ * int64[n] and params_version int64[n]. */
+#ifndef WH_BATCH_H
+#define WH_BATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wh.h"
+#include "wh_store.h"
+
+/* One laid-out batch. buf, where set, holds one reference for its holder. */
+typedef struct {
+    wh_buf_t *buf;
+    uint64_t index;                      /* batch index within the epoch */
+    uint32_t n;                          /* items in this batch */
+    wh_field_meta_t meta[WH_MAX_FIELDS]; /* per-item shape and dtype; nbytes per item */
+    uint64_t off[WH_MAX_FIELDS];         /* byte offset of each field's [n, ...] block */
+    uint64_t pad_off, gen_off, pos_off;  /* uint8[n], int64[n], int64[n] */
+    uint64_t pv_off;                     /* int64[n]: each sample's params version */
+    uint64_t size;                       /* bytes the batch fills */
+} wh_batch_t;
+
+/* Lays out b for n rows of samples like m (the wanted fields only). */
+bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
+                     wh_err_t *err);
+
+/* What one fill reads and where its memory comes from. */
+typedef struct {
+    wh_store_t *st;
+    const wh_schema_t *schema; /* field names, for messages (NULL: numbers) */
+    uint32_t n;                /* rows >= 1 */
+    uint32_t want;             /* bit i: field i */
+    double timeout_s;
+    const bool *stop; /* may be NULL */
+    bool strict;      /* a corrupt sample is an error naming it, not skipped */
+    /* row i's position and whether the plan pads it */
+    void (*at)(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
+    void *at_ctx;
+    /* memory for the batch, once its layout is known (from the first
+     * sample; called again when the first row's read is retried, the new
+     * memory replacing the old): at least b->size bytes, or NULL with err
+     * set */
+    void *(*mem)(void *ctx, const wh_batch_t *b, wh_err_t *err);
+    void *mem_ctx;
+    /* may be NULL: called before each row is copied into the memory (a
+     * shared file's size checked again, so a copy cannot fault) */
+    bool (*check)(void *ctx, wh_err_t *err);
+    /* may be NULL: sums[i * WH_MAX_FIELDS + f] gets the stored XXH3-64 of
+     * field f of row i, the checksum its copy was checked against */
+    uint64_t *sums;
+    /* pad='ignore': bit f set, field f of every padding row is filled with
+     * the value (integer fields: ignore_int, floating ones: ignore_float),
+     * its sum taken anew; the caller checks the value fits the dtype */
+    uint32_t ignore_fields;
+    int64_t ignore_int;
+    double ignore_float;
+} wh_batch_fill_t;
+
+/* What one fill met on the way. */
+typedef struct {
+    uint64_t gone;    /* reads retried on a newer generation */
+    uint64_t corrupt; /* samples skipped as corrupt (a neighbour stands in as padding) */
+    char last_skip[WH_ERR_LEN];
+    uint64_t gen; /* the generation the last row was read from */
+    /* a row whose sample has another layout than the first row's: where */
+    bool mismatch;
+    uint64_t mismatch_gen;
+    uint32_t mismatch_pos;
+} wh_batch_stats_t;
+
+/* Reads the n rows, starting at generation gen, each once through the
+ * store's read policy straight into its row, and writes the extras. *data
+ * gets the memory (from rq->mem), *b the layout. A row whose sample has
+ * another layout than the first is an error naming the field. */
+bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
+                   wh_batch_stats_t *stats, wh_err_t *err);
+
+/* row i's positions from an array (at_ctx: const uint32_t *) */
+void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
+
+#endif

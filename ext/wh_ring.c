@@ -1,0 +1,547 @@
+/* The DataLoader workers' batch ring (wh_ring.h): shared maps of the ring
+ * files and their control words. */
+#define _GNU_SOURCE
+#include "wh_ring.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h> /* XXH3 with the widest SIMD the CPU has, chosen at run time */
+#endif
+
+#include "wh_shmfile.h"
+
+bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
+                 bool *busy, wh_err_t *err) {
+    m->base = NULL;
+    m->size = 0;
+    m->fd = -1;
+    if (busy) *busy = false;
+    if (strlen(path) >= sizeof m->path)
+        return wh_err_set(err, WH_E_INVALID, "ring file path too long: %s", path);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (size == 0) return wh_err_set(err, WH_E_INVALID, "ring file %s: size 0", path);
+    int fd;
+    if (how == WH_MAP_CREATE) {
+        fd = wh_shmfile_create(path, size, err);
+    } else if (how == WH_MAP_OPEN) {
+        fd = wh_shmfile_open(path, size, err);
+    } else {
+        /* made empty, then locked, then reserved: whoever opens it meanwhile
+         * finds it locked, or empty and free to reserve under its own lock */
+        fd = wh_shmfile_create(path, 0, err);
+        if (fd == -EEXIST) fd = wh_shmfile_open(path, 0, err);
+    }
+    if (fd < 0) return false;
+    if (how == WH_MAP_REGION) {
+        uint64_t have = 0;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EWOULDBLOCK && busy) *busy = true;
+            return wh_err_set(err, WH_E_SYS, "ring file %s: %s", path,
+                              e == EWOULDBLOCK ? "held by another live process" : strerror(e));
+        }
+        if (!wh_shmfile_check(fd, path, 0, &have, err) ||
+            (have == 0 && !wh_shmfile_reserve(fd, path, size, err))) {
+            close(fd);
+            return false;
+        }
+    }
+    if (!wh_shmfile_check(fd, path, size, NULL, err)) {
+        close(fd);
+        return false;
+    }
+    void *p =
+        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        return wh_err_set(err, WH_E_SYS, "ring file %s: mmap of %zu bytes: %s", path, size,
+                          strerror(e));
+    }
+    if (hugepage) madvise(p, size, MADV_HUGEPAGE); /* advice only: shmem huge pages may be off */
+    m->base = p;
+    m->size = size;
+    m->fd = fd;
+    return true;
+}
+
+void wh_map_unlock(wh_map_t *m) {
+    if (m->fd >= 0) flock(m->fd, LOCK_UN);
+}
+
+bool wh_map_intact(const wh_map_t *m, wh_err_t *err) {
+    if (!m->base) return wh_err_set(err, WH_E_INVALID, "ring file %s: not mapped", m->path);
+    return wh_shmfile_check(m->fd, m->path, m->size, NULL, err);
+}
+
+bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err) {
+    if (!wh_map_intact(m, err)) return false;
+    if (off > m->size || n > m->size - off)
+        return wh_err_set(err, WH_E_INVALID, "ring file %s: bytes %zu..%zu to check, %zu mapped",
+                          m->path, off, off + n, m->size);
+    *out = XXH3_64bits((const char *)m->base + off, n);
+    return true;
+}
+
+void wh_map_close(wh_map_t *m) {
+    if (m->base) munmap(m->base, m->size);
+    if (m->fd >= 0) close(m->fd);
+    m->base = NULL;
+    m->size = 0;
+    m->fd = -1;
+}
+
+static int64_t *wh__word(const wh_map_t *m, size_t i) { return (int64_t *)m->base + i; }
+
+int64_t wh_word_load(const wh_map_t *m, size_t i) {
+    return __atomic_load_n(wh__word(m, i), __ATOMIC_SEQ_CST);
+}
+
+void wh_word_store(const wh_map_t *m, size_t i, int64_t v) {
+    __atomic_store_n(wh__word(m, i), v, __ATOMIC_SEQ_CST);
+}
+
+bool wh_word_cas(const wh_map_t *m, size_t i, int64_t expect, int64_t desired) {
+    return __atomic_compare_exchange_n(wh__word(m, i), &expect, desired, false, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST);
+}
+
+int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d) {
+    return __atomic_add_fetch(wh__word(m, i), d, __ATOMIC_SEQ_CST);
+}
+
+/* ---- the ring protocol ---- */
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "wh_batch.h"
+
+/* A slot file's mapping at one version; the last reference unmaps it. */
+typedef struct {
+    wh_buf_t buf; /* first member: the release callback casts back */
+    wh_map_t m;
+    int64_t ver;
+} wh__smap_t;
+
+struct wh_ring {
+    uint64_t refs; /* the owner's + one per batch out */
+    pthread_mutex_t mu;
+    wh_map_t words;
+    uint32_t nslots;
+    int64_t self;
+    char label[32];
+    wh__smap_t **maps; /* per slot, the version last mapped here */
+};
+
+/* A claimed slot, handed back when its last reference goes. */
+typedef struct {
+    wh_buf_t buf;
+    wh_ring_t *r;
+    wh__smap_t *map;
+    int j;
+    int64_t seq, owner;
+} wh__held_t;
+
+static void wh__smap_release(wh_buf_t *b) {
+    wh__smap_t *s = (wh__smap_t *)b;
+    wh_map_close(&s->m);
+    free(s);
+}
+
+static void wh__ring_unref(wh_ring_t *r) {
+    if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    for (uint32_t j = 0; r->maps && j < r->nslots; j++)
+        if (r->maps[j]) wh_buf_unref(&r->maps[j]->buf);
+    free(r->maps);
+    wh_map_close(&r->words);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* The control file still whole: before any word is touched. */
+static bool wh__words_ok(wh_ring_t *r, wh_err_t *err) {
+    if (wh_map_intact(&r->words, err)) return true;
+    return wh_err_prefix(err, "wirehead ring control file");
+}
+
+static int64_t wh__w(wh_ring_t *r, int j, int k) {
+    return wh_word_load(&r->words, (size_t)j * WH_RING_WORDS + (size_t)k);
+}
+
+static void wh__slot_path(const wh_ring_t *r, int j, int64_t ver, char *out, size_t cap) {
+    snprintf(out, cap, "%s.s%d.v%lld", r->words.path, j, (long long)ver);
+}
+
+static wh__smap_t *wh__smap_new(const char *path, size_t size, int how, wh_err_t *err) {
+    wh__smap_t *s = calloc(1, sizeof *s);
+    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    /* populated up front, once per slot and process: no faults per batch */
+    if (!wh_map_file(&s->m, path, size, how, true, how == WH_MAP_CREATE, NULL, err)) {
+        free(s);
+        return NULL;
+    }
+    s->buf.refs = 1;
+    s->buf.data = s->m.base;
+    s->buf.size = s->m.size;
+    s->buf.device_type = 1;
+    s->buf.release = wh__smap_release;
+    s->buf.owner = s;
+    return s;
+}
+
+/* Slot j mapped at the version its words name (mapped anew when it grew);
+ * mu held, the words checked. */
+static wh__smap_t *wh__slot(wh_ring_t *r, int j, wh_err_t *err) {
+    int64_t ver = wh__w(r, j, WH_RING_VER), cap = wh__w(r, j, WH_RING_CAP);
+    wh__smap_t *have = r->maps[j];
+    if (have && have->ver == ver) return have;
+    if (cap <= 0)
+        return wh_err_set(err, WH_E_SYS,
+                          "wirehead ring control file %s: slot %d has capacity %lld: the file "
+                          "was damaged",
+                          r->words.path, j, (long long)cap),
+               NULL;
+    char path[WH_MAP_PATH + 48];
+    wh__slot_path(r, j, ver, path, sizeof path);
+    wh__smap_t *s = wh__smap_new(path, (size_t)cap, WH_MAP_OPEN, err);
+    if (!s) return wh_err_prefix(err, "wirehead ring slot"), NULL;
+    s->ver = ver;
+    if (have) wh_buf_unref(&have->buf);
+    r->maps[j] = s;
+    return s;
+}
+
+wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bool worker,
+                        int64_t main_pid, bool *busy, wh_err_t *err) {
+    if (busy) *busy = false;
+    if (nslots < 1 || nslots > 1u << 16)
+        return wh_err_set(err, WH_E_INVALID, "ring_slots must be 1..65536, got %u", nslots), NULL;
+    wh_ring_t *r = calloc(1, sizeof *r);
+    if (!r || !(r->maps = calloc(nslots, sizeof *r->maps))) {
+        free(r);
+        return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    }
+    r->refs = 1;
+    r->nslots = nslots;
+    r->self = (int64_t)getpid();
+    snprintf(r->label, sizeof r->label, "%s", label ? label : "?");
+    pthread_mutex_init(&r->mu, NULL);
+    /* a worker holds the region's lock for as long as it keeps the map */
+    if (!wh_map_file(&r->words, path, (size_t)nslots * WH_RING_WORDS * 8,
+                     worker ? WH_MAP_REGION : WH_MAP_OPEN, false, false, busy, err)) {
+        wh_err_prefix(err, "wirehead ring control file");
+        wh__ring_unref(r);
+        return NULL;
+    }
+    if (worker) {
+        if (!wh__words_ok(r, err)) {
+            wh__ring_unref(r);
+            return NULL;
+        }
+        for (uint32_t j = 0; j < nslots; j++) {
+            /* not held by the main process: a dead or finished worker's */
+            size_t i = (size_t)j * WH_RING_WORDS + WH_RING_OWNER;
+            int64_t held = wh_word_load(&r->words, i);
+            if (held != 0 && held != main_pid) wh_word_cas(&r->words, i, held, 0);
+        }
+    }
+    return r;
+}
+
+void wh_ring_close(wh_ring_t *r) {
+    if (r) wh__ring_unref(r);
+}
+
+void wh_ring_unlock(wh_ring_t *r) { wh_map_unlock(&r->words); }
+
+uint32_t wh_ring_slots(const wh_ring_t *r) { return r->nslots; }
+
+/* Removes path if it is a file of this user's (left by a worker that died
+ * while growing the slot); anything else stays, and making the file there
+ * is then refused naming it. */
+static void wh__unlink_ours(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) unlink(path);
+}
+
+/* Slot j's file replaced by a larger one, made first; mu held. */
+static bool wh__grow(wh_ring_t *r, int j, uint64_t nbytes, wh_err_t *err) {
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t pg = page > 0 ? (uint64_t)page : 4096, cap;
+    if (!wh_add_ok(nbytes, pg - 1, &cap) || cap > SIZE_MAX)
+        return wh_err_set(err, WH_E_INVALID, "wirehead ring slot: %llu bytes is too large",
+                          (unsigned long long)nbytes);
+    cap -= cap % pg;
+    int64_t ver = wh__w(r, j, WH_RING_VER);
+    char path[WH_MAP_PATH + 48], old[WH_MAP_PATH + 48];
+    wh__slot_path(r, j, ver + 1, path, sizeof path);
+    wh__slot_path(r, j, ver, old, sizeof old);
+    wh__unlink_ours(path);
+    wh__smap_t *s = wh__smap_new(path, (size_t)cap, WH_MAP_CREATE, err);
+    if (!s) {
+        if (err && err->code == WH_E_NOSPACE) {
+            char why[WH_ERR_LEN];
+            snprintf(why, sizeof why, "%s", err->message);
+            return wh_err_set(err, WH_E_NOSPACE,
+                              "wirehead ring slot %s; free space there, or lower ring_slots or "
+                              "the batch size",
+                              why);
+        }
+        return wh_err_prefix(err, "wirehead ring slot");
+    }
+    s->ver = ver + 1;
+    unlink(old);
+    size_t i = (size_t)j * WH_RING_WORDS;
+    wh_word_store(&r->words, i + WH_RING_CAP, (int64_t)cap);
+    wh_word_store(&r->words, i + WH_RING_VER, ver + 1);
+    if (r->maps[j]) wh_buf_unref(&r->maps[j]->buf);
+    r->maps[j] = s;
+    return true;
+}
+
+/* One try at a free slot; mu held. *slot -1 when every slot is held. */
+static bool wh__take(wh_ring_t *r, uint64_t nbytes, int *slot, void **data, wh_err_t *err) {
+    *slot = -1;
+    if (!wh__words_ok(r, err)) return false;
+    int free_j = -1, fit_j = -1;
+    for (uint32_t j = 0; j < r->nslots && fit_j < 0; j++) {
+        if (wh__w(r, (int)j, WH_RING_OWNER) != 0) continue;
+        if (free_j < 0) free_j = (int)j;
+        if ((uint64_t)wh__w(r, (int)j, WH_RING_CAP) >= nbytes && wh__w(r, (int)j, WH_RING_CAP) > 0)
+            fit_j = (int)j;
+    }
+    /* only this process takes free slots of its region, so under mu a free
+     * slot stays free */
+    int j = fit_j >= 0 ? fit_j : free_j;
+    if (j < 0) return true;
+    size_t i = (size_t)j * WH_RING_WORDS;
+    wh_word_add(&r->words, i + WH_RING_SEQ, 1);
+    wh_word_store(&r->words, i + WH_RING_OWNER, r->self);
+    wh__smap_t *s = NULL;
+    if ((fit_j >= 0 || wh__grow(r, j, nbytes, err)) && (s = wh__slot(r, j, err)) &&
+        wh_map_intact(&s->m, err)) {
+        *slot = j;
+        *data = s->m.base;
+        return true;
+    }
+    if (wh_map_intact(&r->words, NULL)) wh_word_store(&r->words, i + WH_RING_OWNER, 0);
+    return false;
+}
+
+bool wh_ring_acquire(wh_ring_t *r, uint64_t nbytes, double wait_s, int *slot, void **data,
+                     wh_err_t *err) {
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s > 0 ? wait_s * 1e9 : 0);
+    long delay_us = 50;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        bool ok = wh__take(r, nbytes, slot, data, err);
+        pthread_mutex_unlock(&r->mu);
+        if (!ok || *slot >= 0 || wh_now_mono_ns() >= deadline) return ok;
+        struct timespec ts = {0, delay_us * 1000L};
+        nanosleep(&ts, NULL);
+        delay_us = delay_us < 1000 ? delay_us * 2 : 2000;
+    }
+}
+
+void wh_ring_give_back(wh_ring_t *r, int j) {
+    pthread_mutex_lock(&r->mu);
+    if (j >= 0 && (uint32_t)j < r->nslots && wh_map_intact(&r->words, NULL))
+        wh_word_cas(&r->words, (size_t)j * WH_RING_WORDS + WH_RING_OWNER, r->self, 0);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static bool wh__slot_ok(const wh_ring_t *r, int j, wh_err_t *err) {
+    if (j >= 0 && (uint32_t)j < r->nslots) return true;
+    return wh_err_set(err, WH_E_INVALID, "wirehead ring %s: no slot %d of %u", r->words.path, j,
+                      r->nslots);
+}
+
+bool wh_ring_stamp(wh_ring_t *r, int j, int64_t *ver, int64_t *seq, wh_err_t *err) {
+    if (!wh__slot_ok(r, j, err) || !wh__words_ok(r, err)) return false;
+    *ver = wh__w(r, j, WH_RING_VER);
+    *seq = wh__w(r, j, WH_RING_SEQ);
+    return true;
+}
+
+bool wh_ring_word(wh_ring_t *r, int j, int k, int64_t *out, wh_err_t *err) {
+    if (!wh__slot_ok(r, j, err) || !wh__words_ok(r, err)) return false;
+    if (k < 0 || k >= WH_RING_WORDS)
+        return wh_err_set(err, WH_E_INVALID, "wirehead ring: no word %d", k);
+    *out = wh__w(r, j, k);
+    return true;
+}
+
+bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, wh_err_t *err) {
+    if (!wh__slot_ok(r, j, err)) return false;
+    pthread_mutex_lock(&r->mu);
+    wh__smap_t *s = wh__words_ok(r, err) ? wh__slot(r, j, err) : NULL;
+    bool ok = s && wh_map_hash(&s->m, off, n, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+static void wh__held_release(wh_buf_t *b) {
+    wh__held_t *h = (wh__held_t *)b;
+    wh_ring_t *r = h->r;
+    /* back to the worker, unless the slot was reclaimed and refilled since */
+    size_t i = (size_t)h->j * WH_RING_WORDS;
+    if (wh_map_intact(&r->words, NULL) && wh_word_load(&r->words, i + WH_RING_SEQ) == h->seq)
+        wh_word_cas(&r->words, i + WH_RING_OWNER, h->owner, 0);
+    wh_buf_unref(&h->map->buf);
+    free(h);
+    wh__ring_unref(r);
+}
+
+/* The buffer over slot j's first size bytes held by owner; mu held. */
+static bool wh__hold(wh_ring_t *r, int j, wh__smap_t *s, int64_t seq, int64_t owner, uint64_t size,
+                     wh_buf_t **out, wh_err_t *err) {
+    if (size > s->m.size)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "wirehead ring: a batch of %llu bytes does not fit its slot file %s "
+                          "(%zu bytes)",
+                          (unsigned long long)size, s->m.path, s->m.size);
+    wh__held_t *h = calloc(1, sizeof *h);
+    if (!h) return wh_err_set(err, WH_E_SYS, "out of memory");
+    h->buf.refs = 1;
+    h->buf.data = s->m.base;
+    h->buf.size = (size_t)size;
+    h->buf.device_type = 1;
+    h->buf.release = wh__held_release;
+    h->buf.owner = h;
+    h->r = r;
+    h->map = s;
+    h->j = j;
+    h->seq = seq;
+    h->owner = owner;
+    wh_buf_ref(&s->buf);
+    __atomic_fetch_add(&r->refs, 1, __ATOMIC_RELAXED);
+    *out = &h->buf;
+    return true;
+}
+
+bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
+                   const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
+                   wh_err_t *err) {
+    *out = NULL;
+    if (!wh__slot_ok(r, j, err)) return false;
+    pthread_mutex_lock(&r->mu);
+    size_t i = (size_t)j * WH_RING_WORDS;
+    bool ok = wh__words_ok(r, err);
+    /* the owner word changes hands atomically: a worker reclaiming the slot
+     * at the same moment either sees it held here or takes it first */
+    if (ok && (wh__w(r, j, WH_RING_SEQ) != seq || wh__w(r, j, WH_RING_VER) != ver ||
+               !wh_word_cas(&r->words, i + WH_RING_OWNER, wpid, r->self))) {
+        pthread_mutex_unlock(&r->mu);
+        return wh_err_set(err, WH_E_GONE,
+                          "wirehead ring: slot %d of worker %s was reclaimed before its batch "
+                          "arrived (worker %lld gone); batch dropped",
+                          j, r->label, (long long)wpid);
+    }
+    wh__smap_t *s = ok ? wh__slot(r, j, err) : NULL;
+    ok = s != NULL;
+    /* every row as the worker copied it (the samples' stored checksums), or
+     * an error naming the file: garbage written into it is never delivered */
+    bool same = nchecks == rows;
+    for (size_t k = 0; ok && same && k < nchecks; k++) {
+        uint64_t h = 0;
+        ok = wh_map_hash(&s->m, checks[k].off, checks[k].n, &h, err);
+        same = h == checks[k].hash;
+    }
+    if (ok && !same)
+        ok = wh_err_set(err, WH_E_CORRUPT,
+                        "wirehead ring: slot file %s was changed after worker %lld filled it "
+                        "(its bytes fail their XXH3 check); batch dropped",
+                        s->m.path, (long long)wpid);
+    ok = ok && wh__hold(r, j, s, seq, r->self, size, out, err);
+    /* refused: back to the worker, which refills it (a damaged control file
+     * the worker finds out itself) */
+    if (!ok && wh_map_intact(&r->words, NULL))
+        wh_word_cas(&r->words, i + WH_RING_OWNER, r->self, 0);
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t *err) {
+    *out = NULL;
+    if (!wh__slot_ok(r, j, err)) return false;
+    pthread_mutex_lock(&r->mu);
+    wh__smap_t *s = wh__words_ok(r, err) ? wh__slot(r, j, err) : NULL;
+    /* still whole: the tensors are made over it */
+    bool ok = s && wh_map_intact(&s->m, err) &&
+              wh__hold(r, j, s, wh__w(r, j, WH_RING_SEQ), r->self, size, out, err);
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+/* ---- a worker's fill ---- */
+
+typedef struct {
+    wh_ring_t *r;
+    double wait_s;
+    int slot;
+    wh_buf_t *heap;
+    bool failed; /* the ring's error, not the read's */
+} wh__rfill_t;
+
+static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
+    wh__rfill_t *c = ctx;
+    void *data = NULL;
+    /* a retry of the first row lays the batch out again: what it had goes back */
+    if (c->slot >= 0) wh_ring_give_back(c->r, c->slot);
+    wh_buf_unref(c->heap);
+    c->slot = -1;
+    c->heap = NULL;
+    if (c->r && !wh_ring_acquire(c->r, b->size, c->wait_s, &c->slot, &data, err)) {
+        c->failed = true;
+        return NULL;
+    }
+    if (c->slot >= 0) return data;
+    if (!(c->heap = wh_buf_new(b->size ? b->size : 1)))
+        return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch",
+                          (unsigned long long)b->size),
+               NULL;
+    return c->heap->data;
+}
+
+/* The slot file still holds every byte before the next row's copy. */
+static bool wh__rfill_check(void *ctx, wh_err_t *err) {
+    wh__rfill_t *c = ctx;
+    if (c->slot < 0) return true;
+    pthread_mutex_lock(&c->r->mu);
+    wh__smap_t *s = c->r->maps[c->slot];
+    bool ok = s && wh_map_intact(&s->m, err);
+    pthread_mutex_unlock(&c->r->mu);
+    c->failed = !ok;
+    return ok;
+}
+
+bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
+                  wh_buf_t **heap, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
+                  bool *ring_failed, wh_err_t *err) {
+    wh__rfill_t c = {r, wait_s, -1, NULL, false};
+    rq->mem = wh__rfill_mem;
+    rq->mem_ctx = &c;
+    rq->check = wh__rfill_check;
+    bool ok = wh_batch_fill(rq, gen, b, data, stats, err);
+    if (!ok) {
+        if (c.slot >= 0) wh_ring_give_back(r, c.slot);
+        wh_buf_unref(c.heap);
+        c.slot = -1;
+        c.heap = NULL;
+        *data = NULL;
+    }
+    *slot = c.slot;
+    *heap = c.heap;
+    *ring_failed = c.failed;
+    return ok;
+}

@@ -1,0 +1,148 @@
+/* The DataLoader workers' batch ring: slot files in /dev/shm shared by the
+ * workers and the DataLoader's main process, the protocol that hands a slot
+ * between them, and a worker's fill of a slot (bound in wh_py_ring.c;
+ * wirehead_torch/_ring.py keeps the DataLoader glue). */
+#ifndef WH_RING_H
+#define WH_RING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wh.h"
+#include "wh_batch.h"
+
+/* The ring assembles batches across processes: a worker and the DataLoader's main process map
+ * the same files under /dev/shm, and slot ownership lives in 64-bit control
+ * words that both sides change with atomic operations. Every ring file is
+ * made and opened through wh_shmfile (ours, mode 0600, never a symlink) and
+ * its size is checked again before the mapping is used. */
+#define WH_MAP_PATH 256
+
+typedef struct {
+    void *base;
+    size_t size;
+    int fd; /* kept open: the size is re-checked before use (and holds a region's lock) */
+    char path[WH_MAP_PATH]; /* for messages */
+} wh_map_t;
+
+/* How wh_map_file comes by the file. */
+enum {
+    WH_MAP_OPEN,   /* an existing file, checked: the DataLoader's main process */
+    WH_MAP_CREATE, /* a new file, size bytes reserved: a worker's new slot */
+    WH_MAP_REGION  /* a worker's control file: made, or an earlier worker's taken over */
+};
+
+/* Maps size bytes of the ring file at path, shared and writable; m owns the
+ * mapping and the descriptor (wh_map_close). WH_MAP_REGION also takes the
+ * file's lock (flock, exclusive, not waiting; released by wh_map_close or
+ * wh_map_unlock): when another live process holds it, false with *busy set
+ * (busy may be NULL otherwise). An existing file must be ours with mode
+ * 0600 and hold size bytes (a region file with 0 bytes, whose maker has not
+ * reserved it yet, is reserved here under the lock); anything else is
+ * refused, never written. populate: fault every page in now (a slot mapped
+ * once per process is then reused without faults). hugepage: advise
+ * transparent huge pages. */
+bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
+                 bool *busy, wh_err_t *err);
+/* Releases a region's lock (the mapping stays). */
+void wh_map_unlock(wh_map_t *m);
+/* The file still holds every mapped byte and is still ours: call before the
+ * mapping is touched (a file truncated under us is this error naming it,
+ * not a SIGBUS). */
+bool wh_map_intact(const wh_map_t *m, wh_err_t *err);
+/* XXH3-64 of bytes [off, off + n) of the mapping, after wh_map_intact. */
+bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err);
+void wh_map_close(wh_map_t *m);
+
+/* Control words: index i must be < size / 8 (callers check). Sequentially
+ * consistent, so a slot's fill sequence is seen before its owner changes. */
+int64_t wh_word_load(const wh_map_t *m, size_t i);
+void wh_word_store(const wh_map_t *m, size_t i, int64_t v);
+/* Sets word i to desired if it holds expect; true if it did. */
+bool wh_word_cas(const wh_map_t *m, size_t i, int64_t expect, int64_t desired);
+/* Adds d to word i; returns the new value. */
+int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d);
+
+/* ---- the ring protocol ----
+ *
+ * Files, per (main process, dataset, worker k), mode 0600:
+ *   <region>               control words; the live worker holds its flock
+ *   <region>.s<j>.v<v>     slot j's bytes (a new version v when it grows)
+ * Control words per slot: owner pid (0: free), fill sequence, capacity,
+ * version. A worker takes free slots, fills them and sends a handle
+ * (slot, version, sequence, its pid, the rows' checksums); the main process
+ * claims the slot (owner worker -> main, atomically, only while version
+ * and sequence still match) and hands it back (owner main -> 0) when the
+ * last tensor over it is gone. The worker that takes a region reclaims
+ * every slot the main process does not hold: a handle of its dead
+ * predecessor is then refused. */
+#define WH_RING_WORDS 4
+enum {
+    WH_RING_OWNER,
+    WH_RING_SEQ,
+    WH_RING_CAP,
+    WH_RING_VER
+};
+
+typedef struct wh_ring wh_ring_t;
+
+/* One row of one field as the worker left it: what a claim checks. */
+typedef struct {
+    uint64_t off, n, hash;
+} wh_ring_check_t;
+
+/* Opens the region at path with nslots slots; label names the worker in
+ * messages. worker: the control file is made or taken over under its lock
+ * (*busy when another live process holds it) and every slot not held by
+ * main_pid is reclaimed; else (the main process) the existing file is
+ * opened. Owned by the caller: wh_ring_close (batches still out keep what
+ * they need). */
+wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bool worker,
+                        int64_t main_pid, bool *busy, wh_err_t *err);
+void wh_ring_close(wh_ring_t *r);
+/* Releases the region's lock (a worker's ring stays usable). */
+void wh_ring_unlock(wh_ring_t *r);
+uint32_t wh_ring_slots(const wh_ring_t *r);
+
+/* Worker: takes a free slot of at least nbytes (one too small is grown: a
+ * new, page-rounded file version made first, so a failure, a full /dev/shm
+ * among them as WH_E_NOSPACE, leaves the slot as it was), waiting up to
+ * wait_s while every slot is held; *slot -1 when none came free. *data:
+ * the slot's memory. Threads of one process take slots one at a time. */
+bool wh_ring_acquire(wh_ring_t *r, uint64_t nbytes, double wait_s, int *slot, void **data,
+                     wh_err_t *err);
+/* Worker: slot j back without sending it. */
+void wh_ring_give_back(wh_ring_t *r, int j);
+/* Worker: slot j's version and fill sequence, for its handle. */
+bool wh_ring_stamp(wh_ring_t *r, int j, int64_t *ver, int64_t *seq, wh_err_t *err);
+/* XXH3-64 of bytes [off, off + n) of slot j, its file checked first. */
+bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, wh_err_t *err);
+/* Control word k of slot j. */
+bool wh_ring_word(wh_ring_t *r, int j, int k, int64_t *out, wh_err_t *err);
+
+/* Main process: claims slot j of a handle (version ver, sequence seq,
+ * filled by worker pid wpid) and checks each row against checks; *out: the
+ * slot's first size bytes, a buffer whose last reference hands the slot
+ * back. WH_E_GONE: reclaimed before the handle arrived; WH_E_CORRUPT: the
+ * bytes fail their check (the error names the file); WH_E_TOOBIG: the
+ * batch does not fit the slot. On an error the slot goes back to its
+ * worker. */
+bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
+                   const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
+                   wh_err_t *err);
+/* In-process iteration: slot j, already taken by this process, as such a
+ * buffer. */
+bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t *err);
+
+/* Worker: reads a batch (wh_batch_fill; rq->mem is set here) into a slot of
+ * r, taken once the first sample gives the batch's size, waiting up to
+ * wait_s for one; with no slot free (or r NULL) into heap memory, *heap
+ * (the caller's reference). *slot: the slot, -1 for heap memory. On an
+ * error nothing is held; *ring_failed tells the ring's errors (its files)
+ * from the read's. */
+bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
+                  wh_buf_t **heap, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
+                  bool *ring_failed, wh_err_t *err);
+
+#endif
