@@ -310,25 +310,10 @@ uint64_t wh_loader_generation(const wh_loader_t *ld) { return ld->start_gen; }
 
 bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint64_t gen,
                      wh_err_t *err) {
-    if (!gen) {
-        uint64_t deadline = wh_now_mono_ns() + (uint64_t)(ld->cfg.timeout_s * 1e9);
-        unsigned delay = 2;
-        for (;;) {
-            wh_err_t e = {0};
-            if (!wh_store_current(ld->main_store, &gen, &e) && e.code != WH_E_UNAVAIL) {
-                if (err) *err = e;
-                return false;
-            }
-            if (gen) break;
-            if (wh_now_mono_ns() > deadline)
-                return wh_err_set(err, WH_E_TIMEOUT,
-                                  "no generation sealed within %.0fs (READ_TIMEOUT); are "
-                                  "generators and a manager running?",
-                                  ld->cfg.timeout_s);
-            wh_sleep_ms(delay);
-            delay = delay < 100 ? delay * 2 : 100;
-        }
-    }
+    /* the store's one wait for a generation (the Python loader has waited
+     * already, and passes the one it found) */
+    if (!gen && !wh_store_wait_gen(ld->main_store, 0, ld->cfg.timeout_s, &ld->stop, &gen, err))
+        return false;
     pthread_mutex_lock(&ld->mu);
     ld->epoch_id++;
     ld->epoch = epoch;
