@@ -429,6 +429,68 @@ static bool wh__hold(wh_ring_t *r, int j, wh__smap_t *s, int64_t seq, int64_t ow
     return true;
 }
 
+/* The hand-over check of many rows is spread over threads: a trainer's
+ * main process is one thread, and the node's other cores are usually idle
+ * while it takes a batch. Below this many bytes a thread costs more than it
+ * saves. */
+#define WH__CHECK_PAR_BYTES (8ull << 20)
+#define WH__CHECK_THREADS 8
+
+typedef struct {
+    const wh_map_t *m;
+    const wh_ring_check_t *checks;
+    size_t n;
+    size_t next; /* atomic: the next row to hash */
+    bool bad;    /* atomic: a row failed (stop early) */
+    bool failed; /* wh_map_hash failed: err holds why (under mu) */
+    pthread_mutex_t mu;
+    wh_err_t err;
+} wh__rows_t;
+
+static void *wh__rows_run(void *arg) {
+    wh__rows_t *c = arg;
+    for (;;) {
+        size_t k = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+        if (k >= c->n || __atomic_load_n(&c->bad, __ATOMIC_RELAXED)) return NULL;
+        uint64_t h = 0;
+        wh_err_t e = {0};
+        bool hashed = wh_map_hash(c->m, c->checks[k].off, c->checks[k].n, &h, &e);
+        if (!hashed) {
+            pthread_mutex_lock(&c->mu);
+            if (!c->failed) c->err = e;
+            c->failed = true;
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (!hashed || h != c->checks[k].hash) __atomic_store_n(&c->bad, true, __ATOMIC_RELAXED);
+    }
+}
+
+/* Every row's XXH3 against the worker's: true with *same, or false with err
+ * (the file could not be checked). */
+static bool wh__check_rows(const wh_map_t *m, const wh_ring_check_t *checks, size_t n, bool *same,
+                           wh_err_t *err) {
+    wh__rows_t c = {.m = m, .checks = checks, .n = n};
+    pthread_mutex_init(&c.mu, NULL);
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < n; k++) bytes += checks[k].n;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t want = bytes < WH__CHECK_PAR_BYTES || cpus < 2 ? 1 : n < (size_t)cpus ? n : (size_t)cpus;
+    if (want > WH__CHECK_THREADS) want = WH__CHECK_THREADS;
+    pthread_t th[WH__CHECK_THREADS];
+    size_t started = 0;
+    for (; started + 1 < want; started++)
+        if (pthread_create(&th[started], NULL, wh__rows_run, &c) != 0) break; /* fewer helpers */
+    wh__rows_run(&c);
+    for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&c.mu);
+    if (c.failed) {
+        if (err) *err = c.err;
+        return false;
+    }
+    *same = !c.bad;
+    return true;
+}
+
 bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
                    const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
                    wh_err_t *err) {
@@ -452,11 +514,7 @@ bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, 
     /* every row as the worker copied it (the samples' stored checksums), or
      * an error naming the file: garbage written into it is never delivered */
     bool same = nchecks == rows;
-    for (size_t k = 0; ok && same && k < nchecks; k++) {
-        uint64_t h = 0;
-        ok = wh_map_hash(&s->m, checks[k].off, checks[k].n, &h, err);
-        same = h == checks[k].hash;
-    }
+    if (ok && same) ok = wh__check_rows(&s->m, checks, nchecks, &same, err);
     if (ok && !same)
         ok = wh_err_set(err, WH_E_CORRUPT,
                         "wirehead ring: slot file %s was changed after worker %lld filled it "

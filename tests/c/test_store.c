@@ -2560,6 +2560,63 @@ out:
     ring_unlink(path);
 }
 
+/* A hand-over of many large rows is checked by several threads: every row
+ * still counts, so one changed byte in the last row or a check past the
+ * slot's end refuses the batch. */
+static void t_ring_rows(void) {
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/whctest-ringrows-%d", (int)getpid());
+    ring_unlink(path);
+    enum {
+        ROWS = 6,
+        ROW = 4 << 20
+    };
+    int64_t me = getpid(), ver = 0, seq = 0;
+    wh_err_t e = {0};
+    bool busy = false;
+    wh_buf_t *held = NULL;
+    wh_ring_check_t ck[ROWS];
+    wh_ring_t *w = wh_ring_open(path, "0", 1, true, me, &busy, &e), *m = NULL;
+    REQUIRE(w, "worker open: %s", e.message);
+    m = wh_ring_open(path, "0", 1, false, me, NULL, &e);
+    REQUIRE(m, "main open: %s", e.message);
+    for (int round = 0; round < 3; round++) {
+        int j = -1;
+        void *data = NULL;
+        REQUIRE(wh_ring_acquire(w, (size_t)ROWS * ROW, 0, &j, &data, &e), "acquire: %s", e.message);
+        for (int r = 0; r < ROWS; r++) {
+            memset((char *)data + (size_t)r * ROW, r + round, ROW);
+            ck[r] = (wh_ring_check_t){(uint64_t)r * ROW, ROW,
+                                      XXH3_64bits((char *)data + (size_t)r * ROW, ROW)};
+        }
+        REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
+        if (round == 0) {
+            REQUIRE(
+                wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held, &e),
+                "claim: %s", e.message);
+            wh_buf_unref(held);
+            held = NULL;
+        } else if (round == 1) {
+            ((char *)data)[(size_t)ROWS * ROW - 1] ^= 1; /* the last byte of the last row */
+            CHECK(!wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held,
+                                 &e) &&
+                      e.code == WH_E_CORRUPT && strstr(e.message, "XXH3"),
+                  "a changed last row claimed: %s", e.message);
+        } else {
+            ck[2].off = (uint64_t)1 << 40; /* past the slot's end */
+            CHECK(!wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held,
+                                 &e) &&
+                      strstr(e.message, "to check"),
+                  "a check past the slot claimed: %s", e.message);
+        }
+    }
+out:
+    wh_buf_unref(held);
+    wh_ring_close(m);
+    wh_ring_close(w);
+    ring_unlink(path);
+}
+
 /* A worker's fill of a ring slot (wh_ring_fill over wh_batch_fill) from a
  * real store: rows, extras, the stored checksums handed over, pad='ignore'
  * written with its checks anew, a row of another shape named, and heap
@@ -2706,6 +2763,7 @@ int main(int argc, char **argv) {
         {"3 writers + manager + reader through 320 swaps", t_concurrent, false},
         {"params: versions, the bound, damage, a dead setter's lock", t_params, false},
         {"workers' ring: hand-over, checks, release, growth, reclaim, truncation", t_ring, false},
+        {"workers' ring: many large rows checked by several threads", t_ring_rows, false},
         {"workers' ring: a fill from the store, pad='ignore', another shape, heap", t_ring_fill,
          false},
         {"stress: generation ids after seals faster than 1/us", t_gen_ids_fast_seals, true},
