@@ -95,10 +95,11 @@ class BatchRing:
     nfields: fields a stored sample has (len(SAMPLE)); want: the indices
     read, names: their stored names, keys: the batch's names for them;
     form: "dict" ({key: tensor}) or "list" ([tensor, ...] in want order, as
-    torch's default_collate makes of tuples); cast: {name: dtype} asked for."""
+    torch's default_collate makes of tuples); cast: {name: dtype} asked for;
+    verify: the main process checks every row at hand-over (VERIFY_READS)."""
 
     def __init__(self, what, slots, nfields, want, names, keys=None, form="dict", cast=None,
-                 timeout=60.0):
+                 timeout=60.0, verify=True):
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise ValueError(f"ring_slots must be a positive integer, got {slots!r}")
         self.what = what
@@ -110,11 +111,13 @@ class BatchRing:
         self.form = form
         self.cast = cast
         self.timeout = timeout
+        self.verify = bool(verify)
         # ring files are named by the DataLoader's main process and this token
         self.token = os.urandom(6).hex()
         self._ring = (None, None)  # (pid, WorkerRing) in this process
         self._checked = (None, None)  # (pid, the layout last checked) in this process
         self._pickled_by = self._unpickled_in = None
+        _ring.hand_over_checks(self.token, self.verify)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
 
     def __getstate__(self):
@@ -127,6 +130,7 @@ class BatchRing:
         self.__dict__.update(d)
         self._unpickled_in = os.getpid()
         # a rank process that received the dataset runs DataLoaders of its own
+        _ring.hand_over_checks(self.token, self.verify)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
 
     # --- this process's ring region ---------------------------------------
