@@ -151,7 +151,7 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
             step = min(step, _STOP_SLICE)
         try:
             gen = store.wait_generation(newer_than, step)
-            if cfg["LOCAL_CACHE"]:
+            if cfg.get("LOCAL_CACHE"):  # a plain dict of a config may lack the key
                 _check_relay(cfg, gen, who)
             return gen
         except (_C.StoreTimeoutError, _C.StoreUnavailableError, _C.StoreNotCreatedError) as e:
