@@ -5,6 +5,7 @@
 #include "wh_py.h"
 
 #include "wh_fault.h"
+#include "wh_ring.h"
 
 #define WH__ONE(f) +1
 _Static_assert(sizeof(wh_py_state_t) == (0 WH_PY_STATE_FIELDS(WH__ONE)) * sizeof(void *),
@@ -76,7 +77,8 @@ static int wh__exec(PyObject *m) {
         PyModule_AddIntConstant(m, "SWAP_CAP_MIN", WH_SWAP_CAP_MIN) ||
         PyModule_AddIntConstant(m, "SWAP_CAP_MAX", WH_SWAP_CAP_MAX) ||
         PyModule_AddIntConstant(m, "BYTE_BUDGET_AUTO", WH_BYTE_BUDGET_AUTO) ||
-        PyModule_AddIntConstant(m, "BYTE_BUDGET_MIN", WH_BYTE_BUDGET_MIN))
+        PyModule_AddIntConstant(m, "BYTE_BUDGET_MIN", WH_BYTE_BUDGET_MIN) ||
+        PyModule_AddIntConstant(m, "RING_SLOTS_MAX", WH_RING_SLOTS_MAX))
         return -1;
     return 0;
 }

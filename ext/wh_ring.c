@@ -224,8 +224,10 @@ static wh__smap_t *wh__slot(wh_ring_t *r, int j, wh_err_t *err) {
 wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bool worker,
                         int64_t main_pid, bool *busy, wh_err_t *err) {
     if (busy) *busy = false;
-    if (nslots < 1 || nslots > 1u << 16)
-        return wh_err_set(err, WH_E_INVALID, "ring_slots must be 1..65536, got %u", nslots), NULL;
+    if (nslots < 1 || nslots > WH_RING_SLOTS_MAX)
+        return wh_err_set(err, WH_E_INVALID, "ring_slots must be 1..%u, got %u", WH_RING_SLOTS_MAX,
+                          nslots),
+               NULL;
     wh_ring_t *r = calloc(1, sizeof *r);
     if (!r || !(r->maps = calloc(nslots, sizeof *r->maps))) {
         free(r);

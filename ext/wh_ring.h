@@ -78,6 +78,8 @@ int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d);
  * every slot the main process does not hold: a handle of its dead
  * predecessor is then refused. */
 #define WH_RING_WORDS 4
+/* ring_slots' bound (Python reads it as _C.RING_SLOTS_MAX) */
+#define WH_RING_SLOTS_MAX (1u << 16)
 enum {
     WH_RING_OWNER,
     WH_RING_SEQ,

@@ -100,8 +100,9 @@ class BatchRing:
 
     def __init__(self, what, slots, nfields, want, names, keys=None, form="dict", cast=None,
                  timeout=60.0, verify=True):
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise ValueError(f"ring_slots must be a positive integer, got {slots!r}")
+        if (not isinstance(slots, int) or isinstance(slots, bool)
+                or not 1 <= slots <= _C.RING_SLOTS_MAX):
+            raise ValueError(f"ring_slots must be an integer 1..{_C.RING_SLOTS_MAX}, got {slots!r}")
         self.what = what
         self.slots = slots
         self.nfields = nfields
@@ -225,10 +226,13 @@ class BatchRing:
         pos = np.asarray(positions, dtype=np.uint32)
         pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
         labels, value = ignore or ((), None)
+        # the value goes in as the batch is delivered: label fields cast to
+        # another dtype get it in their cast copy (_ring.tensors), the rest here
+        cast = self.cast or {}
+        in_c = [i for i, name in zip(self.want, self.names) if name in labels and name not in cast]
         got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
                            self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0,
-                           [i for i, name in zip(self.want, self.names) if name in labels]
-                           if ignore else None, value)
+                           in_c if ignore else None, value)
         if got.mismatch_generation is not None:
             first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
                                  None) for i, name in zip(self.want, self.names)]
@@ -249,7 +253,9 @@ class BatchRing:
                         "in as padding", got.skipped, got.last_skip)
         n = len(got.position)
         fields = [_ring.SlotField(key, e.dtype, (n,) + e.shape, got.offsets[e.index],
-                                  e.nbytes * n, e.cast)
+                                  e.nbytes * n, e.cast,
+                                  (value, got.pad_offset) if ignore and e.name in labels
+                                  and e.index not in in_c else None)
                   for e, key in zip(layout, self.keys)]
         extras = (("is_pad", got.pad_offset, "bool", n),
                   ("generation", got.generation_offset, "int64", n),

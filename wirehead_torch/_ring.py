@@ -40,6 +40,11 @@ class SlotField(NamedTuple):
     offset: int  # where its rows start in the slot
     nbytes: int  # bytes of all its rows
     cast: Optional[str]  # the dtype asked for by cast=, None: as stored
+    # pad='ignore' on a label field given a cast=: (ignore_index, offset of
+    # the batch's is_pad rows), written into its padding rows as delivered
+    # (the value is meant for the dtype asked for); other label fields get
+    # it in the C fill
+    ignore: Optional[tuple] = None
 
 
 class RingBusy(Exception):
@@ -193,9 +198,14 @@ def tensors(mem, fields, extras, form="dict"):
     import torch
     base = torch.from_dlpack(mem)
     out = {}
-    for name, dtype, shape, off, nb, target in fields:
-        t = base[off:off + nb].view(getattr(torch, dtype)).view(shape)
-        out[name] = t.to(getattr(torch, target)) if target and target != dtype else t
+    for f in fields:
+        t = base[f.offset:f.offset + f.nbytes].view(getattr(torch, f.dtype)).view(f.shape)
+        if f.cast and f.cast != f.dtype:
+            t = t.to(getattr(torch, f.cast))  # a copy: the slot keeps the stored bytes
+        if f.ignore is not None:
+            value, pad_off = f.ignore
+            t[base[pad_off:pad_off + f.shape[0]].view(torch.bool)] = value
+        out[f.key] = t
     for name, off, dtype, n in extras:
         tdt = getattr(torch, dtype)
         out[name] = base[off:off + n * torch.empty((), dtype=tdt).element_size()].view(tdt).clone()

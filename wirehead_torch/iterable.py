@@ -252,12 +252,14 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             is_pad = is_pad or got.is_pad
             item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
                     for i, name in zip(o.want, o.fields)}
-            if is_pad and o.pad == "ignore":
+            if o.pad == "ignore":
                 for name in o.label_fields:
-                    if viewed:  # a view is read-only: the filled label is a copy
-                        item[name] = item[name].clone()
+                    # every item: a misfit fails the first, not the first padded one
                     check_ignore_fits(item[name].dtype, o.ignore_index, name)
-                    item[name].fill_(o.ignore_index)
+                    if is_pad:
+                        if viewed:  # a view is read-only: the filled label is a copy
+                            item[name] = item[name].clone()
+                        item[name].fill_(o.ignore_index)
             item["is_pad"] = torch.tensor(is_pad)
             item["generation"] = torch.tensor(gen, dtype=torch.int64)
             item["position"] = torch.tensor(pos, dtype=torch.int64)
@@ -281,7 +283,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                                             if o.pad == "ignore" else None))
             if o.pad == "ignore":
                 try:
-                    self._fill_ignore(batch, [row.is_pad for row in rows])
+                    self._check_ignore(batch)
                 except BaseException:
                     ring.give_back(batch)
                     raise
@@ -289,14 +291,15 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             self._progress = (epoch, start + b0 + n, gen)
             yield ring.deliver(batch, extras=True, in_worker=in_worker)
 
-    def _fill_ignore(self, batch, pad_l):
-        """The ignore_index the fill wrote into the padding rows' label
-        fields must fit their dtype."""
-        if any(pad_l):
-            for entry in batch.layout:
-                if entry.name in self.order.label_fields:
-                    check_ignore_fits(getattr(torch, entry.dtype), self.order.ignore_index,
-                                      entry.name)
+    def _check_ignore(self, batch):
+        """The ignore_index the padding rows' label fields get must fit the
+        dtype they are delivered in (cast= or as stored); checked on every
+        batch, so a misfit fails the first one, not the first padded one at
+        an epoch's end."""
+        for entry in batch.layout:
+            if entry.name in self.order.label_fields:
+                check_ignore_fits(getattr(torch, entry.cast or entry.dtype),
+                                  self.order.ignore_index, entry.name)
 
     def __getstate__(self):
         d = dict(self.__dict__)

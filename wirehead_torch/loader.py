@@ -154,9 +154,11 @@ class WireheadLoader:
             batch = {}
             for i, name in zip(o.want, o.fields):
                 t = to_output(fields[i], name, "torch", self.cast, numpy_ok=False)
+                if name in o.label_fields and o.pad == "ignore":
+                    # every batch: a misfit fails the first, not the first padded one
+                    check_ignore_fits(t.dtype, o.ignore_index, name)
                 if name in o.label_fields and o.pad == "ignore" and (
                         bool(pad_t.any()) if any_pad is None else any_pad):
-                    check_ignore_fits(t.dtype, o.ignore_index, name)
                     if any_pad is None:
                         t[pad_t] = o.ignore_index
                     else:  # a boolean index would synchronise the device

@@ -1,12 +1,12 @@
 """A reader child process for the MongoDB store tests.
 
-    python tests/mongo/reader_proc.py store CFG_JSON
+    python tests/helpers/reader_proc.py store CFG_JSON
         Reads every new generation whole through the store API, checks every
         sample against its id, and prints one JSON line per generation:
         {"gen": G, "ids": [[tag, counter], ...]} (a generation reclaimed while
         being read is skipped).
 
-    python tests/mongo/reader_proc.py dataset CFG_JSON
+    python tests/helpers/reader_proc.py dataset CFG_JSON
         Reads positions round-robin through MongoheadDataset (the user-facing
         reader), checks each sample, and prints {"read": N, "max": {tag:
         counter}} every 10 samples.

@@ -180,6 +180,9 @@ def test_options_are_checked(shm_cfg):
         wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, transform=abs)
     with pytest.raises(ValueError, match="ring_slots"):
         wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, ring_slots=0)
+    # above the ring's bound: refused here, not later in a DataLoader worker
+    with pytest.raises(ValueError, match="ring_slots must be an integer 1..65536"):
+        wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, ring_slots=10**6)
 
 
 def test_pad_ignore_and_field_subset_in_batches(filled):
@@ -254,5 +257,31 @@ def test_pad_ignore_that_does_not_fit_the_label_is_an_error(shm_cfg):
     wt.WireheadManager(config=cfg).run(max_swaps=1)
     ds = wt.WireheadIterableDataset(config=cfg, batch_size=2, batches=True, pad="ignore",
                                     ignore_index=-100, label_fields=["lbl"], shuffle=False)
+    it = iter(ds)
+    # the first batch, which holds no padding, already says so
     with pytest.raises(ValueError, match="ignore_index -100 does not fit label field 'lbl'"):
-        list(ds)
+        next(it)
+
+
+@pytest.mark.parametrize("workers", [0, WORKERS])
+def test_pad_ignore_goes_into_the_cast_dtype(shm_cfg, workers):
+    """uint8 labels cast to int64 take ignore_index -100 in their padding
+    rows (the value is meant for the dtype the batch is delivered in), as
+    WireheadLoader and the item path do; the stored bytes are untouched."""
+    cfg = shm_cfg(swap_cap=5, sample=("img", "lbl"))
+    items = [(np.full(3, i, np.float32), np.full(2, i + 1, np.uint8)) for i in range(5)]
+    wt.WireheadGenerator(iter(items), config=cfg).run()
+    wt.WireheadManager(config=cfg).run(max_swaps=1)
+    ds = ring_ds(cfg, workers=workers, pad="ignore", ignore_index=-100, label_fields=["lbl"],
+                 shuffle=False, cast={"lbl": "int64"})
+    pads = rows = 0
+    for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers):
+        assert b["lbl"].dtype == torch.int64
+        for img, lbl, pad in zip(b["img"], b["lbl"], b["is_pad"]):
+            want = -100 if pad else int(img[0]) + 1
+            assert lbl.tolist() == [want, want]
+            pads += bool(pad)
+            rows += 1
+    assert pads == rows - 5 and pads > 0
+    m = wt.MongoTupleheadDataset(config=cfg)
+    assert [m[i][1].tolist() for i in range(5)] == [[i + 1] * 2 for i in range(5)]
