@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _C, _ring
 from ._arrays import _import_torch, _torch_dtype, needs_cast_message
+from ._order import warn_skipped
 
 log = logging.getLogger("wirehead_torch")
 
@@ -249,8 +250,7 @@ class BatchRing:
                         "in use; sending batches the ordinary way (a copy) while that "
                         "lasts (raise ring_slots)", ring.worker)
         if got.skipped:
-            log.warning("wirehead reader: skipped %d corrupt sample(s) (%s); a neighbour stands "
-                        "in as padding", got.skipped, got.last_skip)
+            warn_skipped("wirehead reader", got.skipped, got.last_skip)
         n = len(got.position)
         fields = [_ring.SlotField(key, e.dtype, (n,) + e.shape, got.offsets[e.index],
                                   e.nbytes * n, e.cast,
