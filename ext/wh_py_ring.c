@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "wh_dlpack.h"
 #include "wh_ring.h"
@@ -118,6 +119,10 @@ static PyObject *wh__ring_claim(wh__pyring_t *self, PyObject *args) {
     Py_buffer sums;
     if (!PyArg_ParseTuple(args, "iLLLKy*n", &j, &ver, &seq, &wpid, &size, &sums, &rows))
         return NULL;
+    if (rows < 0) {
+        PyBuffer_Release(&sums);
+        return PyErr_Format(PyExc_ValueError, "Ring.claim: rows must be >= 0, got %zd", rows);
+    }
     if (!wh__ring_open(self)) {
         PyBuffer_Release(&sums);
         return NULL;
@@ -230,12 +235,14 @@ static PyObject *wh__fill_pads(const wh__pyfill_t *c) {
     return out;
 }
 
-/* The rows' checks, field by field: (offset, bytes, stored XXH3-64). */
+/* The rows' checks, field by field: (offset, bytes, stored XXH3-64); for a
+ * slot one more, over the extras after the fields (is_pad, generation,
+ * position, params version), hashed here as the fill left them. */
 static PyObject *wh__fill_checks(const wh__pyfill_t *c, int nfields, const uint64_t *sums) {
-    size_t nw = 0, n = c->b.n;
+    size_t nw = 0, n = c->b.n, tail = c->slot >= 0;
     for (int f = 0; f < nfields; f++) nw += (c->rq.want >> f) & 1u;
     PyObject *blob =
-        PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nw * n * sizeof(wh_ring_check_t)));
+        PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((nw * n + tail) * sizeof(wh_ring_check_t)));
     if (!blob) return NULL;
     wh_ring_check_t *ck = (wh_ring_check_t *)PyBytes_AS_STRING(blob);
     for (int f = 0; f < nfields; f++) {
@@ -245,6 +252,11 @@ static PyObject *wh__fill_checks(const wh__pyfill_t *c, int nfields, const uint6
             ck->n = c->b.meta[f].nbytes;
             ck->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
         }
+    }
+    if (tail) {
+        ck->off = c->b.pad_off;
+        ck->n = c->b.size - c->b.pad_off;
+        ck->hash = XXH3_64bits((const char *)c->data + ck->off, ck->n);
     }
     return blob;
 }

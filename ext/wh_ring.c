@@ -4,6 +4,7 @@
 #include "wh_ring.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -395,9 +396,12 @@ bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, 
 static void wh__held_release(wh_buf_t *b) {
     wh__held_t *h = (wh__held_t *)b;
     wh_ring_t *r = h->r;
-    /* back to the worker, unless the slot was reclaimed and refilled since */
+    /* back to the worker, unless the slot was reclaimed and refilled since,
+     * or this is a forked child dropping its copy of the parent's batch (the
+     * parent's tensors still use the slot) */
     size_t i = (size_t)h->j * WH_RING_WORDS;
-    if (wh_map_intact(&r->words, NULL) && wh_word_load(&r->words, i + WH_RING_SEQ) == h->seq)
+    if ((int64_t)getpid() == r->self && wh_map_intact(&r->words, NULL) &&
+        wh_word_load(&r->words, i + WH_RING_SEQ) == h->seq)
         wh_word_cas(&r->words, i + WH_RING_OWNER, h->owner, 0);
     wh_buf_unref(&h->map->buf);
     free(h);
@@ -475,11 +479,13 @@ static bool wh__check_rows(const wh_map_t *m, const wh_ring_check_t *checks, siz
     pthread_mutex_init(&c.mu, NULL);
     uint64_t bytes = 0;
     for (size_t k = 0; k < n; k++) bytes += checks[k].n;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     size_t want = bytes < WH__CHECK_PAR_BYTES || cpus < 2 ? 1 : n < (size_t)cpus ? n : (size_t)cpus;
     if (want > WH__CHECK_THREADS) want = WH__CHECK_THREADS;
     pthread_t th[WH__CHECK_THREADS];
     size_t started = 0;
+    if (want > 1) (void)XXH3_64bits(&c, 0); /* XXH3's SIMD choice made here, not in a race */
     for (; started + 1 < want; started++)
         if (pthread_create(&th[started], NULL, wh__rows_run, &c) != 0) break; /* fewer helpers */
     wh__rows_run(&c);
@@ -503,24 +509,37 @@ bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, 
     bool ok = wh__words_ok(r, err);
     /* the owner word changes hands atomically: a worker reclaiming the slot
      * at the same moment either sees it held here or takes it first */
-    if (ok && (wh__w(r, j, WH_RING_SEQ) != seq || wh__w(r, j, WH_RING_VER) != ver ||
-               !wh_word_cas(&r->words, i + WH_RING_OWNER, wpid, r->self))) {
+    bool taken = ok && wh__w(r, j, WH_RING_SEQ) == seq && wh__w(r, j, WH_RING_VER) == ver &&
+                 wh_word_cas(&r->words, i + WH_RING_OWNER, wpid, r->self);
+    /* and still this fill after the CAS: a worker takes a slot by counting
+     * its sequence up before it stores its pid, so a slot it took back and
+     * took again in between shows here, and stays with it */
+    if (taken && (wh__w(r, j, WH_RING_SEQ) != seq || wh__w(r, j, WH_RING_VER) != ver)) {
+        wh_word_cas(&r->words, i + WH_RING_OWNER, r->self, wpid);
+        taken = false;
+    }
+    if (ok && !taken) {
         pthread_mutex_unlock(&r->mu);
         return wh_err_set(err, WH_E_GONE,
-                          "wirehead ring: slot %d of worker %s was reclaimed before its batch "
-                          "arrived (worker %lld gone); batch dropped",
+                          "wirehead ring: slot %d of worker %s was reclaimed or refilled before "
+                          "its batch arrived (worker %lld); this batch cannot be delivered",
                           j, r->label, (long long)wpid);
     }
     wh__smap_t *s = ok ? wh__slot(r, j, err) : NULL;
     ok = s != NULL;
     /* every row as the worker copied it (the samples' stored checksums), or
      * an error naming the file: garbage written into it is never delivered */
-    bool same = nchecks == rows;
-    if (ok && same) ok = wh__check_rows(&s->m, checks, nchecks, &same, err);
+    if (ok && nchecks != rows)
+        ok = wh_err_set(err, WH_E_CORRUPT,
+                        "wirehead ring: the handle of slot %d of worker %s carries %zu checks "
+                        "for %zu rows: a malformed handle; this batch cannot be delivered",
+                        j, r->label, nchecks, rows);
+    bool same = true;
+    if (ok) ok = wh__check_rows(&s->m, checks, nchecks, &same, err);
     if (ok && !same)
         ok = wh_err_set(err, WH_E_CORRUPT,
                         "wirehead ring: slot file %s was changed after worker %lld filled it "
-                        "(its bytes fail their XXH3 check); batch dropped",
+                        "(its bytes fail their XXH3 check); this batch cannot be delivered",
                         s->m.path, (long long)wpid);
     ok = ok && wh__hold(r, j, s, seq, r->self, size, out, err);
     /* refused: back to the worker, which refills it (a damaged control file
@@ -539,6 +558,10 @@ bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t 
     /* still whole: the tensors are made over it */
     bool ok = s && wh_map_intact(&s->m, err) &&
               wh__hold(r, j, s, wh__w(r, j, WH_RING_SEQ), r->self, size, out, err);
+    /* refused: the slot is free again (this region's own slots are not
+     * reclaimed by a later open, so one kept here would be lost) */
+    if (!ok && wh_map_intact(&r->words, NULL))
+        wh_word_cas(&r->words, (size_t)j * WH_RING_WORDS + WH_RING_OWNER, r->self, 0);
     pthread_mutex_unlock(&r->mu);
     return ok;
 }

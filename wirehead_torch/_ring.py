@@ -186,7 +186,7 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
     if token in _UNCHECKED:
         checks, rows = b"", 0  # VERIFY_READS off: no bytes checked, at hand-over neither
     else:
-        rows = sum(f.shape[0] for f in fields)
+        rows = sum(f.shape[0] for f in fields) + 1  # and the extras after them
     return tensors(ring.claim(j, ver, seq, wpid, size, checks, rows), fields, extras, form)
 
 

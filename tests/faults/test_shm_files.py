@@ -105,6 +105,12 @@ def test_garbage_in_a_slot_is_an_error_naming_it_not_data():
     assert got["other_ok"] and got["slot_free"]
 
 
+def test_garbage_in_a_batchs_extras_is_an_error_too():
+    got = child("garbage-tail", private=False)
+    assert got["path"] in got["error"] and "XXH3" in got["error"]
+    assert got["other_ok"] and got["slot_free"]
+
+
 def test_verify_reads_off_checks_no_bytes_at_hand_over():
     """VERIFY_READS: false checks no checksum on reads, and none at the
     ring's hand-over either: the changed bytes come through (what the key
@@ -341,8 +347,9 @@ def _damaged(what, cfg):
         exc = OSError
     else:  # garbage: another process of this user, or a bug, wrote into the slot
         with open(path, "r+b") as f:
-            f.seek(100)
-            f.write(b"\xa5" * 64)
+            # in a row, or in the extras after the rows (is_pad, generation, ...)
+            f.seek(args[12] - 8 if what == "garbage-tail" else 100)
+            f.write(b"\xa5" * (8 if what == "garbage-tail" else 64))
         exc = RuntimeError
     out = {"path": path}
     try:

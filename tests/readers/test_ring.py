@@ -118,6 +118,35 @@ def test_slot_reused_only_after_its_tensors_are_gone(filled):
     assert all(any(f".w{w}.s" in f for f in slot_files(ds)) for w in range(WORKERS))
 
 
+def test_a_forked_child_dropping_the_parents_batch_keeps_its_slot_held(filled):
+    """A child forked while the parent holds a batch has a copy of it; the
+    child dropping that copy must not hand the slot back (the parent's
+    tensors still use it, and a refill would change them)."""
+    ds = ring_ds(filled, workers=None, ring_slots=2)
+    it = iter(ds)
+    first = next(it)
+    assert [o for o in owners(ds, "m") if o] == [os.getpid()]
+    pid = os.fork()
+    if pid == 0:  # the child: drops its copies, collects, and leaves
+        code = 0
+        try:
+            del first
+            gc.collect()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [o for o in owners(ds, "m") if o] == [os.getpid()]
+    ids = first["id"].clone()
+    for b in it:
+        check_batch(b)
+    assert torch.equal(first["id"], ids)  # still the bytes it was handed
+    del first, b
+    gc.collect()
+    assert owners(ds, "m") == [0, 0]
+
+
 def test_workers_wait_for_held_slots_then_send_plain_batches(filled):
     """A loop that keeps every batch never sees one overwritten: when all of
     a worker's slots are held, it sends the batch the ordinary way."""
