@@ -286,6 +286,11 @@ static bool wh__grow(wh_ring_t *r, int j, uint64_t nbytes, wh_err_t *err) {
                           (unsigned long long)nbytes);
     cap -= cap % pg;
     int64_t ver = wh__w(r, j, WH_RING_VER);
+    if (ver < 0 || ver == INT64_MAX) /* read from shared memory: checked before the +1 */
+        return wh_err_set(err, WH_E_INVALID,
+                          "wirehead ring control file %s: slot %d has version %lld: the file "
+                          "was damaged",
+                          r->words.path, j, (long long)ver);
     char path[WH_MAP_PATH + 48], old[WH_MAP_PATH + 48];
     wh__slot_path(r, j, ver + 1, path, sizeof path);
     wh__slot_path(r, j, ver, old, sizeof old);
