@@ -1,10 +1,13 @@
-"""The one wait for a sealed generation that every Python reader (the
-datasets, the loader, export, the demo) goes through; torch-free."""
+"""What every Python reader shares, torch-free: the one wait for a sealed
+generation (the datasets, the loader, export, the demo go through it),
+refresh='step', and a sample read or viewed through the store's one C
+read policy."""
 import logging
 import os
 import time
 
 from . import _C
+from ._order import warn_skipped
 from .config import redact, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
@@ -205,3 +208,35 @@ def step_generation(store, gen, refresh):
         return max(gen, store.current())
     except _C.StoreUnavailableError:
         return gen
+
+
+def read_sample(store, gen, pos, want, timeout, skip=True):
+    """The _C.SampleRead (generation, position, is_pad, arrays, skipped)
+    through the one C read policy: a reclaimed generation moves to the
+    newest; a corrupt sample is skipped (logged) and its neighbour stands in
+    as padding, or with skip=False raises CorruptSampleError."""
+    got = store.read_sample(gen, pos, want, timeout, skip)
+    if got.skipped:
+        warn_skipped("wirehead reader", 1, got.skipped)
+    return got
+
+
+def check_views_store(cfg):
+    """views=True needs the shm store: MongoDB bytes arrive as copies."""
+    if not str(cfg["STORE"]).startswith("shm://") and not cfg["LOCAL_CACHE"]:
+        raise ValueError(f"views=True needs an shm:// store (STORE is "
+                         f"{redact(cfg['STORE'])}); MongoDB samples are read as copies")
+
+
+def view_sample(store, gen, pos, want, timeout, skip=True):
+    """As read_sample, but the arrays view the shm store (read-only, the
+    generation pinned while any of them lives); None when the pin policy
+    refuses (this process still holds views of another generation): the
+    caller reads a copy instead."""
+    try:
+        got = store.view_sample(gen, pos, want, timeout, skip)
+    except _C.PinLimitError:
+        return None
+    if got.skipped:
+        warn_skipped("wirehead reader", 1, got.skipped)
+    return got

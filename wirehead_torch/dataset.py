@@ -4,13 +4,11 @@ import logging
 
 import numpy as np
 
-from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._order import warn_skipped
-from ._reader import wait_for_generation
+from ._reader import check_views_store, read_sample, view_sample, wait_for_generation
 from ._store import ProcessStore, check_min_params
-from .config import get_config, redact
+from .config import get_config
 
 try:
     import torch
@@ -27,38 +25,6 @@ def unit_interval_normalize(img):
     preprocessing helper, for the ``normalize=`` keyword)."""
     lo, hi = img.min(), img.max()
     return (img - lo) / (hi - lo)
-
-
-def read_sample(store, gen, pos, want, timeout, skip=True):
-    """The _C.SampleRead (generation, position, is_pad, arrays, skipped)
-    through the one C read policy: a reclaimed generation moves to the
-    newest; a corrupt sample is skipped (logged) and its neighbour stands in
-    as padding, or with skip=False raises CorruptSampleError."""
-    got = store.read_sample(gen, pos, want, timeout, skip)
-    if got.skipped:
-        warn_skipped("wirehead reader", 1, got.skipped)
-    return got
-
-
-def check_views_store(cfg):
-    """views=True needs the shm store: MongoDB bytes arrive as copies."""
-    if not str(cfg["STORE"]).startswith("shm://") and not cfg["LOCAL_CACHE"]:
-        raise ValueError(f"views=True needs an shm:// store (STORE is "
-                         f"{redact(cfg['STORE'])}); MongoDB samples are read as copies")
-
-
-def view_sample(store, gen, pos, want, timeout, skip=True):
-    """As read_sample, but the arrays view the shm store (read-only, the
-    generation pinned while any of them lives); None when the pin policy
-    refuses (this process still holds views of another generation): the
-    caller reads a copy instead."""
-    try:
-        got = store.view_sample(gen, pos, want, timeout, skip)
-    except _C.PinLimitError:
-        return None
-    if got.skipped:
-        warn_skipped("wirehead reader", 1, got.skipped)
-    return got
 
 
 class _CurrentGenerationReader(_Base):

@@ -9,10 +9,15 @@ from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
 from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
-from ._reader import step_generation, wait_for_generation
+from ._reader import (
+    check_views_store,
+    read_sample,
+    step_generation,
+    view_sample,
+    wait_for_generation,
+)
 from ._store import ProcessStore, check_min_params
 from .config import get_config
-from .dataset import check_views_store, read_sample, view_sample
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
