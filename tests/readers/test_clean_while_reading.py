@@ -2,6 +2,8 @@
 loader's threads, DataLoader workers kept across epochs) notices the store
 was removed and re-created and moves to the new one, instead of serving the
 unlinked segment's last generation for ever."""
+import time
+
 import pytest
 import torch
 
@@ -44,7 +46,10 @@ def test_readers_follow_a_cleaned_store(shm_cfg, kind):
         wt.clean(config=cfg)
         g2 = whlib.spawn("gen", cfg, 2)
         seen = set()
-        for _ in range(10_000):  # bounded: a stale reader never sees tag 2
+        # bounded in time, not in batches: a fast reader runs through any
+        # count of batches of the old store before the new one's first seal
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # a stale reader never sees tag 2
             seen |= set(next(batches))
             if 2 in seen:
                 break
