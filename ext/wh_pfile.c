@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "wh_backend.h"
+#include "wh_guard.h"
 #include "wh_shmfile.h"
 
 void wh__gen_params_add(wh_gen_params_t *out, uint64_t v) {
@@ -78,7 +79,8 @@ static bool wh__pf_path(const wh_store_t *st, char *out, size_t cap, wh_err_t *e
 static bool wh__pf_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 static void wh__pf_drop(struct wh_pfile *p) {
-    if (p->h) munmap(p->h, sizeof *p->h);
+    wh_guard_ensure();
+    wh_guard_munmap(p->h, sizeof *p->h);
     if (p->fd >= 0) close(p->fd);
     p->h = NULL;
     p->fd = -1;
@@ -90,7 +92,7 @@ static bool wh__pf_map(struct wh_pfile *p, int fd, const char *path, wh_err_t *e
         close(fd);
         return wh_err_set(err, WH_E_SYS, "%s: fstat: %s", path, strerror(errno));
     }
-    void *m = mmap(NULL, sizeof(wh__pfhdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = wh_guard_mmap(sizeof(wh__pfhdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);
         return wh_err_set(err, WH_E_SYS, "%s: mmap: %s", path, strerror(errno));
@@ -190,8 +192,15 @@ static bool wh__pf_lock(wh__pfhdr_t *h, double wait_s, const char *path, wh_err_
  * truncated under us is this error, not a SIGBUS at the next load). */
 static bool wh__pf_intact(const wh_store_t *st, wh_err_t *err) {
     char path[300];
-    if (!wh__pf_path(st, path, sizeof path, err)) return false;
-    return wh_shmfile_check(st->pfile->fd, path, sizeof(wh__pfhdr_t), NULL, err);
+    uint64_t have = 0;
+    if (!wh__pf_path(st, path, sizeof path, err) ||
+        !wh_shmfile_check(st->pfile->fd, path, sizeof(wh__pfhdr_t), &have, err))
+        return false;
+    if (wh_guard_shrunk(st->pfile->h)) /* zero pages since, even if grown back */
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "%s was truncated under this process (%llu bytes now, %zu mapped)", path,
+                          (unsigned long long)have, sizeof(wh__pfhdr_t));
+    return true;
 }
 
 bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err) {
@@ -261,6 +270,10 @@ bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh
         if ((q1 & 1) || q1 != q2 || sv != v) { /* a set overtook this read: again */
             if (tries > 16) wh_sleep_ms(1);
             continue;
+        }
+        if (!wh__pf_intact(st, err)) { /* it read zero pages, not the file */
+            free(buf);
+            return false;
         }
         if (!fits || XXH3_64bits(buf, n) != sum) {
             free(buf);

@@ -16,6 +16,7 @@
 #include <xxh_x86dispatch.h> /* XXH3 with the widest SIMD the CPU has, chosen at run time */
 #endif
 
+#include "wh_guard.h"
 #include "wh_shmfile.h"
 
 bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool populate, bool hugepage,
@@ -59,8 +60,8 @@ bool wh_map_file(wh_map_t *m, const char *path, size_t size, int how, bool popul
         close(fd);
         return false;
     }
-    void *p =
-        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+    void *p = wh_guard_mmap(size, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         close(fd);
@@ -79,8 +80,16 @@ void wh_map_unlock(wh_map_t *m) {
 }
 
 bool wh_map_intact(const wh_map_t *m, wh_err_t *err) {
+    wh_guard_ensure(); /* callers touch the map next */
     if (!m->base) return wh_err_set(err, WH_E_INVALID, "ring file %s: not mapped", m->path);
-    return wh_shmfile_check(m->fd, m->path, m->size, NULL, err);
+    uint64_t have = 0;
+    if (!wh_shmfile_check(m->fd, m->path, m->size, &have, err)) return false;
+    /* shrunk under a touch, even if grown back: the map shows zero pages */
+    if (wh_guard_shrunk(m->base))
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "%s was truncated under this process (%llu bytes now, %zu mapped)",
+                          m->path, (unsigned long long)have, m->size);
+    return true;
 }
 
 bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_t *err) {
@@ -93,7 +102,7 @@ bool wh_map_hash(const wh_map_t *m, size_t off, size_t n, uint64_t *out, wh_err_
 }
 
 void wh_map_close(wh_map_t *m) {
-    if (m->base) munmap(m->base, m->size);
+    wh_guard_munmap(m->base, m->size);
     if (m->fd >= 0) close(m->fd);
     m->base = NULL;
     m->size = 0;

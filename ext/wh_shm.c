@@ -31,6 +31,7 @@
 
 #include "wh_backend.h"
 #include "wh_fault.h"
+#include "wh_guard.h"
 #include "wh_shmfile.h"
 
 #define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
@@ -265,7 +266,7 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
 /* Views point into a read-only mapping, so a write through one faults
  * (SIGSEGV) instead of changing stored bytes. */
 static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
-    void *p = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    void *p = wh_guard_mmap(s->map_len, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return wh_err_set(err, WH_E_SYS, "shm mmap (read-only): %s", strerror(errno));
     s->ro = p;
@@ -274,8 +275,8 @@ static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
 
 static void wh__map_unref(wh__map_t *m) {
     if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
-    munmap(m->rw, m->len);
-    munmap((void *)m->ro, m->len);
+    wh_guard_munmap(m->rw, m->len);
+    wh_guard_munmap((void *)m->ro, m->len);
     free(m);
 }
 
@@ -328,7 +329,7 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
             s->shm_name + 10, (unsigned long long)total, (unsigned long long)budget, why, avail,
             strerror(r));
     }
-    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
     wh__hdr_t *h = p;
     s->hdr = h;
@@ -372,7 +373,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     for (;;) {
         if (fstat(fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
         if (sb.st_nlink == 0) { /* the creator gave up and unlinked it: open the name again */
-            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             *stale = false;
             return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
                               s->shm_name + 10);
@@ -380,7 +381,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         /* another user's segment (or one others may write) could hand us
          * hostile bytes while we read: refuse it before mapping */
         if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
-            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_INVALID,
                               "shm store '%s' belongs to uid %u with mode "
                               "%03o; a store must be owned by this user (uid %u) with mode "
@@ -394,7 +395,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             magic == WH__SHM_MAGIC_V1) {
             /* an older build's layout (3 areas, no reader pins): refuse it
              * clearly rather than wait for it or take it for stale */
-            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_SCHEMA,
                               "shm store '%s' has the segment layout of an "
                               "older wirehead_torch (3 generation areas, no reader pins); this "
@@ -404,7 +405,8 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
-                void *p = mmap(NULL, sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                void *p =
+                    wh_guard_mmap(sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                 if (p == MAP_FAILED)
                     return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
                 h = p;
@@ -416,12 +418,12 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         /* a creator that died before finishing leaves a stale segment; a
          * live one (reserving a large store) is waited for, up to a bound */
         if (now > deadline && (!creator || !wh__pid_alive(creator))) {
-            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             *stale = true;
             return false;
         }
         if (now > hard_deadline) {
-            if (h) munmap(h, sizeof(wh__hdr_t));
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_TIMEOUT,
                               "shm store '%s' is still being created by pid %lld", s->shm_name + 10,
                               (long long)creator);
@@ -478,9 +480,9 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
                         s->shm_name + 10);
     }
-    munmap(h, sizeof(wh__hdr_t));
+    wh_guard_munmap(h, sizeof(wh__hdr_t));
     if (!ok) return false;
-    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
     s->hdr = p;
     s->map_len = total;
@@ -503,8 +505,8 @@ static bool wh__share_maps(wh__shm_t *s, wh_err_t *err) {
 
 /* Unmaps what a failed create or attach left mapped (not shared yet). */
 static void wh__unmap_partial(wh__shm_t *s) {
-    if (s->hdr) munmap(s->hdr, s->map_len);
-    if (s->ro) munmap((void *)s->ro, s->map_len);
+    wh_guard_munmap(s->hdr, s->map_len);
+    wh_guard_munmap((void *)s->ro, s->map_len);
     s->hdr = NULL;
     s->ro = NULL;
 }
@@ -710,6 +712,7 @@ static void wh__beat_drop(wh__shm_t *s);
 
 static void wh__shm_destroy(wh_store_t *st) {
     wh__shm_t *s = (wh__shm_t *)st;
+    wh_guard_ensure(); /* at exit too: leaving the readers' table writes the segment */
     if (getpid() == s->pid) wh__beat_drop(s);
     wh__map_unref(s->map); /* unmapped once the last view is gone too */
     if (s->fd >= 0) close(s->fd);
@@ -722,11 +725,14 @@ static bool wh__intact(const wh__shm_t *s, wh_err_t *err) {
     struct stat sb;
     if (s->fd < 0) return true;
     if (fstat(s->fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
-    if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len)
+    /* a shrink seen by the guard stays an error even if the file grew back:
+     * the mapping shows zero pages past the old end, not the file */
+    if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len || wh_guard_shrunk(s->hdr) ||
+        wh_guard_shrunk(s->ro))
         return wh_err_set(err, WH_E_CORRUPT,
-                          "shm store '%s' was truncated to %lld of its %zu bytes; remove it "
-                          "with `wirehead-torch clean`",
-                          s->shm_name + 10, (long long)sb.st_size, s->map_len);
+                          "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
+                          "under this process; remove it with `wirehead-torch clean`",
+                          s->shm_name + 10, s->shm_name, (long long)sb.st_size, s->map_len);
     return true;
 }
 
@@ -1146,6 +1152,7 @@ static bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err) {
         if (err) *err = e;
         return false;
     }
+    if (!wh__intact(s, err)) return false; /* zero pages would read as "no generation yet" */
     *gen = wh__ld(&s->hdr->read_gen);
     return true;
 }
@@ -1201,6 +1208,8 @@ static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_des
         if (dst[i])
             ok = wh_sample_copy_field(src, schema, &meta, i, dst[i], st->cfg.verify_reads, err);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    /* shrunk during the copy: it read zero pages, whatever the checksum says */
+    if (!wh__intact(s, err)) return false;
     if (wh__ld(&sl->gen) != gen) return wh__gone(gen, err);
     if (!ok) return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
     if (meta_out) *meta_out = meta;
@@ -1325,6 +1334,7 @@ static void wh__pin_drop(wh__hdr_t *h, int slot, uint64_t gen, pid_t pid) {
  * alone. */
 static void wh__view_release(wh_buf_t *b) {
     wh__view_t *v = b->owner;
+    wh_guard_ensure(); /* dropping the pin writes the segment, also at exit */
     pthread_mutex_lock(&wh__pin_mu);
     wh__pin_drop(v->map->rw, v->slot, v->gen, getpid());
     wh__held_drop(v->map, v->slot, v->gen);

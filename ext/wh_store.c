@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "wh_backend.h"
+#include "wh_guard.h"
 
 static bool wh__is(const char *uri, const char *scheme) {
     return strncmp(uri, scheme, strlen(scheme)) == 0;
@@ -28,6 +29,7 @@ static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 /* The fork guard, one meaning for both backends: a handle belongs to the
  * process that opened it (shared locks, a MongoDB client's sockets). */
 bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
+    wh_guard_ensure(); /* every store call may touch a shared mapping */
     if (getpid() != st->pid)
         return wh_err_set(err, WH_E_INVALID, "store handle used after fork; open it in the child");
     return true;
