@@ -8,6 +8,7 @@ Every function takes ``error``, the exception class its caller reports with
 import ctypes
 import errno
 import os
+import secrets
 import stat
 
 _AT_FDCWD = -100
@@ -134,11 +135,12 @@ def put_in_place(fd, tmp, final, error, replaces=None):
 
 def write_file(final, data, error, replaces=None, mode=0o644, sync=False, tmp=None):
     """data (bytes) written to final through a temporary beside it (tmp,
-    default .NAME.PID.tmp), created exclusively, then put_in_place; returns
-    final's (dev, ino)."""
+    default .NAME.PID.RANDOM.tmp: a killed writer's leftover never blocks
+    the next), created exclusively, then put_in_place; returns final's
+    (dev, ino)."""
     if tmp is None:
         d, base = os.path.split(final)
-        tmp = os.path.join(d, f".{base}.{os.getpid()}.tmp")
+        tmp = os.path.join(d, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = create(tmp, error, mode)
     try:
         view = memoryview(data)
