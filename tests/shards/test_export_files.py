@@ -337,3 +337,36 @@ def test_index_that_is_a_fifo_is_refused(tmp_path):
     os.mkfifo(tmp_path / "index.json")
     # not a regular file: no index (as when absent), never an open() that waits
     assert len(list(wt.from_shards(path, fields=FIELDS))) == 2
+
+
+def test_records_replace_only_a_regular_file(tmp_path, monkeypatch):
+    """The helper under the relay's figures and train's records, and the
+    link + unlink stand-in for renameat2 where the C library lacks it."""
+    from wirehead_torch import _files
+    victim = tmp_path / "victim"
+    victim.write_bytes(VICTIM)
+    rec = tmp_path / "train.rank0.json"
+    _files.write_file(str(rec), b"1", ValueError, replaces="file")
+    _files.write_file(str(rec), b"2", ValueError, replaces="file")  # a rerun replaces it
+    assert rec.read_bytes() == b"2"
+    rec.unlink()
+    rec.symlink_to(victim)
+    with pytest.raises(ValueError, match=f"{rec}: a symbolic link is there"):
+        _files.write_file(str(rec), b"3", ValueError, replaces="file")
+    assert victim.read_bytes() == VICTIM and rec.is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["train.rank0.json", "victim"]
+    for renameat2 in (_files._renameat2, None):
+        monkeypatch.setattr(_files, "_renameat2", renameat2)
+        new = tmp_path / "new"
+        _files.write_file(str(new), b"x", ValueError)
+        assert new.read_bytes() == b"x"
+        with pytest.raises(ValueError, match=f"{new}: a file is already there"):
+            _files.write_file(str(new), b"y", ValueError)
+        assert new.read_bytes() == b"x"
+        new.unlink()
+        new.symlink_to(victim)
+        with pytest.raises(ValueError, match=f"{new}: a symbolic link is already there"):
+            _files.write_file(str(new), b"y", ValueError)
+        assert victim.read_bytes() == VICTIM
+        new.unlink()
+        assert sorted(os.listdir(tmp_path)) == ["train.rank0.json", "victim"]
