@@ -253,14 +253,21 @@ def test_cli_params_1e999_exits_without_a_traceback(shm_cfg, tmp_path):
                                          "finite number")
 
 
-@pytest.mark.parametrize("kind", ["link", "dangling", "fifo", "dir"])
-def test_relay_lock_that_is_not_a_regular_file_is_a_one_line_error(tmp_path, kind):
-    name = whlib.unique_name("whrelaylock")
+def _relay_of_nowhere(tmp_path, prefix):
+    """(config of a relay whose MongoDB is unreachable, its LOCAL_CACHE
+    name, a victim file outside /dev/shm)."""
+    name = whlib.unique_name(prefix)
     cfg = {"STORE": "mongodb://127.0.0.1:1/db", "SAMPLE": ["a"], "SWAP_CAP": 2,
            "LOCAL_CACHE": f"shm://{name}", "CONNECT_TIMEOUT": 1}
-    lock = f"/dev/shm/wirehead-relay.{name}.lock"
     victim = tmp_path / "victim"
     victim.write_bytes(b"kept")
+    return cfg, name, victim
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo", "dir"])
+def test_relay_lock_that_is_not_a_regular_file_is_a_one_line_error(tmp_path, kind):
+    cfg, name, victim = _relay_of_nowhere(tmp_path, "whrelaylock")
+    lock = f"/dev/shm/wirehead-relay.{name}.lock"
     what = {"link": "a symbolic link", "dangling": "a symbolic link", "fifo": "a FIFO",
             "dir": "a directory"}[kind]
     if kind == "link":
@@ -286,12 +293,8 @@ def test_relay_lock_that_is_not_a_regular_file_is_a_one_line_error(tmp_path, kin
 
 
 def test_relay_figures_are_never_written_through_a_link(tmp_path):
-    name = whlib.unique_name("whrelayfig")
-    cfg = {"STORE": "mongodb://127.0.0.1:1/db", "SAMPLE": ["a"], "SWAP_CAP": 2,
-           "LOCAL_CACHE": f"shm://{name}", "CONNECT_TIMEOUT": 1}
+    cfg, name, victim = _relay_of_nowhere(tmp_path, "whrelayfig")
     figures = f"/dev/shm/wirehead-relay.{name}.json"
-    victim = tmp_path / "victim"
-    victim.write_bytes(b"kept")
     os.symlink(victim, figures)
     relay = wt.WireheadRelay(config=cfg, wait=False, quiet=True)
     try:
