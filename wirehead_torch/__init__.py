@@ -50,6 +50,7 @@ from .generator import WireheadGenerator  # noqa: E402
 from .manager import WireheadManager  # noqa: E402
 from .params import (  # noqa: E402
     MAX_PARAMS_BYTES,
+    MAX_PARAMS_DEPTH,
     current_params,
     current_params_version,
     get_params,
@@ -94,7 +95,7 @@ __all__ = [
     "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
     "load_config", "Config", "ConfigError", "status", "clean", "WireheadError",
     "set_params", "get_params", "current_params", "current_params_version",
-    "MAX_PARAMS_BYTES",
+    "MAX_PARAMS_BYTES", "MAX_PARAMS_DEPTH",
     "InvalidSampleError",
     "SchemaMismatchError", "GenerationGoneError", "CorruptSampleError", "StoreSpaceError",
     "SampleTooLargeError", "StoreTimeoutError", "StoreUnavailableError", "NotFoundError",

@@ -8,6 +8,8 @@ from .config import get_config, store_kwargs
 
 #: the largest params document a store keeps, in bytes of its JSON text
 MAX_PARAMS_BYTES = 64 * 1024
+#: the deepest nesting of dicts and lists a params document may have
+MAX_PARAMS_DEPTH = 64
 
 _stores = {}
 _stores_lock = threading.Lock()
@@ -20,6 +22,7 @@ def encode(params):
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict of JSON-serialisable values, got "
                         f"{type(params).__name__}")
+    _check_depth(params)
     try:
         text = json.dumps(params, sort_keys=True, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
@@ -29,6 +32,21 @@ def encode(params):
         raise ValueError(f"params document is {len(data)} bytes of JSON, more than the "
                          f"{MAX_PARAMS_BYTES} bytes a store keeps")
     return data
+
+
+def _check_depth(params):
+    """TypeError past MAX_PARAMS_DEPTH levels, before json.dumps would
+    recurse into a RecursionError (a walk of its own: no recursion here)."""
+    todo = [(params, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_PARAMS_DEPTH:
+                raise TypeError(f"params are not JSON-serialisable: nested deeper than "
+                                f"{MAX_PARAMS_DEPTH} levels of dicts and lists (or "
+                                f"holding themselves)")
+            todo.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                 else value))
 
 
 def _store(config_path, config):

@@ -12,6 +12,7 @@ import stat
 import time
 
 from . import _C
+from ._files import kind, there, write_file
 from ._store import ProcessStore, StopFlag
 from .config import (
     ConfigError,
@@ -37,12 +38,20 @@ def _files(local_uri):
 
 def _open_owned(path, flags):
     """A regular file of this user's, mode 0600, never through a link."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def refused(what):
+        return ConfigError(f"{path}: the relay's file is {what}, it must be a regular file "
+                           f"of uid {os.geteuid()} with mode 0600; remove it")
+    try:  # O_NONBLOCK: a FIFO at the name is refused below, never waited on
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        raise refused(there(path)) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
-        raise ConfigError(f"{path}: the relay's file must be a regular file of uid "
-                          f"{os.geteuid()} with mode 0600; remove it")
+        raise refused(kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else
+                      f"a file of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
     return fd
 
 
@@ -171,13 +180,10 @@ class WireheadRelay:
             return
         self._written = now
         self.figures["updated"] = now
-        path = _files(self.local)[1]
-        tmp = f"{path}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.figures, f)
-        os.replace(tmp, path)  # readers of the figures see the old file or the new one
+        # readers of the figures see the old file or the new one; the temporary
+        # is made exclusively and only a regular file is replaced
+        write_file(_files(self.local)[1], json.dumps(self.figures).encode(), ConfigError,
+                   replaces="file", mode=0o600)
 
     def step(self):
         """One look at MongoDB; copies its newest sealed generation when the

@@ -19,11 +19,12 @@ import os
 import random
 import re
 import signal
+import stat
 import time
 
 import numpy as np
 
-from . import _C
+from . import _C, _files
 from ._reader import wait_for_generation
 from ._store import ProcessStore, StopFlag
 from .config import get_config, parse_bytes, redact
@@ -54,6 +55,8 @@ _FROM_DESCR = {v: k for k, v in _DESCR.items()}
 _FROM_DESCR.update({"<b1": "bool", "<u1": "uint8", "<i1": "int8", "=b1": "bool",
                     "=u1": "uint8", "=i1": "int8"})
 _KEY_RE = re.compile(r"g(\d+)-p(\d+)$")
+_OCTAL = re.compile(rb"[0-7]+")
+_DECIMAL = re.compile(rb"[0-9]{1,20}")
 
 
 class ShardError(_C.WireheadError, ValueError):
@@ -132,11 +135,10 @@ def _parse_number(field, what, shard, member):
     text = field.split(b"\0", 1)[0].strip(b" ")
     if not text:
         return 0
-    try:
-        return int(text, 8)
-    except ValueError:
+    if not _OCTAL.fullmatch(text):  # int() would take a sign or '_'
         raise ShardError(f"tar header: {what} {bytes(field)!r} is not an octal number",
-                         shard, member) from None
+                         shard, member)
+    return int(text, 8)
 
 
 def _safe_name(name, shard):
@@ -217,12 +219,13 @@ class _ShardWriter:
         self._hash = None
         self._partial = False
         self._mtime = int(time.time())
+        self._index_id = None  # (dev, ino) of the index.json this export put in place
 
     def _open(self):
         n = len(self.index["shards"])
         name = f"{self.prefix}-{n:06d}.tar"
         self._tmp = os.path.join(self.out, f".{name}.tmp")
-        self._f = open(self._tmp, "wb", buffering=0)
+        self._f = open(_files.create(self._tmp, ShardError), "wb", buffering=0)
         self._hash = _C.Xxh3()
         self._entry = {"name": name, "bytes": 0, "samples": 0, "xxh3": None, "members": {}}
 
@@ -284,21 +287,25 @@ class _ShardWriter:
             return
         self._write(_END)
         os.fsync(self._f.fileno())
-        self._f.close()
-        self._f = None
+        f, self._f = self._f, None
         self._entry["xxh3"] = self._hash.hexdigest()
         final = os.path.join(self.out, self._entry["name"])
-        os.rename(self._tmp, final)
+        try:  # never over a file or link another process put at the name
+            _files.put_in_place(f.fileno(), self._tmp, final, ShardError)
+        except BaseException:
+            self.index["samples"] -= self._entry["samples"]
+            raise
+        finally:
+            f.close()
         self.index["shards"].append(self._entry)
         self._write_index()
 
     def _write_index(self):
-        tmp = os.path.join(self.out, f".{INDEX_NAME}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(self.index, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, os.path.join(self.out, INDEX_NAME))
+        # the first one never replaces a file; later ones only the one put here before
+        self._index_id = _files.write_file(
+            os.path.join(self.out, INDEX_NAME), json.dumps(self.index, indent=1).encode(),
+            ShardError, replaces=self._index_id, sync=True,
+            tmp=os.path.join(self.out, f".{INDEX_NAME}.tmp"))
         fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
@@ -317,9 +324,10 @@ class _ShardWriter:
     def abandon(self):
         if self._f is not None:
             self.index["samples"] -= self._entry["samples"]
+            mine = _files.identity(self._f.fileno())
             self._f.close()
             self._f = None
-            os.unlink(self._tmp)
+            _files.remove_own(self._tmp, mine)
 
 
 def _prepare_out(out, prefix):
@@ -327,12 +335,12 @@ def _prepare_out(out, prefix):
     fd, whether out was made here). A directory holding an export is
     refused; the leftovers of a dead exporter (no lock held) are removed
     either way, so a killed export leaves only whole shards behind."""
-    if os.path.exists(out) and not os.path.isdir(out):
+    if os.path.lexists(out) and not os.path.isdir(out):
         raise ShardError(f"--out {out} is a file, not a directory; give an empty or new "
                          f"directory")
     made = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    fd = os.open(os.path.join(out, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock_file(os.path.join(out, _LOCK_NAME))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -344,7 +352,12 @@ def _prepare_out(out, prefix):
         for name in names:  # a dead export's unfinished shard or index: nobody holds the lock
             if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
                     name == f".{INDEX_NAME}.tmp":
-                os.unlink(os.path.join(out, name))
+                path = os.path.join(out, name)
+                if not stat.S_ISREG(os.lstat(path).st_mode):  # no export makes a link
+                    raise ShardError(f"{path}: {_files.there(path)} is there, not an "
+                                     f"export's leftover; refusing to write through or over "
+                                     f"it (remove it)")
+                os.unlink(path)
                 removed.append(name)
         held = [n for n in names if n == INDEX_NAME or
                 (n.startswith(prefix + "-") and n.endswith(".tar"))]
@@ -362,13 +375,32 @@ def _prepare_out(out, prefix):
     return fd, made
 
 
+def _lock_file(path):
+    """The export lock's fd: made exclusively, or a killed export's lock
+    file taken over when it is a plain file of this user's (one name, not
+    a link); anything else at the name is refused naming it."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o644)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    if fd is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+    raise ShardError(f"{path}: {_files.there(path)} is there that no export of this user "
+                     f"made; refusing to lock through it (remove it)")
+
+
 def _release_out(out, fd, made, wrote=True):
     """Drops the export lock; a directory this export made and wrote
     nothing into is removed again."""
-    try:
-        os.unlink(os.path.join(out, _LOCK_NAME))
-    except OSError:
-        pass
+    _files.remove_own(os.path.join(out, _LOCK_NAME), _files.identity(fd))
     os.close(fd)
     if made and not wrote:
         try:
@@ -713,20 +745,21 @@ def _pax(data, shard, member):
     pos = 0
     while pos < len(data):
         sp = data.find(b" ", pos)
-        try:
-            n = int(data[pos:sp])
-        except ValueError:
-            raise ShardError("malformed pax record", shard, member) from None
-        if sp < 0 or n <= 0 or pos + n > len(data):
-            raise ShardError("malformed pax record", shard, member)
+        if sp < 0 or not _DECIMAL.fullmatch(data[pos:sp]):
+            raise ShardError(f"malformed pax record at byte {pos}: no decimal length",
+                             shard, member)
+        n = int(data[pos:sp])
+        if n <= sp - pos + 1 or pos + n > len(data) or data[pos + n - 1] != 0x0A:
+            raise ShardError(f"malformed pax record at byte {pos}: length {n} does not end "
+                             f"at a newline inside the header", shard, member)
         key, _, value = data[sp + 1:pos + n - 1].partition(b"=")
         if key == b"path":
             path = value.decode("utf-8", "replace")
         elif key == b"size":
-            try:
-                size = int(value)
-            except ValueError:
-                raise ShardError("malformed pax size", shard, member) from None
+            if not _DECIMAL.fullmatch(value):  # a sign, a fraction, '_', > 20 digits
+                raise ShardError(f"malformed pax size {bytes(value[:32])!r} (a non-negative "
+                                 f"decimal integer)", shard, member)
+            size = int(value)
         pos += n
     return path, size
 
@@ -736,15 +769,67 @@ def _load_index(directory, cache):
         path = os.path.join(directory, INDEX_NAME)
         idx = None
         if os.path.isfile(path):
+            fd = _files.open_regular(path, ShardError, INDEX_NAME)
             try:
-                with open(path) as f:
+                with open(fd) as f:
                     idx = json.load(f)
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, RecursionError) as e:
                 raise ShardError(f"{path}: not a readable index ({e})") from None
             if not isinstance(idx, dict) or idx.get("format") != INDEX_FORMAT:
                 idx = None
+            else:
+                _check_index(idx, path)
         cache[directory] = idx
     return cache[directory]
+
+
+def _check_index(idx, path):
+    """An index.json of our format whose values have the types the reader
+    uses; anything else is a ShardError naming the key."""
+    def bad(key, want, got):
+        raise ShardError(f"{path}: {key} must be {want}, got {type(got).__name__} "
+                         f"{json.dumps(got)[:60]}")
+
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    fields = idx.get("fields")
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        bad("'fields'", "a list of field names", fields)
+    schema = idx.get("schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            bad("'schema'", "an object of field: {dtype, shape} (or null)", schema)
+        for field, want in schema.items():
+            key = f"'schema'.{field}"
+            if want is None:
+                continue
+            if not isinstance(want, dict):
+                bad(key, "an object {dtype, shape} (or null)", want)
+            if not isinstance(want.get("dtype"), (str, type(None))):
+                bad(key + ".dtype", "a dtype name (or null)", want["dtype"])
+            shape = want.get("shape")
+            if shape is not None and (not isinstance(shape, list) or
+                                      not all(count(x) for x in shape)):
+                bad(key + ".shape", "a list of non-negative integers (or null)", shape)
+    shards = idx.get("shards", [])
+    if not isinstance(shards, list):
+        bad("'shards'", "a list of shard entries", shards)
+    for i, e in enumerate(shards):
+        key = f"'shards'[{i}]"
+        if not isinstance(e, dict):
+            bad(key, "an object {name, bytes, samples, xxh3, members}", e)
+        for k, ok, want in (("name", lambda v: isinstance(v, str), "a file name"),
+                            ("bytes", count, "a byte count"),
+                            ("xxh3", lambda v: v is None or isinstance(v, str),
+                             "a hex digest (or null)"),
+                            ("members", lambda v: v is None or isinstance(v, dict) and all(
+                                isinstance(x, str) for x in v.values()),
+                             "an object of member name: hex digest")):
+            if k in e and not ok(e[k]):
+                bad(f"{key}.{k}", want, e[k])
+        if "name" not in e:
+            bad(f"{key}.name", "a file name", None)
 
 
 class ShardSource:
@@ -836,17 +921,21 @@ class ShardSource:
         return fields
 
     def _shard(self, path):
-        try:
-            f = open(path, "rb", buffering=0)
-        except OSError as e:
-            self._fail(ShardError(f"cannot open: {e.strerror}", path), True)
+        try:  # a FIFO, device or directory is refused before any open() could block
+            f = open(_files.open_regular(path, ShardError, "shard"), "rb", buffering=0)
+        except ShardError as e:
+            self._fail(e, True)
             return
         with f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 self._fail(ShardError("empty file (0 bytes), not a tar archive", path), True)
                 return
-            idx = _load_index(os.path.dirname(os.path.abspath(path)), self._indexes)
+            try:
+                idx = _load_index(os.path.dirname(os.path.abspath(path)), self._indexes)
+            except ShardError as e:
+                self._fail(e, True)
+                return
             entry = None
             if idx is not None:
                 entry = next((s for s in idx.get("shards", [])

@@ -1,5 +1,9 @@
 """Hostile or odd input on the Python side: config values, YAML bombs,
 tensor bits, concurrent loader iteration."""
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -9,6 +13,8 @@ import torch
 import wirehead_torch as wt
 from wirehead_torch import _C
 from wirehead_torch._arrays import to_store_arrays
+
+import whlib
 
 
 def cfg_file(tmp_path, text):
@@ -186,3 +192,118 @@ def test_manager_keeps_a_bounded_number_of_swap_records(shm_cfg, monkeypatch):
     assert len(mgr.records) == 3
     gens = [r["generation"] for r in mgr.records]
     assert gens == sorted(gens) and gens[-1] == wt.status(cfg)["read_gen"]
+
+
+def _nested(depth, leaf=1):
+    d = leaf
+    for _ in range(depth):
+        d = {"a": d}
+    return d
+
+
+def test_params_nested_too_deep_is_the_documented_type_error(shm_cfg):
+    cfg = shm_cfg(swap_cap=2, sample=["a"])
+    for deep in (_nested(5000), [[[[0]]]] * 2 + [_nested(wt.MAX_PARAMS_DEPTH)],
+                 {"a": [_nested(4999)]}):
+        doc = deep if isinstance(deep, dict) else {"x": deep}
+        with pytest.raises(TypeError, match=f"params are not JSON-serialisable: nested deeper "
+                                            f"than {wt.MAX_PARAMS_DEPTH} levels"):
+            wt.set_params(doc, config=cfg)
+    loop = {}
+    loop["self"] = loop
+    with pytest.raises(TypeError, match="nested deeper"):
+        wt.set_params(loop, config=cfg)
+    assert wt.get_params(config=cfg) == (0, {})  # nothing stored
+    ok = _nested(wt.MAX_PARAMS_DEPTH - 1)  # the document itself is the first level
+    assert wt.set_params(ok, config=cfg) == 1
+    assert wt.get_params(config=cfg) == (1, ok)
+
+
+@pytest.mark.parametrize("text,says", [
+    ("1e999", "a: 1e999 is not representable (inf and nan are not JSON)"),
+    ("-1e999", "a: -1e999 is not representable"),
+    ("[1, 2e400]", "a: 2e400 is not representable"),
+    ("[" * 5000 + "]" * 5000, "a: nested too deep"),
+    ("[" * 70 + "]" * 70, "nested deeper than 64 levels"),
+    ("9" * 5000, "a: Exceeds the limit"),
+])
+def test_cli_params_unrepresentable_value_is_one_line(shm_cfg, tmp_path, capsys, text, says):
+    from wirehead_torch.apps import cli
+    cfg = shm_cfg(swap_cap=2, sample=["a"])
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(cfg))
+    assert cli.main(["params", "--config", str(path), "--set", f"a={text}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wirehead-torch params: --set a: " if "deeper" not in says else
+                          "wirehead-torch params: params are not JSON-serialisable")
+    assert says in err and err.count("\n") == 1, err
+    assert wt.get_params(config=cfg) == (0, {})
+
+
+def test_cli_params_1e999_exits_without_a_traceback(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, sample=["a"])
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "params", "--config",
+                        str(path), "--set", "a=1e999"], capture_output=True, text=True,
+                       env=whlib.env_for_child(), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == ("wirehead-torch params: --set a: 1e999 is not "
+                                         "representable (inf and nan are not JSON); give a "
+                                         "finite number")
+
+
+def _relay_of_nowhere(tmp_path, prefix):
+    """(config of a relay whose MongoDB is unreachable, its LOCAL_CACHE
+    name, a victim file outside /dev/shm)."""
+    name = whlib.unique_name(prefix)
+    cfg = {"STORE": "mongodb://127.0.0.1:1/db", "SAMPLE": ["a"], "SWAP_CAP": 2,
+           "LOCAL_CACHE": f"shm://{name}", "CONNECT_TIMEOUT": 1}
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    return cfg, name, victim
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo", "dir"])
+def test_relay_lock_that_is_not_a_regular_file_is_a_one_line_error(tmp_path, kind):
+    cfg, name, victim = _relay_of_nowhere(tmp_path, "whrelaylock")
+    lock = f"/dev/shm/wirehead-relay.{name}.lock"
+    what = {"link": "a symbolic link", "dangling": "a symbolic link", "fifo": "a FIFO",
+            "dir": "a directory"}[kind]
+    if kind == "link":
+        os.symlink(victim, lock)
+    elif kind == "dangling":
+        os.symlink(tmp_path / "absent", lock)
+    elif kind == "fifo":
+        os.mkfifo(lock, 0o600)
+    else:
+        os.mkdir(lock, 0o700)
+    try:
+        path = tmp_path / "c.yaml"
+        path.write_text(json.dumps(cfg))
+        r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "relay",
+                            "--config", str(path), "--no-wait"], capture_output=True,
+                           text=True, env=whlib.env_for_child(), timeout=60)
+    finally:
+        (os.rmdir if kind == "dir" else os.unlink)(lock)
+    assert r.returncode == 2
+    assert r.stderr == (f"wirehead-torch relay: {lock}: the relay's file is {what}, it must "
+                        f"be a regular file of uid {os.geteuid()} with mode 0600; remove it\n")
+    assert victim.read_bytes() == b"kept" and not os.path.lexists(tmp_path / "absent")
+
+
+def test_relay_figures_are_never_written_through_a_link(tmp_path):
+    cfg, name, victim = _relay_of_nowhere(tmp_path, "whrelayfig")
+    figures = f"/dev/shm/wirehead-relay.{name}.json"
+    os.symlink(victim, figures)
+    relay = wt.WireheadRelay(config=cfg, wait=False, quiet=True)
+    try:
+        # MongoDB is unreachable: the relay writes its figures with the error
+        with pytest.raises(wt.ConfigError, match=f"{figures}: a symbolic link is there that "
+                                                 f"this process did not put there"):
+            relay.run()
+    finally:
+        relay.close()
+        os.unlink(figures)
+    assert victim.read_bytes() == b"kept"
+    assert not [f for f in os.listdir("/dev/shm") if name in f]  # no temporary left

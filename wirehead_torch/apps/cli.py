@@ -3,6 +3,7 @@ the batch-job entry points generate, export and train."""
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -107,7 +108,7 @@ def _fmt_params(st):
 
 
 def _cmd_params(args):
-    from ..params import get_params, set_params
+    from ..params import MAX_PARAMS_DEPTH, get_params, set_params
     if args.set:
         _, params = get_params(config_path=args.config)
         for item in args.set:
@@ -116,12 +117,29 @@ def _cmd_params(args):
                 raise ValueError(f"--set {item!r}: give KEY=JSON (e.g. --set noise=0.2)")
             def no_constant(name, key=key):  # NaN and Infinity are not JSON
                 raise ValueError(f"--set {key}: {name} is not a JSON value; give a number")
+
+            def finite(digits, key=key):  # 1e999 would be inf, which JSON cannot carry
+                x = float(digits)
+                if not math.isfinite(x):
+                    raise ValueError(f"--set {key}: {digits} is not representable (inf and "
+                                     f"nan are not JSON); give a finite number")
+                return x
             try:
-                params[key] = json.loads(text, parse_constant=no_constant)
+                params[key] = json.loads(text, parse_constant=no_constant, parse_float=finite)
             except json.JSONDecodeError as e:
                 raise ValueError(f"--set {key}: {text!r} is not JSON ({e}); a string is "
                                  f"quoted: --set {key}='\"text\"'") from None
-        set_params(params, config_path=args.config)
+            except RecursionError:
+                raise ValueError(f"--set {key}: nested too deep (at most "
+                                 f"{MAX_PARAMS_DEPTH} levels)") from None
+            except ValueError as e:  # an int of more digits than Python converts
+                if str(e).startswith("--set "):
+                    raise
+                raise ValueError(f"--set {key}: {e}") from None
+        try:
+            set_params(params, config_path=args.config)
+        except TypeError as e:  # what set_params refuses, in one line
+            raise ValueError(str(e)) from None
     version, params = get_params(config_path=args.config)
     if args.json:
         print(json.dumps({"version": version, "params": params}))

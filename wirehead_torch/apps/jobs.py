@@ -35,6 +35,8 @@ import sys
 import threading
 import time
 
+from .._files import write_file
+
 __all__ = ["load_generator", "parser", "run"]
 
 # How long after --seconds a generator's last put may still wait for room.
@@ -295,10 +297,9 @@ def _train(a):
           f"{waited:.2f}s ({100 * waited / max(rec['seconds'], 1e-9):.1f}%)", flush=True)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        path = os.path.join(a.out, f"train.rank{rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(rec, f)
-        os.replace(path + ".tmp", path)
+        # never through or over a link planted in --out (a rerun replaces its file)
+        write_file(os.path.join(a.out, f"train.rank{rank}.json"), json.dumps(rec).encode(),
+                   ValueError, replaces="file")
     return 0
 
 
