@@ -1,8 +1,8 @@
-"""Trainer-side read paths on the shm store, each against raw store reads
-interleaved with it repetition by repetition.
+"""Trainer-side read paths on the shm store, each against a memcpy of the
+same bytes interleaved with it repetition by repetition.
 
-    .venv/bin/python benchmarks/bench_loader.py [--mib 4 64] [--reps 5] [--json FILE]
-        [--only TEXT ...]
+    .venv/bin/python benchmarks/bench_loader.py [--mib 8 64] [--reps 5] [--busy 0 2]
+        [--json FILE] [--only TEXT ...]
 
 A sample is one float32 field of MIB MiB ('input', shape (MIB, 512, 512))
 and a 16-byte uint8 'label'. One generation is filled once and no manager
@@ -10,26 +10,37 @@ runs while timing, so every reader reads the same bytes. Each consumer
 touches every byte it receives (a sum over a uint64 view), the baseline
 included.
 
+The baseline, memcpy+touch: each sample's bytes copied from the store's own
+memory (a view, checked once before timing) into a warm, reused buffer, and
+that buffer touched: the least a reader that hands out copies can do.
 One repetition of a reader = one epoch of SWAP_CAP samples through it, with
-a raw epoch right before it; its ratio is its GB/s over that raw epoch's.
+a baseline epoch right before it; its ratio is its GB/s over that epoch's.
 Reported per reader: the median over --reps repetitions of GB/s and of that
-ratio, and per sample the minor page faults and CPU milliseconds (user +
-system) of this process plus its DataLoader workers.
+ratio, CPU seconds per GB (user + system of this process and its
+DataLoader workers, from getrusage and /proc) and its ratio to the
+baseline's, and minor page faults per sample.
+
+--busy N: N busy processes (a Python spin loop each) compete for the CPUs
+while the readers run; each value given is one pass over every reader
+(--busy 0 2: quiet, then with two).
 
 Readers:
-  raw                 Store.read_into a warm, reused buffer (the baseline)
+  Store.read_into     the read policy into a warm, reused buffer (copy + XXH3 in one pass)
   WireheadLoader      2 C threads assemble batches into a ring of buffers
   Store.read          the read policy's plain read into a new buffer per sample
   map-style           MongoTupleheadDataset[i] in this process
   iterable            WireheadIterableDataset iterated in this process
   DL default          DataLoader(WireheadIterableDataset, batch_size=B, num_workers=2)
+  wt.DataLoader       wirehead_torch.DataLoader(WireheadIterableDataset, batch_size=B,
+                      num_workers=2): the ring underneath
   DL ring             DataLoader(WireheadIterableDataset(batches=True), batch_size=None,
                       num_workers=2): the shared-memory batch ring
+  DL ring, rows       the same with HANDOVER_CHECK: rows (every row re-hashed at hand-over)
   DL map-style        DataLoader(MongoTupleheadDataset, batch_size=B, num_workers=2)
   DL map-style ring   DataLoader(MongoTupleheadDataset(batches=True), batch_size=None,
                       sampler=BatchSampler(SequentialSampler, B), num_workers=2)
 DataLoaders keep persistent workers; every reader runs 3 epochs before timing.
---only runs the readers whose name holds one of the texts (the raw baseline
+--only runs the readers whose name holds one of the texts (the baseline
 always runs, interleaved with each).
 """
 import argparse
@@ -37,6 +48,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -82,8 +94,29 @@ def usage(pids):
     return flt, cpu
 
 
+class Memcpy:
+    name = "memcpy+touch (baseline)"
+
+    def __init__(self, cfg, mib):
+        self.st = _C.Store(**store_kwargs(resolve(cfg)))
+        self.gen = self.st.current()
+        self.n = cfg["SWAP_CAP"]
+        # the store's own bytes, checked once here
+        self.views = [[np.from_dlpack(a) for a in
+                       self.st.view_sample(self.gen, pos, [0, 1]).arrays] for pos in range(self.n)]
+        self.bufs = [np.ones((mib, 512, 512), np.float32), np.ones(16, np.uint8)]
+        self.epoch()
+
+    def epoch(self):
+        for v in self.views:
+            for dst, src in zip(self.bufs, v):
+                np.copyto(dst, src)
+            touch(*self.bufs)
+        return self.n
+
+
 class Raw:
-    name = "raw: Store.read_into a warm buffer"
+    name = "Store.read_into a warm buffer"
 
     def __init__(self, cfg, mib):
         self.st = _C.Store(**store_kwargs(resolve(cfg)))
@@ -153,10 +186,10 @@ class InProcess:
 
 
 class DL:
-    def __init__(self, name, ds, batch, sampler=None):
+    def __init__(self, name, ds, batch, sampler=None, loader=torch.utils.data.DataLoader):
         self.name = name
-        self.dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler,
-                                              num_workers=2, persistent_workers=True)
+        self.dl = loader(ds, batch_size=batch, sampler=sampler, num_workers=2,
+                         persistent_workers=True)
         self.epoch()
 
     @property
@@ -181,7 +214,10 @@ def timed(reader, item_bytes):
     dt = time.perf_counter() - t0
     f1, c1 = usage(pids)
     return {"GB_s": n * item_bytes / dt / 1e9, "faults": (f1 - f0) / n,
-            "cpu_ms": (c1 - c0) * 1e3 / n}
+            "cpu_ms": (c1 - c0) * 1e3 / n, "cpu_s_GB": (c1 - c0) / (n * item_bytes / 1e9)}
+
+
+_KEYS = ("GB_s", "faults", "cpu_ms", "cpu_s_GB")
 
 
 def run_size(mib, reps, swap_cap, batch, only=None):
@@ -191,25 +227,33 @@ def run_size(mib, reps, swap_cap, batch, only=None):
     wt.clean(cfg)
     try:
         fill(cfg, mib, swap_cap)
-        raw = Raw(cfg, mib)
+        base = Memcpy(cfg, mib)
 
-        def iterable(**kw):
-            return wt.WireheadIterableDataset(config=cfg, shuffle=False, batch_size=batch,
+        def iterable(c=cfg, **kw):
+            return wt.WireheadIterableDataset(config=c, shuffle=False, batch_size=batch,
                                               num_workers=2, **kw)
         batches = torch.utils.data.BatchSampler(
             torch.utils.data.SequentialSampler(range(swap_cap)), batch, False)
+        rows_cfg = dict(cfg, HANDOVER_CHECK="rows")
         dl = {
             "DataLoader(WireheadIterableDataset, num_workers=2)":
                 lambda name: DL(name, iterable(), batch),
+            "wt.DataLoader(WireheadIterableDataset, batch_size=B, num_workers=2)":
+                lambda name: DL(name, wt.WireheadIterableDataset(config=cfg, shuffle=False),
+                                batch, loader=wt.DataLoader),
             "DataLoader(WireheadIterableDataset(batches=True), num_workers=2): ring":
                 lambda name: DL(name, iterable(batches=True), None),
+            "DataLoader(WireheadIterableDataset(batches=True), num_workers=2): ring, "
+            "HANDOVER_CHECK rows":
+                lambda name: DL(name, iterable(rows_cfg, batches=True), None),
             "DataLoader(MongoTupleheadDataset, num_workers=2)":
                 lambda name: DL(name, wt.MongoTupleheadDataset(config=cfg), batch),
             "DataLoader(MongoTupleheadDataset(batches=True), BatchSampler, num_workers=2): ring":
                 lambda name: DL(name, wt.MongoTupleheadDataset(config=cfg, batches=True), None,
                                 sampler=batches),
         }
-        makers = [(Loader.name, lambda: Loader(cfg, batch)),
+        makers = [(Raw.name, lambda: Raw(cfg, mib)),
+                  (Loader.name, lambda: Loader(cfg, batch)),
                   (StoreRead.name, lambda: StoreRead(cfg, mib)),
                   (MapStyle.name, lambda: MapStyle(cfg)),
                   (InProcess.name, lambda: InProcess(cfg))]
@@ -221,19 +265,18 @@ def run_size(mib, reps, swap_cap, batch, only=None):
             reader = make()
             for _ in range(2):  # rings and pools reach their steady state
                 reader.epoch()
-            got = {"raw": [], "reader": []}
+            got = {"base": [], "reader": []}
             for _ in range(reps):
-                got["raw"].append(timed(raw, item_bytes))
+                got["base"].append(timed(base, item_bytes))
                 got["reader"].append(timed(reader, item_bytes))
             name = reader.name
             del reader
-            ratios = [r["GB_s"] / b["GB_s"] for r, b in zip(got["reader"], got["raw"])]
-            med = {k: statistics.median(x[k] for x in got["reader"])
-                   for k in ("GB_s", "faults", "cpu_ms")}
-            raw_med = {k: statistics.median(x[k] for x in got["raw"])
-                       for k in ("GB_s", "faults", "cpu_ms")}
-            rows.append({"reader": name, **med,
-                         "vs_raw": statistics.median(ratios), "raw": raw_med,
+            ratios = [r["GB_s"] / b["GB_s"] for r, b in zip(got["reader"], got["base"])]
+            cpu = [r["cpu_s_GB"] / b["cpu_s_GB"] for r, b in zip(got["reader"], got["base"])]
+            med = {k: statistics.median(x[k] for x in got["reader"]) for k in _KEYS}
+            base_med = {k: statistics.median(x[k] for x in got["base"]) for k in _KEYS}
+            rows.append({"reader": name, **med, "vs_memcpy": statistics.median(ratios),
+                         "cpu_vs_memcpy": statistics.median(cpu), "memcpy": base_med,
                          "ratios": ratios})
         return {"mib": mib, "item_bytes": item_bytes, "swap_cap": swap_cap, "batch": batch,
                 "reps": reps, "rows": rows}
@@ -241,32 +284,50 @@ def run_size(mib, reps, swap_cap, batch, only=None):
         wt.clean(cfg)
 
 
+def busy_procs(n):
+    """n processes spinning on a CPU each (ended by the caller, by pid)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def table(res, busy):
+    print(f"\nsample: float32 {res['mib']} MiB + 16-byte label, SWAP_CAP {res['swap_cap']}, "
+          f"batch {res['batch']}, {busy} busy processes; medians of {res['reps']} interleaved "
+          f"repetitions; CPU: this process + DataLoader workers\n")
+    print("| reader | GB/s | ÷ memcpy+touch | CPU s/GB | CPU ÷ memcpy's | faults/sample |")
+    print("|---|---:|---:|---:|---:|---:|")
+    m = {k: statistics.median(r["memcpy"][k] for r in res["rows"]) for k in _KEYS}
+    print(f"| memcpy+touch (baseline) | {m['GB_s']:.2f} | 1.00 | {m['cpu_s_GB']:.3f} | 1.00 | "
+          f"{m['faults']:.0f} |")
+    for r in res["rows"]:
+        print(f"| {r['reader']} | {r['GB_s']:.2f} | {r['vs_memcpy']:.2f} | {r['cpu_s_GB']:.3f} | "
+              f"{r['cpu_vs_memcpy']:.2f} | {r['faults']:.0f} |", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mib", type=int, nargs="+", default=[4, 64])
+    p.add_argument("--mib", type=int, nargs="+", default=[8, 64])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--only", nargs="+", metavar="TEXT",
                    help="only the readers whose name holds one of these texts")
+    p.add_argument("--busy", type=int, nargs="+", default=[0], metavar="N",
+                   help="competing busy processes; one pass per value (default: 0)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     results = []
-    for mib in a.mib:
-        swap_cap, batch = (8, 2) if mib >= 32 else (32, 4)
-        res = run_size(mib, a.reps, swap_cap, batch, a.only)
-        results.append(res)
-        print(f"\nsample: float32 {mib} MiB + 16-byte label, SWAP_CAP {swap_cap}, batch {batch}, "
-              f"median of {a.reps} interleaved repetitions; per sample: minor faults, CPU ms "
-              f"(this process + DataLoader workers)\n")
-        print("| reader | GB/s | vs raw (same run) | faults/sample | CPU ms/sample |")
-        print("|---|---:|---:|---:|---:|")
-        raw = statistics.median(r["raw"]["GB_s"] for r in res["rows"])
-        rf = statistics.median(r["raw"]["faults"] for r in res["rows"])
-        rc = statistics.median(r["raw"]["cpu_ms"] for r in res["rows"])
-        print(f"| raw: Store.read_into a warm buffer | {raw:.2f} | 100% | {rf:.0f} | {rc:.1f} |")
-        for r in res["rows"]:
-            print(f"| {r['reader']} | {r['GB_s']:.2f} | {r['vs_raw'] * 100:.0f}% | "
-                  f"{r['faults']:.0f} | {r['cpu_ms']:.1f} |", flush=True)
+    for busy in a.busy:
+        procs = busy_procs(busy)
+        try:
+            for mib in a.mib:
+                swap_cap, batch = (8, 2) if mib >= 32 else (32, 4)
+                res = run_size(mib, a.reps, swap_cap, batch, a.only)
+                res["busy"] = busy
+                results.append(res)
+                table(res, busy)
+        finally:
+            for pr in procs:
+                pr.kill()
+                pr.wait()
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"command": "benchmarks/bench_loader.py " + " ".join(argv or sys.argv[1:]),

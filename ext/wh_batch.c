@@ -17,6 +17,7 @@ bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint3
             return wh_err_set(err, WH_E_INVALID, "batch size overflows");
     }
     b->n = n;
+    b->nfields = m->nfields;
     b->pad_off = off;
     b->gen_off = off + WH_ALIGN_UP(n);
     b->pos_off = b->gen_off + WH_ALIGN_UP(8 * (uint64_t)n);

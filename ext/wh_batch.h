@@ -22,6 +22,7 @@ typedef struct {
     uint64_t pad_off, gen_off, pos_off;  /* uint8[n], int64[n], int64[n] */
     uint64_t pv_off;                     /* int64[n]: each sample's params version */
     uint64_t size;                       /* bytes the batch fills */
+    int nfields;                         /* fields of the samples (meta[0..nfields)) */
 } wh_batch_t;
 
 /* Lays out b for n rows of samples like m (the wanted fields only). */

@@ -112,31 +112,23 @@ static PyObject *wh__ring_hash(wh__pyring_t *self, PyObject *args) {
 
 static PyObject *wh__ring_claim(wh__pyring_t *self, PyObject *args) {
     wh_py_state_t *S = wh_py_tstate(self);
-    int j;
+    int j, check;
     long long ver, seq, wpid;
-    unsigned long long size;
+    unsigned long long size, sum;
     Py_ssize_t rows;
-    Py_buffer sums;
-    if (!PyArg_ParseTuple(args, "iLLLKy*n", &j, &ver, &seq, &wpid, &size, &sums, &rows))
+    if (!PyArg_ParseTuple(args, "iLLLKKni", &j, &ver, &seq, &wpid, &size, &sum, &rows, &check))
         return NULL;
-    if (rows < 0) {
-        PyBuffer_Release(&sums);
+    if (rows < 0)
         return PyErr_Format(PyExc_ValueError, "Ring.claim: rows must be >= 0, got %zd", rows);
-    }
-    if (!wh__ring_open(self)) {
-        PyBuffer_Release(&sums);
-        return NULL;
-    }
+    if (check < WH_RING_CHECK_NONE || check > WH_RING_CHECK_ROWS)
+        return PyErr_Format(PyExc_ValueError, "Ring.claim: check must be 0, 1 or 2, got %d", check);
+    if (!wh__ring_open(self)) return NULL;
     wh_err_t err = {0};
     wh_buf_t *buf = NULL;
     bool ok;
-    size_t nchecks = (size_t)sums.len / sizeof(wh_ring_check_t);
-    /* a partial triple is no check: counted as one too many */
-    if ((size_t)sums.len % sizeof(wh_ring_check_t)) nchecks = (size_t)rows + 1;
-    Py_BEGIN_ALLOW_THREADS ok = wh_ring_claim(self->r, j, ver, seq, wpid, size, sums.buf, nchecks,
-                                              (size_t)rows, &buf, &err);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&sums);
-    if (!ok) return wh__ring_raise(&err, false);
+    Py_BEGIN_ALLOW_THREADS ok =
+        wh_ring_claim(self->r, j, ver, seq, wpid, size, sum, (size_t)rows, check, &buf, &err);
+    Py_END_ALLOW_THREADS if (!ok) return wh__ring_raise(&err, false);
     return wh__bytes_array(S, buf, size);
 }
 
@@ -172,6 +164,7 @@ typedef struct {
     wh_buf_t *heap;
     wh_batch_t b;
     void *data;
+    uint64_t seal;
     wh_batch_stats_t st;
     bool ring_failed;
 } wh__pyfill_t;
@@ -186,7 +179,7 @@ static bool wh__fill_run(wh_store_t *st, void *ctx, wh_err_t *err) {
     wh__pyfill_t *c = ctx;
     c->rq.st = st;
     return wh_ring_fill(c->r, &c->rq, c->gen, c->wait_s, &c->slot, &c->heap, &c->b, &c->data,
-                        &c->st, &c->ring_failed, err);
+                        &c->seal, &c->st, &c->ring_failed, err);
 }
 
 /* Per stored field: its FieldLayout (dtype, shape of one row) and where its
@@ -233,32 +226,6 @@ static PyObject *wh__fill_pads(const wh__pyfill_t *c) {
     for (uint32_t i = 0; out && i < c->b.n; i++)
         wh_py_list_put(&out, i, PyBool_FromLong(((const char *)c->data)[c->b.pad_off + i]));
     return out;
-}
-
-/* The rows' checks, field by field: (offset, bytes, stored XXH3-64); for a
- * slot one more, over the extras after the fields (is_pad, generation,
- * position, params version), hashed here as the fill left them. */
-static PyObject *wh__fill_checks(const wh__pyfill_t *c, int nfields, const uint64_t *sums) {
-    size_t nw = 0, n = c->b.n, tail = c->slot >= 0;
-    for (int f = 0; f < nfields; f++) nw += (c->rq.want >> f) & 1u;
-    PyObject *blob =
-        PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((nw * n + tail) * sizeof(wh_ring_check_t)));
-    if (!blob) return NULL;
-    wh_ring_check_t *ck = (wh_ring_check_t *)PyBytes_AS_STRING(blob);
-    for (int f = 0; f < nfields; f++) {
-        if (!(c->rq.want & (1u << f))) continue;
-        for (uint32_t i = 0; i < n; i++, ck++) {
-            ck->off = c->b.off[f] + (uint64_t)i * c->b.meta[f].nbytes;
-            ck->n = c->b.meta[f].nbytes;
-            ck->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
-        }
-    }
-    if (tail) {
-        ck->off = c->b.pad_off;
-        ck->n = c->b.size - c->b.pad_off;
-        ck->hash = XXH3_64bits((const char *)c->data + ck->off, ck->n);
-    }
-    return blob;
 }
 
 #define WH__FILL_ITEMS 20
@@ -396,7 +363,7 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
             wh__fill_i64(&c, c.b.pos_off), wh__fill_pads(&c), wh__fill_i64(&c, c.b.pv_off),
             PyLong_FromUnsignedLongLong(c.st.corrupt),
             wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL), wh__none(), wh__none(),
-            wh__fill_checks(&c, nfields, sums));
+            PyLong_FromUnsignedLongLong(c.seal));
     }
     if (!res && c.slot >= 0) wh_ring_give_back(c.r, c.slot);
 out:
@@ -415,8 +382,10 @@ static PyMethodDef wh__ring_methods[] = {
     {"hash", (PyCFunction)wh__ring_hash, METH_VARARGS,
      "hash(j, offset, n): XXH3-64 of n bytes of slot j from offset"},
     {"claim", (PyCFunction)wh__ring_claim, METH_VARARGS,
-     "claim(j, version, sequence, worker_pid, size, checks, rows): the main process takes a "
-     "handle's slot, every row checked; a uint8 Array over it whose last user hands it back"},
+     "claim(j, version, sequence, worker_pid, size, seal, rows, check): the main process takes "
+     "a handle's slot and checks it (check 0: the control words only, 1: and the seal and the "
+     "extras, 2: and every row; rows: the checks the seal holds); a uint8 Array over it whose "
+     "last user hands it back"},
     {"local", (PyCFunction)wh__ring_local, METH_VARARGS,
      "local(j, size): slot j taken by this process as a uint8 Array whose last user hands it "
      "back"},
@@ -474,7 +443,7 @@ static PyStructSequence_Field wh__fill_fields[] = {
     {"mismatch_generation", "a row of another layout than the first: its generation (nothing "
                             "is held then); None otherwise"},
     {"mismatch_position", "that row's position; None otherwise"},
-    {"checks", "bytes: (offset, bytes, stored XXH3-64) uint64 triples, one per row and field"},
+    {"seal", "a slot's seal: the XXH3-64 of its header and row table (0 for heap memory)"},
     {NULL, NULL},
 };
 
@@ -487,7 +456,9 @@ static PyStructSequence_Desc wh__fill_desc = {
 
 int wh_py_ring_exec(PyObject *m, wh_py_state_t *S) {
     if (wh_py_add_type(m, &S->ring, &wh__ring_spec) < 0 ||
-        wh_py_add_record(m, &S->rec_fill, &wh__fill_desc) < 0)
+        wh_py_add_record(m, &S->rec_fill, &wh__fill_desc) < 0 ||
+        PyModule_AddIntConstant(m, "RING_CHECK_SLOT", WH_RING_CHECK_SLOT) < 0 ||
+        PyModule_AddIntConstant(m, "RING_CHECK_ROWS", WH_RING_CHECK_ROWS) < 0)
         return -1;
     return PyModule_AddFunctions(m, wh__ring_functions);
 }

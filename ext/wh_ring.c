@@ -513,9 +513,81 @@ static bool wh__check_rows(const wh_map_t *m, const wh_ring_check_t *checks, siz
     return true;
 }
 
+/* ---- the seal ---- */
+
+uint64_t wh_ring_bytes(uint64_t size, size_t n) {
+    return WH_ALIGN_UP(size) + 8 * WH_RING_SEAL_WORDS + (uint64_t)n * sizeof(wh_ring_check_t);
+}
+
+bool wh_ring_seal(wh_ring_t *r, int j, uint64_t size, const wh_ring_check_t *checks, size_t n,
+                  uint64_t *sum, wh_err_t *err) {
+    if (!wh__slot_ok(r, j, err)) return false;
+    pthread_mutex_lock(&r->mu);
+    wh__smap_t *s = wh__words_ok(r, err) ? wh__slot(r, j, err) : NULL;
+    bool ok = s && wh_map_intact(&s->m, err);
+    uint64_t off = WH_ALIGN_UP(size), need = wh_ring_bytes(size, n);
+    if (ok && (size > need || need > s->m.size))
+        ok = wh_err_set(err, WH_E_TOOBIG,
+                        "wirehead ring: a batch of %llu bytes and its seal do not fit slot file "
+                        "%s (%zu bytes)",
+                        (unsigned long long)size, s->m.path, s->m.size);
+    if (ok) {
+        uint64_t hdr[WH_RING_SEAL_WORDS] = {WH_RING_SEAL_MAGIC,
+                                            (uint64_t)r->self,
+                                            (uint64_t)wh__w(r, j, WH_RING_SEQ),
+                                            (uint64_t)wh__w(r, j, WH_RING_VER),
+                                            size,
+                                            n,
+                                            0,
+                                            0};
+        char *p = (char *)s->m.base + off;
+        memcpy(p, hdr, sizeof hdr);
+        memcpy(p + sizeof hdr, checks, n * sizeof *checks);
+        *sum = XXH3_64bits(p, need - off);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+/* Slot s holds the seal of the handle (wpid, seq, ver, size, sum, rows):
+ * copied out before it is checked, so what was checked is what is used;
+ * *copy (the caller frees it) gets the header, then the row table. */
+static bool wh__check_seal(const wh__smap_t *s, int64_t wpid, int64_t seq, int64_t ver,
+                           uint64_t size, uint64_t sum, size_t rows, uint64_t **copy,
+                           wh_err_t *err) {
+    *copy = NULL;
+    if (!wh_map_intact(&s->m, err)) return false;
+    uint64_t off = WH_ALIGN_UP(size);
+    const char *why = NULL;
+    if (size > s->m.size || off > s->m.size || rows > (s->m.size - off) / sizeof(wh_ring_check_t) ||
+        wh_ring_bytes(size, rows) > s->m.size) {
+        why = "the slot cannot hold its seal";
+    } else {
+        size_t n = (size_t)(wh_ring_bytes(size, rows) - off);
+        uint64_t *h = *copy = malloc(n);
+        if (!h) return wh_err_set(err, WH_E_SYS, "out of memory");
+        memcpy(h, (const char *)s->m.base + off, n);
+        const wh_ring_check_t *t = (const wh_ring_check_t *)(h + WH_RING_SEAL_WORDS);
+        if (XXH3_64bits(h, n) != sum)
+            why = "its header or row table fails its XXH3 check";
+        else if (h[0] != WH_RING_SEAL_MAGIC || h[1] != (uint64_t)wpid || h[2] != (uint64_t)seq ||
+                 h[3] != (uint64_t)ver || h[4] != size || h[5] != rows)
+            why = "its header names another fill";
+        for (size_t k = 0; !why && k < rows; k++)
+            if (t[k].off > size || t[k].n > size - t[k].off)
+                why = "its row table reaches past the batch";
+    }
+    if (!why) return true;
+    free(*copy);
+    *copy = NULL;
+    return wh_err_set(err, WH_E_CORRUPT,
+                      "wirehead ring: slot file %s does not hold the batch worker %lld sealed "
+                      "(%s); this batch cannot be delivered",
+                      s->m.path, (long long)wpid, why);
+}
+
 bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
-                   const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
-                   wh_err_t *err) {
+                   uint64_t sum, size_t rows, int check, wh_buf_t **out, wh_err_t *err) {
     *out = NULL;
     if (!wh__slot_ok(r, j, err)) return false;
     pthread_mutex_lock(&r->mu);
@@ -541,15 +613,20 @@ bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, 
     }
     wh__smap_t *s = ok ? wh__slot(r, j, err) : NULL;
     ok = s != NULL;
-    /* every row as the worker copied it (the samples' stored checksums), or
-     * an error naming the file: garbage written into it is never delivered */
-    if (ok && nchecks != rows)
-        ok = wh_err_set(err, WH_E_CORRUPT,
-                        "wirehead ring: the handle of slot %d of worker %s carries %zu checks "
-                        "for %zu rows: a malformed handle; this batch cannot be delivered",
-                        j, r->label, nchecks, rows);
+    /* the seal the worker wrote after its fill (its rows were checked as
+     * they were copied), then the extras, or every row again: garbage in
+     * the seal, the extras, or (ROWS) a row is an error naming the file */
+    uint64_t *seal = NULL;
+    if (ok && check != WH_RING_CHECK_NONE)
+        ok = wh__check_seal(s, wpid, seq, ver, size, sum, rows, &seal, err);
+    const wh_ring_check_t *table =
+        seal ? (const wh_ring_check_t *)(seal + WH_RING_SEAL_WORDS) : NULL;
     bool same = true;
-    if (ok) ok = wh__check_rows(&s->m, checks, nchecks, &same, err);
+    if (ok && check == WH_RING_CHECK_ROWS)
+        ok = wh__check_rows(&s->m, table, rows, &same, err);
+    else if (ok && check == WH_RING_CHECK_SLOT && rows)
+        ok = wh__check_rows(&s->m, table + rows - 1, 1, &same, err);
+    free(seal);
     if (ok && !same)
         ok = wh_err_set(err, WH_E_CORRUPT,
                         "wirehead ring: slot file %s was changed after worker %lld filled it "
@@ -585,10 +662,18 @@ bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t 
 typedef struct {
     wh_ring_t *r;
     double wait_s;
+    uint32_t want;
     int slot;
     wh_buf_t *heap;
     bool failed; /* the ring's error, not the read's */
 } wh__rfill_t;
+
+/* The checks a slot's seal holds: each wanted field's rows, and the extras. */
+static size_t wh__nchecks(const wh_batch_t *b, uint32_t want) {
+    size_t n = 0;
+    for (int f = 0; f < b->nfields; f++) n += (want >> f) & 1u;
+    return n * b->n + 1;
+}
 
 static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh__rfill_t *c = ctx;
@@ -598,7 +683,8 @@ static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh_buf_unref(c->heap);
     c->slot = -1;
     c->heap = NULL;
-    if (c->r && !wh_ring_acquire(c->r, b->size, c->wait_s, &c->slot, &data, err)) {
+    if (c->r && !wh_ring_acquire(c->r, wh_ring_bytes(b->size, wh__nchecks(b, c->want)), c->wait_s,
+                                 &c->slot, &data, err)) {
         c->failed = true;
         return NULL;
     }
@@ -622,14 +708,46 @@ static bool wh__rfill_check(void *ctx, wh_err_t *err) {
     return ok;
 }
 
+/* The filled slot's seal: every wanted row with its stored XXH3 (sums),
+ * then the extras hashed as the fill left them. */
+static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, uint32_t want,
+                           const uint64_t *sums, const char *data, uint64_t *seal, wh_err_t *err) {
+    size_t n = wh__nchecks(b, want);
+    wh_ring_check_t *ck = malloc(n * sizeof *ck), *p = ck;
+    if (!ck) return wh_err_set(err, WH_E_SYS, "out of memory");
+    for (int f = 0; f < b->nfields; f++) {
+        if (!(want & (1u << f))) continue;
+        for (uint32_t i = 0; i < b->n; i++, p++) {
+            p->off = b->off[f] + (uint64_t)i * b->meta[f].nbytes;
+            p->n = b->meta[f].nbytes;
+            p->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
+        }
+    }
+    p->off = b->pad_off;
+    p->n = b->size - b->pad_off;
+    p->hash = XXH3_64bits(data + p->off, p->n);
+    bool ok = wh_ring_seal(r, j, b->size, ck, n, seal, err);
+    free(ck);
+    return ok;
+}
+
 bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
-                  wh_buf_t **heap, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
-                  bool *ring_failed, wh_err_t *err) {
-    wh__rfill_t c = {r, wait_s, -1, NULL, false};
+                  wh_buf_t **heap, wh_batch_t *b, void **data, uint64_t *seal,
+                  wh_batch_stats_t *stats, bool *ring_failed, wh_err_t *err) {
+    wh__rfill_t c = {r, wait_s, rq->want, -1, NULL, false};
+    uint64_t *own = NULL, *sums = rq->sums;
+    if (!sums && !(sums = own = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *sums)))
+        return wh_err_set(err, WH_E_SYS, "out of memory");
+    rq->sums = sums;
     rq->mem = wh__rfill_mem;
     rq->mem_ctx = &c;
     rq->check = wh__rfill_check;
+    *seal = 0;
     bool ok = wh_batch_fill(rq, gen, b, data, stats, err);
+    if (ok && c.slot >= 0 && !wh__rfill_seal(r, c.slot, b, rq->want, sums, *data, seal, err))
+        ok = !(c.failed = true);
+    rq->sums = own ? NULL : sums;
+    free(own);
     if (!ok) {
         if (c.slot >= 0) wh_ring_give_back(r, c.slot);
         wh_buf_unref(c.heap);

@@ -70,13 +70,23 @@ int64_t wh_word_add(const wh_map_t *m, size_t i, int64_t d);
  *   <region>               control words; the live worker holds its flock
  *   <region>.s<j>.v<v>     slot j's bytes (a new version v when it grows)
  * Control words per slot: owner pid (0: free), fill sequence, capacity,
- * version. A worker takes free slots, fills them and sends a handle
- * (slot, version, sequence, its pid, the rows' checksums); the main process
- * claims the slot (owner worker -> main, atomically, only while version
- * and sequence still match) and hands it back (owner main -> 0) when the
- * last tensor over it is gone. The worker that takes a region reclaims
- * every slot the main process does not hold: a handle of its dead
- * predecessor is then refused. */
+ * version. A worker takes free slots, fills them, seals them (below) and
+ * sends a handle (slot, version, sequence, its pid, the seal's XXH3); the
+ * main process claims the slot (owner worker -> main, atomically, only
+ * while version and sequence still match), checks the seal, and hands it
+ * back (owner main -> 0) when the last tensor over it is gone. The worker
+ * that takes a region reclaims every slot the main process does not hold:
+ * a handle of its dead predecessor is then refused.
+ *
+ * A slot's seal, at WH_ALIGN_UP(size) after the batch's size bytes: a
+ * header of 8 uint64 (WH_RING_SEAL_MAGIC, the worker's pid, sequence,
+ * version, size, the number of checks n, 0, 0) and the row table, n
+ * wh_ring_check_t: each row of each field with its stored XXH3 (the
+ * checksum its copy was checked against as it was written), the last one
+ * over the batch's extras. The handle carries the XXH3 of header and table,
+ * so a claim knows the slot is the one the worker filled without reading
+ * its rows again (WH_RING_CHECK_SLOT); WH_RING_CHECK_ROWS re-hashes every
+ * row against the table as well. */
 #define WH_RING_WORDS 4
 /* ring_slots' bound (Python reads it as _C.RING_SLOTS_MAX) */
 #define WH_RING_SLOTS_MAX (1u << 16)
@@ -85,6 +95,15 @@ enum {
     WH_RING_SEQ,
     WH_RING_CAP,
     WH_RING_VER
+};
+
+#define WH_RING_SEAL_MAGIC 0x314c414553524857ull /* "WHRSEAL1" */
+#define WH_RING_SEAL_WORDS 8
+/* What a claim checks. */
+enum {
+    WH_RING_CHECK_NONE, /* the control words only (VERIFY_READS off) */
+    WH_RING_CHECK_SLOT, /* and the seal, and the extras' XXH3: no pass over the rows */
+    WH_RING_CHECK_ROWS  /* and every row's XXH3 against the sealed table */
 };
 
 typedef struct wh_ring wh_ring_t;
@@ -114,6 +133,13 @@ uint32_t wh_ring_slots(const wh_ring_t *r);
  * the slot's memory. Threads of one process take slots one at a time. */
 bool wh_ring_acquire(wh_ring_t *r, uint64_t nbytes, double wait_s, int *slot, void **data,
                      wh_err_t *err);
+/* Bytes a slot needs for a batch of size bytes sealed with n checks. */
+uint64_t wh_ring_bytes(uint64_t size, size_t n);
+/* Worker: writes slot j's seal for a batch of size bytes with checks (the
+ * last over the extras); *sum: the XXH3 of the seal, for the handle. The
+ * slot was taken with wh_ring_bytes(size, n) bytes. */
+bool wh_ring_seal(wh_ring_t *r, int j, uint64_t size, const wh_ring_check_t *checks, size_t n,
+                  uint64_t *sum, wh_err_t *err);
 /* Worker: slot j back without sending it. */
 void wh_ring_give_back(wh_ring_t *r, int j);
 /* Worker: slot j's version and fill sequence, for its handle. */
@@ -124,27 +150,28 @@ bool wh_ring_hash(wh_ring_t *r, int j, uint64_t off, uint64_t n, uint64_t *out, 
 bool wh_ring_word(wh_ring_t *r, int j, int k, int64_t *out, wh_err_t *err);
 
 /* Main process: claims slot j of a handle (version ver, sequence seq,
- * filled by worker pid wpid) and checks each row against checks; *out: the
- * slot's first size bytes, a buffer whose last reference hands the slot
- * back. WH_E_GONE: reclaimed before the handle arrived; WH_E_CORRUPT: the
- * bytes fail their check (the error names the file); WH_E_TOOBIG: the
- * batch does not fit the slot. On an error the slot goes back to its
- * worker. */
+ * filled by worker pid wpid, its seal's XXH3 sum) and checks it as check
+ * says (WH_RING_CHECK_*; rows: the checks the seal must hold, the rows of
+ * every field and one for the extras); *out: the slot's first size bytes,
+ * a buffer whose last reference hands the slot back. WH_E_GONE: reclaimed
+ * before the handle arrived; WH_E_CORRUPT: the seal or the bytes fail
+ * their check (the error names the file); WH_E_TOOBIG: the batch does not
+ * fit the slot. On an error the slot goes back to its worker. */
 bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, uint64_t size,
-                   const wh_ring_check_t *checks, size_t nchecks, size_t rows, wh_buf_t **out,
-                   wh_err_t *err);
+                   uint64_t sum, size_t rows, int check, wh_buf_t **out, wh_err_t *err);
 /* In-process iteration: slot j, already taken by this process, as such a
  * buffer. */
 bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t *err);
 
 /* Worker: reads a batch (wh_batch_fill; rq->mem is set here) into a slot of
  * r, taken once the first sample gives the batch's size, waiting up to
- * wait_s for one; with no slot free (or r NULL) into heap memory, *heap
- * (the caller's reference). *slot: the slot, -1 for heap memory. On an
- * error nothing is held; *ring_failed tells the ring's errors (its files)
- * from the read's. */
+ * wait_s for one, and seals it (*seal: the sum for the handle; rq->sums,
+ * if set, gets the rows' stored XXH3); with no slot free (or r NULL) into
+ * heap memory, *heap (the caller's reference). *slot: the slot, -1 for
+ * heap memory. On an error nothing is held; *ring_failed tells the ring's
+ * errors (its files) from the read's. */
 bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
-                  wh_buf_t **heap, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
-                  bool *ring_failed, wh_err_t *err);
+                  wh_buf_t **heap, wh_batch_t *b, void **data, uint64_t *seal,
+                  wh_batch_stats_t *stats, bool *ring_failed, wh_err_t *err);
 
 #endif

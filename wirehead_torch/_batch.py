@@ -80,13 +80,14 @@ class Batch:
     """One filled batch: the slot (None: heap memory, no slot was free)
     and its (version, sequence), its heap memory (a uint8 Array; None for a
     slot), the field layout and each field's place in it, the extras' places (is_pad,
-    generation, position, params_version) and the rows' checks."""
+    generation, position, params_version) and the slot's seal (the XXH3 of
+    its header and row table)."""
 
-    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "checks", "size")
+    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "seal", "size")
 
-    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, checks, size):
+    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, seal, size):
         self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
-        self.fields, self.extras, self.checks, self.size = fields, extras, checks, size
+        self.fields, self.extras, self.seal, self.size = fields, extras, seal, size
 
 
 class BatchRing:
@@ -97,10 +98,11 @@ class BatchRing:
     read, names: their stored names, keys: the batch's names for them;
     form: "dict" ({key: tensor}) or "list" ([tensor, ...] in want order, as
     torch's default_collate makes of tuples); cast: {name: dtype} asked for;
-    verify: the main process checks every row at hand-over (VERIFY_READS)."""
+    verify: the main process checks a batch at hand-over (VERIFY_READS): the
+    slot's seal, and with rows (HANDOVER_CHECK: rows) every row again."""
 
     def __init__(self, what, slots, nfields, want, names, keys=None, form="dict", cast=None,
-                 timeout=60.0, verify=True):
+                 timeout=60.0, verify=True, rows=False):
         if (not isinstance(slots, int) or isinstance(slots, bool)
                 or not 1 <= slots <= _C.RING_SLOTS_MAX):
             raise ValueError(f"ring_slots must be an integer 1..{_C.RING_SLOTS_MAX}, got {slots!r}")
@@ -114,12 +116,13 @@ class BatchRing:
         self.cast = cast
         self.timeout = timeout
         self.verify = bool(verify)
+        self.rows = bool(rows)
         # ring files are named by the DataLoader's main process and this token
         self.token = os.urandom(6).hex()
         self._ring = (None, None)  # (pid, WorkerRing) in this process
         self._checked = (None, None)  # (pid, the layout last checked) in this process
         self._pickled_by = self._unpickled_in = None
-        _ring.hand_over_checks(self.token, self.verify)
+        _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
 
     def __getstate__(self):
@@ -132,7 +135,7 @@ class BatchRing:
         self.__dict__.update(d)
         self._unpickled_in = os.getpid()
         # a rank process that received the dataset runs DataLoaders of its own
-        _ring.hand_over_checks(self.token, self.verify)
+        _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
 
     # --- this process's ring region ---------------------------------------
@@ -263,7 +266,7 @@ class BatchRing:
                   ("params_version", got.params_version_offset, "int64", n))
         slot = got.slot if got.slot >= 0 else None
         batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
-                      got.memory, layout, fields, extras, got.checks, got.size)
+                      got.memory, layout, fields, extras, got.seal, got.size)
         return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
                                                   got.params_version)]
 
@@ -283,5 +286,5 @@ class BatchRing:
             return _ring.tensors(mem, batch.fields, more, self.form)
         if in_worker:
             return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
-                                     bytes(batch.checks), batch.size)
+                                     batch.seal, batch.size)
         return batch.ring.local(batch.slot, batch.fields, more, batch.size, self.form)

@@ -4,9 +4,11 @@ WireheadIterableDataset and of the map-style readers (filled by _batch.py).
 The ring itself is C (ext/wh_ring.c, bound as _C.Ring and _C.ring_fill):
 slot files in /dev/shm, the control words that hand a slot from a worker
 to the DataLoader's main process and back, the fill of a slot (each sample
-read once, straight into its row, through the store's read policy) and the
-hand-over check (every row's XXH3 against the stored checksum the copy was
-checked against, and the file's size before each word, copy and hash).
+read once, straight into its row, through the store's read policy, its XXH3
+checked in the same pass) with the slot's seal (header and row table) and
+the hand-over check (the seal against the handle's XXH3 of it, the extras;
+every row again with HANDOVER_CHECK: rows; the file's size before each
+word, copy and hash).
 What stays here: the handle that crosses the worker's queue (RingBatch,
 pickled), turning a claimed slot into the batch's tensors, and removing a
 dataset's files.
@@ -81,15 +83,13 @@ def _sweep_dead():
             pass
 
 
-def hand_over_checks(token, on):
-    """Whether this process checks the rows of token's batches at
-    hand-over. Kept here, in the process that claims, never taken from a
-    handle: a dataset with VERIFY_READS off checks no bytes on reads, so
-    none at hand-over either."""
-    if on:
-        _UNCHECKED.discard(token)
-    else:
-        _UNCHECKED.add(token)
+def hand_over_checks(token, on, rows=False):
+    """How this process checks token's batches at hand-over: the slot's
+    seal (on), and every row again (rows: HANDOVER_CHECK: rows). Kept here,
+    in the process that claims, never taken from a handle: a dataset with
+    VERIFY_READS off checks no bytes on reads, so none at hand-over
+    either."""
+    _CHECK[token] = _C.RING_CHECK_ROWS if on and rows else _C.RING_CHECK_SLOT if on else 0
 
 
 def cleanup(main_pid, token):
@@ -99,7 +99,7 @@ def cleanup(main_pid, token):
         return
     for key in [k for k in _MAIN if k[1] == token]:
         del _MAIN[key]
-    _UNCHECKED.discard(token)
+    _CHECK.pop(token, None)
     for path in glob.glob(f"{DIR}/{PREFIX}{main_pid}.{token}.*"):
         try:
             os.unlink(path)
@@ -128,14 +128,14 @@ class WorkerRing:
     def give_back(self, j):
         self.c.give_back(j)
 
-    def handle(self, j, stamp, fields, extras, form, checks, size):
+    def handle(self, j, stamp, fields, extras, form, seal, size):
         """The filled slot j (stamp: its version and fill sequence) as the
-        handle sent to the main process, with the XXH3 of each row of each
-        field (checks: packed (offset, nbytes, XXH3-64), the stored
-        checksums the copy was checked against)."""
+        handle sent to the main process, with seal: the XXH3 of the slot's
+        header and row table (each row's stored checksum, which its copy
+        was checked against)."""
         ver, seq = stamp
         return RingBatch(self.main_pid, self.token, self.worker, self.nslots, j, ver, seq,
-                         self.pid, fields, extras, form, checks, size)
+                         self.pid, fields, extras, form, seal, size)
 
     def local(self, j, fields, extras, size, form="dict"):
         """In-process iteration: the batch as tensors, no handle."""
@@ -167,11 +167,11 @@ class RingBatch:
 
 # main process: (main pid, token, worker) -> _C.Ring
 _MAIN = {}
-# tokens of datasets made with VERIFY_READS off (hand_over_checks)
-_UNCHECKED = set()
+# token -> how its batches are checked at hand-over (hand_over_checks)
+_CHECK = {}
 
 
-def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, checks,
+def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, seal,
              size):
     if os.getpid() != main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
@@ -181,13 +181,11 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
     if ring is None:
         ring = _MAIN[key] = _C.Ring(region_path(main_pid, token, worker), nslots, False,
                                     main_pid, str(worker))
-    # checked row by row in C; the slot goes back to its worker when the
-    # last tensor over it dies
-    if token in _UNCHECKED:
-        checks, rows = b"", 0  # VERIFY_READS off: no bytes checked, at hand-over neither
-    else:
-        rows = sum(f.shape[0] for f in fields) + 1  # and the extras after them
-    return tensors(ring.claim(j, ver, seq, wpid, size, checks, rows), fields, extras, form)
+    # checked in C; the slot goes back to its worker when the last tensor
+    # over it dies. The seal's table: every row of every field, then the extras
+    rows = sum(f.shape[0] for f in fields) + 1
+    check = _CHECK.get(token, _C.RING_CHECK_SLOT)
+    return tensors(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form)
 
 
 def tensors(mem, fields, extras, form="dict"):

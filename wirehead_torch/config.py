@@ -52,6 +52,7 @@ DEFAULTS = {
     "READ_TIMEOUT": 120.0,        # readers wait this long for the first generation
     "CONNECT_TIMEOUT": 10.0,      # MongoDB: bounded wait for the server
     "VERIFY_READS": True,         # check every field's XXH3 checksum on read
+    "HANDOVER_CHECK": "slot",     # ring hand-over: the slot's seal (slot) or every row again (rows)
     "MANAGER_POLL": 0.01,         # seconds between seal checks
     "LOCAL_CACHE": None,          # mongodb:// only: shm://NAME or auto, the node-local
                                   # copy a relay fills and readers read (docs/relay.md)
@@ -198,6 +199,10 @@ def _check_value(key, v, where):
         if not isinstance(v, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {v!r}")
         return v
+    if key == "HANDOVER_CHECK":
+        if not isinstance(v, str) or v.strip().lower() not in ("slot", "rows"):
+            raise ConfigError(f"{where}: HANDOVER_CHECK must be slot or rows, got {v!r}")
+        return v.strip().lower()
     if key == "STORE":
         return None if v is None else _store(v, key, where)
     if key == "LOCAL_CACHE":
@@ -256,6 +261,7 @@ class Config(Mapping):
     manager_poll: float
     source: str = "config"
     local_cache: Optional[str] = None
+    handover_check: str = "slot"
 
     def __getitem__(self, key):
         if not isinstance(key, str) or key not in KNOWN_KEYS:

@@ -100,7 +100,8 @@ class _CurrentGenerationReader(_Base):
         self._batch_ring = BatchRing(f"{type(self).__name__}(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.fields, self.names,
                                      keys=self._KEYS, form=self._FORM, cast=self.cast,
-                                     timeout=self.timeout, verify=self.cfg["VERIFY_READS"])
+                                     timeout=self.timeout, verify=self.cfg["VERIFY_READS"],
+                                     rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._warned_single = False  # batches=True read one index in a DataLoader worker
 
     def _private_copy(self):

@@ -104,7 +104,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self._batch_ring = BatchRing("WireheadIterableDataset(batches=True)", self.ring_slots,
                                      len(self.cfg["SAMPLE"]), self.order.want,
                                      self.order.fields, cast=self.cast, timeout=self.timeout,
-                                     verify=self.cfg["VERIFY_READS"])
+                                     verify=self.cfg["VERIFY_READS"],
+                                     rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._store = ProcessStore(self.cfg, local=True,
                                     min_params=self.min_params_version)
         # Shared with worker processes (fork, spawn, forkserver) so that

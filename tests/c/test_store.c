@@ -2476,11 +2476,24 @@ static void ring_unlink(const char *path) {
         }
 }
 
+/* A worker's hand-made fill: size bytes of val in slot *j, sealed with a
+ * row (all but the last 8 bytes) and the "extras" (those 8), *sum for the
+ * handle. */
+static bool ring_made(wh_ring_t *w, uint64_t size, int val, int *j, void **data, uint64_t *sum,
+                      wh_err_t *e) {
+    if (!wh_ring_acquire(w, wh_ring_bytes(size, 2), 0, j, data, e) || *j < 0) return false;
+    memset(*data, val, size);
+    wh_ring_check_t ck[2] = {{0, size - 8, XXH3_64bits(*data, size - 8)},
+                             {size - 8, 8, XXH3_64bits((char *)*data + size - 8, 8)}};
+    return wh_ring_seal(w, *j, size, ck, 2, sum, e);
+}
+
 static void t_ring(void) {
     char path[128], spath[256];
     snprintf(path, sizeof path, "/dev/shm/whctest-ring-%d", (int)getpid());
     ring_unlink(path);
     int64_t me = getpid(), owner = -1, ver = 0, seq = 0, v2 = 0, s2 = 0;
+    uint64_t sum = 0;
     wh_err_t e = {0};
     bool busy = false;
     wh_buf_t *held = NULL;
@@ -2490,34 +2503,51 @@ static void t_ring(void) {
     CHECK(!w2 && busy, "a second worker took a region whose lock is held");
     int j = -1;
     void *data = NULL;
-    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
+    REQUIRE(ring_made(w, 100, 7, &j, &data, &sum, &e) && j == 0, "fill: %s", e.message);
     REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
     CHECK(ver == 1 && seq == 1, "first fill: version %lld sequence %lld", (long long)ver,
           (long long)seq);
-    memset(data, 7, 100);
-    wh_ring_check_t ck = {0, 100, XXH3_64bits(data, 100)};
     m = wh_ring_open(path, "0", 2, false, me, NULL, &e);
     REQUIRE(m, "main open: %s", e.message);
-    CHECK(!wh_ring_claim(m, j, ver, seq + 1, me, 128, &ck, 1, 1, &held, &e) &&
+    CHECK(!wh_ring_claim(m, j, ver, seq + 1, me, 100, sum, 2, WH_RING_CHECK_SLOT, &held, &e) &&
               e.code == WH_E_GONE && strstr(e.message, "reclaimed"),
           "a stale sequence claimed: %s", e.message);
-    ((char *)data)[5] = 8; /* garbage after the fill */
-    CHECK(!wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 1, &held, &e) && e.code == WH_E_CORRUPT &&
-              strstr(e.message, path) && strstr(e.message, "XXH3"),
+    /* garbage in a row after the fill: the full check finds it */
+    ((char *)data)[5] = 8;
+    CHECK(!wh_ring_claim(m, j, ver, seq, me, 100, sum, 2, WH_RING_CHECK_ROWS, &held, &e) &&
+              e.code == WH_E_CORRUPT && strstr(e.message, path) && strstr(e.message, "XXH3"),
           "changed bytes claimed: %s", e.message);
     CHECK(wh_ring_word(w, j, WH_RING_OWNER, &owner, &e) && owner == 0,
           "a refused slot is not back with its worker: owner %lld", (long long)owner);
-    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
-    memset(data, 9, 100);
-    ck.hash = XXH3_64bits(data, 100);
-    REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e) && seq == 2, "stamp: %s", e.message);
-    CHECK(!wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 2, &held, &e) && e.code == WH_E_CORRUPT,
-          "a handle short of checks claimed");
-    REQUIRE(wh_ring_acquire(w, 100, 0, &j, &data, &e) && j == 0, "acquire: %s", e.message);
-    memset(data, 9, 100);
+    /* a damaged row table, header, or a handle whose seal is not the slot's:
+     * the default check finds each */
+    for (int k = 0; k < 4; k++) {
+        REQUIRE(ring_made(w, 100, 9, &j, &data, &sum, &e) && j == 0, "fill: %s", e.message);
+        REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
+        char *seal = (char *)data + WH_ALIGN_UP(100);
+        uint64_t hsum = sum, rows = 2;
+        if (k == 0) seal[8 * WH_RING_SEAL_WORDS + 16] ^= 1; /* the row's stored XXH3 */
+        if (k == 1) seal[8] ^= 1;                           /* the worker's pid */
+        if (k == 2) hsum ^= 1;
+        if (k == 3) rows = 3;
+        CHECK(!wh_ring_claim(m, j, ver, seq, me, 100, hsum, rows, WH_RING_CHECK_SLOT, &held, &e) &&
+                  e.code == WH_E_CORRUPT && strstr(e.message, path) &&
+                  strstr(e.message, "does not hold the batch"),
+              "damaged seal %d claimed: %s", k, e.message);
+    }
+    /* a row changed after the fill is the full check's: the default reads no row */
+    REQUIRE(ring_made(w, 100, 9, &j, &data, &sum, &e) && j == 0, "fill: %s", e.message);
     REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
-    REQUIRE(wh_ring_claim(m, j, ver, seq, me, 128, &ck, 1, 1, &held, &e), "claim: %s", e.message);
-    CHECK(held->size == 128 && ((char *)held->data)[99] == 9, "the claimed slot's bytes");
+    ((char *)data)[5] = 8;
+    REQUIRE(wh_ring_claim(m, j, ver, seq, me, 100, sum, 2, WH_RING_CHECK_SLOT, &held, &e),
+            "claim: %s", e.message);
+    wh_buf_unref(held);
+    held = NULL;
+    REQUIRE(ring_made(w, 100, 9, &j, &data, &sum, &e) && j == 0, "fill: %s", e.message);
+    REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
+    REQUIRE(wh_ring_claim(m, j, ver, seq, me, 100, sum, 2, WH_RING_CHECK_ROWS, &held, &e),
+            "claim: %s", e.message);
+    CHECK(held->size == 100 && ((char *)held->data)[99] == 9, "the claimed slot's bytes");
     wh_ring_close(m); /* a batch still out keeps what it needs */
     m = NULL;
     int k = -1;
@@ -2543,7 +2573,8 @@ static void t_ring(void) {
           "a gone worker's slot not reclaimed: owner %lld", (long long)owner);
     m = wh_ring_open(path, "0", 2, false, me, NULL, &e);
     REQUIRE(m, "main open: %s", e.message);
-    CHECK(!wh_ring_claim(m, 0, v2, s2, me, 128, &ck, 1, 1, &held, &e) && e.code == WH_E_GONE,
+    CHECK(!wh_ring_claim(m, 0, v2, s2, me, 100, sum, 2, WH_RING_CHECK_SLOT, &held, &e) &&
+              e.code == WH_E_GONE,
           "a reclaimed slot's late handle claimed");
     /* truncated under us: an error naming the file, not a SIGBUS */
     snprintf(spath, sizeof spath, "%s.s0.v2", path);
@@ -2560,9 +2591,10 @@ out:
     ring_unlink(path);
 }
 
-/* A hand-over of many large rows is checked by several threads: every row
- * still counts, so one changed byte in the last row or a check past the
- * slot's end refuses the batch. */
+/* A full hand-over check of many large rows is spread over several
+ * threads: every row still counts, so one changed byte in the last row
+ * refuses the batch; a row table reaching past the batch is refused by the
+ * seal's check. */
 static void t_ring_rows(void) {
     char path[128];
     snprintf(path, sizeof path, "/dev/shm/whctest-ringrows-%d", (int)getpid());
@@ -2571,7 +2603,9 @@ static void t_ring_rows(void) {
         ROWS = 6,
         ROW = 4 << 20
     };
+    const uint64_t size = (uint64_t)ROWS * ROW;
     int64_t me = getpid(), ver = 0, seq = 0;
+    uint64_t sum = 0;
     wh_err_t e = {0};
     bool busy = false;
     wh_buf_t *held = NULL;
@@ -2583,30 +2617,32 @@ static void t_ring_rows(void) {
     for (int round = 0; round < 3; round++) {
         int j = -1;
         void *data = NULL;
-        REQUIRE(wh_ring_acquire(w, (size_t)ROWS * ROW, 0, &j, &data, &e), "acquire: %s", e.message);
+        REQUIRE(wh_ring_acquire(w, wh_ring_bytes(size, ROWS), 0, &j, &data, &e), "acquire: %s",
+                e.message);
         for (int r = 0; r < ROWS; r++) {
             memset((char *)data + (size_t)r * ROW, r + round, ROW);
             ck[r] = (wh_ring_check_t){(uint64_t)r * ROW, ROW,
                                       XXH3_64bits((char *)data + (size_t)r * ROW, ROW)};
         }
+        if (round == 2) ck[2].off = (uint64_t)1 << 40; /* past the slot's end */
+        REQUIRE(wh_ring_seal(w, j, size, ck, ROWS, &sum, &e), "seal: %s", e.message);
         REQUIRE(wh_ring_stamp(w, j, &ver, &seq, &e), "stamp: %s", e.message);
         if (round == 0) {
             REQUIRE(
-                wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held, &e),
+                wh_ring_claim(m, j, ver, seq, me, size, sum, ROWS, WH_RING_CHECK_ROWS, &held, &e),
                 "claim: %s", e.message);
             wh_buf_unref(held);
             held = NULL;
         } else if (round == 1) {
-            ((char *)data)[(size_t)ROWS * ROW - 1] ^= 1; /* the last byte of the last row */
-            CHECK(!wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held,
+            ((char *)data)[size - 1] ^= 1; /* the last byte of the last row */
+            CHECK(!wh_ring_claim(m, j, ver, seq, me, size, sum, ROWS, WH_RING_CHECK_ROWS, &held,
                                  &e) &&
                       e.code == WH_E_CORRUPT && strstr(e.message, "XXH3"),
                   "a changed last row claimed: %s", e.message);
         } else {
-            ck[2].off = (uint64_t)1 << 40; /* past the slot's end */
-            CHECK(!wh_ring_claim(m, j, ver, seq, me, (uint64_t)ROWS * ROW, ck, ROWS, ROWS, &held,
+            CHECK(!wh_ring_claim(m, j, ver, seq, me, size, sum, ROWS, WH_RING_CHECK_SLOT, &held,
                                  &e) &&
-                      strstr(e.message, "to check"),
+                      strstr(e.message, "reaches past the batch"),
                   "a check past the slot claimed: %s", e.message);
         }
     }
@@ -2671,8 +2707,9 @@ static void t_ring_fill(void) {
     wh_batch_stats_t bs;
     void *data = NULL;
     int slot = -1;
-    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == 0 &&
-                !heap,
+    uint64_t seal = 0;
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &seal, &bs, &rf, &e) &&
+                slot == 0 && !heap,
             "fill: %s", e.message);
     const char *base = data;
     wh_ring_check_t ck[6];
@@ -2697,19 +2734,27 @@ static void t_ring_fill(void) {
     }
     int64_t ver, seq;
     REQUIRE(wh_ring_stamp(r, 0, &ver, &seq, &e), "stamp: %s", e.message);
-    REQUIRE(wh_ring_claim(r, 0, ver, seq, (int64_t)getpid(), b.size, ck, 6, 6, &held, &e),
+    /* the seal holds those checks, then the extras' */
+    const wh_ring_check_t *table =
+        (const wh_ring_check_t *)(base + WH_ALIGN_UP(b.size) + 8 * WH_RING_SEAL_WORDS);
+    CHECK(memcmp(table, ck, sizeof ck) == 0 && table[6].off == b.pad_off &&
+              table[6].hash == XXH3_64bits(base + b.pad_off, b.size - b.pad_off),
+          "the seal's row table");
+    REQUIRE(wh_ring_claim(r, 0, ver, seq, (int64_t)getpid(), b.size, seal, 7, WH_RING_CHECK_ROWS,
+                          &held, &e),
             "claim: %s", e.message);
     /* the one slot is held: heap memory */
-    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && slot == -1 &&
-                heap && data == heap->data,
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &seal, &bs, &rf, &e) &&
+                slot == -1 && heap && data == heap->data,
             "fill with every slot held: %s", e.message);
     wh_buf_unref(heap);
     heap = NULL;
     wh_buf_unref(held);
     held = NULL;
     pos[1] = 3; /* id 1: 9 int32, not 8 */
-    CHECK(!wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &bs, &rf, &e) && bs.mismatch &&
-              bs.mismatch_pos == 3 && !rf && strstr(e.message, "field 'data'") && slot == -1,
+    CHECK(!wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &seal, &bs, &rf, &e) &&
+              bs.mismatch && bs.mismatch_pos == 3 && !rf && strstr(e.message, "field 'data'") &&
+              slot == -1,
           "a row of another shape: %s", e.message);
     int64_t owner = -1;
     CHECK(wh_ring_word(r, 0, WH_RING_OWNER, &owner, &e) && owner == 0,

@@ -116,6 +116,7 @@ def test_package_holds_no_store_logic():
     ("SWAP_CAP: 4\nSAMPLE: [a]\nPORT: http\n", "PORT", "'http'"),
     ("SWAP_CAP: 4\nSAMPLE: [a]\nREAD_TIMEOUT: soon\n", "READ_TIMEOUT", "'soon'"),
     ("SWAP_CAP: 4\nSAMPLE: [a]\nSELF_SEAL: maybe\n", "SELF_SEAL", "'maybe'"),
+    ("SWAP_CAP: 4\nSAMPLE: [a]\nHANDOVER_CHECK: all\n", "HANDOVER_CHECK", "'all'"),
     ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://'\n", "STORE", "'shm://'"),
     ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://a/b'\n", "STORE", "'shm://a/b'"),
     ("SWAP_CAP: 4\nSAMPLE: [a]\nSTORE: 'shm://a b'\n", "STORE", "'shm://a b'"),

@@ -9,9 +9,9 @@ DataLoader starts. Each scenario runs in a child in a private mount
 namespace on a fresh tmpfs at /dev/shm (mode 1777, as /dev/shm is), so the
 host's /dev/shm is never touched: the run must refuse with an error naming
 the path, and neither the link's target nor the planted file may change.
-A truncated ring file or garbage in a slot must be an error naming the
-file, never a SIGBUS (a child killed by a signal fails the test) and never
-data."""
+A truncated ring file, or garbage in a slot's seal or extras (in its rows
+too with HANDOVER_CHECK: rows), must be an error naming the file, never a
+SIGBUS (a child killed by a signal fails the test) and never data."""
 import gc
 import json
 import os
@@ -100,9 +100,29 @@ def test_truncated_control_file_is_an_error_naming_it():
 
 
 def test_garbage_in_a_slot_is_an_error_naming_it_not_data():
-    got = child("garbage", private=False)
+    """HANDOVER_CHECK: rows re-hashes every row at hand-over: a row changed
+    after its worker filled it is refused."""
+    got = child("garbage-rows", private=False)
     assert got["path"] in got["error"] and "XXH3" in got["error"]
     assert got["other_ok"] and got["slot_free"]
+
+
+def test_garbage_in_a_slots_seal_is_an_error_by_default():
+    """The default hand-over check reads the slot's seal (header and row
+    table, against the handle's XXH3 of it): damage there is refused."""
+    for what in ("garbage-seal", "garbage-seal-header"):
+        got = child(what, private=False)
+        assert got["path"] in got["error"] and "does not hold the batch" in got["error"], got
+        assert got["other_ok"] and got["slot_free"]
+
+
+def test_garbage_in_a_row_passes_the_default_check():
+    """What the default trades for one pass per byte (docs/guarantees.md):
+    a row changed in the slot after its worker's checked copy is not read
+    again at hand-over, so the change comes through."""
+    got = child("garbage", private=False)
+    assert got["error"] == "no error" and got["garbage_seen"], got
+    assert got["other_ok"]
 
 
 def test_garbage_in_a_batchs_extras_is_an_error_too():
@@ -288,6 +308,8 @@ def _damage_case(what):
     cfg = _cfg()
     if what == "garbage-unverified":
         cfg["VERIFY_READS"] = False
+    if what == "garbage-rows":
+        cfg["HANDOVER_CHECK"] = "rows"
     try:
         return _damaged(what, cfg)
     finally:
@@ -346,10 +368,14 @@ def _damaged(what, cfg):
         os.truncate(path, 0)
         exc = OSError
     else:  # garbage: another process of this user, or a bug, wrote into the slot
+        seal = (args[12] + 63) // 64 * 64  # after the batch: 8 header words, the row table
+        # in a row, in the extras after the rows (is_pad, generation, ...), in
+        # the seal's row table (the first row's stored XXH3) or its header (pid)
+        at, n = {"garbage-tail": (args[12] - 8, 8), "garbage-seal": (seal + 64 + 16, 8),
+                 "garbage-seal-header": (seal + 8, 8)}.get(what, (100, 64))
         with open(path, "r+b") as f:
-            # in a row, or in the extras after the rows (is_pad, generation, ...)
-            f.seek(args[12] - 8 if what == "garbage-tail" else 100)
-            f.write(b"\xa5" * (8 if what == "garbage-tail" else 64))
+            f.seek(at)
+            f.write(b"\xa5" * n)
         exc = RuntimeError
     out = {"path": path}
     try:
