@@ -550,6 +550,17 @@ assert st["h2d_bytes"] > 0 and st["copies"] == len(cpu), st
 moved = list(wt.to_device(torch.utils.data.DataLoader(torch.arange(12.0).reshape(6, 2),
                                                       batch_size=4), "cuda"))
 assert torch.equal(torch.cat(moved).cpu(), torch.arange(12.0).reshape(6, 2))
+# the registered path: 256 KiB rows copied straight from the store
+big = json.loads(sys.argv[2])
+cpu = [b["data"] for b in wt.WireheadLoader(config=big, batch_size=4, shuffle=False,
+                                            fields=["data"])]
+gpu = wt.WireheadLoader(config=big, batch_size=4, shuffle=False, fields=["data"], device="cuda")
+for epoch in range(2):
+    got = [b["data"].clone() for b in gpu]
+    assert all(torch.equal(c, g.cpu()) for c, g in zip(cpu, got)) and len(got) == len(cpu)
+st = gpu.stats()
+assert st["path"] == "registered" and st["host_copy_bytes"] == 0, st
+gpu.close()
 print("ok", st["h2d_bytes"])
 """
 
@@ -561,9 +572,10 @@ def test_real_gpu_loader_and_to_device(shm_cfg):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
     cfg = fill(shm_cfg(swap_cap=N))
+    big = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     e = whlib.env_for_child()
     e.pop("WIREHEAD_CUDA_LIB", None)  # the real runtime, as torch loaded it
-    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg)], env=e,
+    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg), json.dumps(big)], env=e,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
 
@@ -737,7 +749,9 @@ def test_registered_again_after_the_store_is_made_again(fake, shm_cfg):
     ld = loader._loader()
     stream = fake.new_stream()
     before = (fake.counter("registers"), fake.counter("unregisters"))
-    assert counters_of(read_epoch(fake, ld, 0, stream)) == [0, 1, 2, 3]
+    got = read_epoch(fake, ld, 0, stream)
+    fake.lib.fake_drain_all()
+    assert counters_of(got) == [0, 1, 2, 3]
     wt.clean(cfg)
     fill_big(cfg, n=4, tag=6)  # a new segment under the same name
     import time
