@@ -67,6 +67,7 @@ struct wh_store {
     uint64_t gp_gen;    /* wh_store_gen_params' last answer, for gp_gen */
     wh_gen_params_t gp;
     struct wh_pfile *pfile; /* shm: the params side file, mapped (wh_pfile.c) */
+    bool dma_views;         /* views held for a device copy (wh_store_set_dma_views) */
 };
 
 /* The protocol's shared error texts: every backend reports these cases

@@ -178,6 +178,36 @@ static void wh__fill_ignore(const wh_batch_fill_t *rq, const wh_batch_t *b, char
     }
 }
 
+/* A row of the registered path: a view of the sample (held in
+ * rq->views[i] for the device copy), large fields left in the store and
+ * small ones gathered into the memory. */
+static bool wh__view_row(const wh_batch_fill_t *rq, wh__bfill_t *c, wh_read_at_t *at,
+                         wh_sample_meta_t *meta, wh_err_t *err) {
+    uint32_t i = c->i;
+    wh_buf_t *v = NULL;
+    if (!wh_store_view_sample(rq->st, at, rq->timeout_s, rq->stop, &v, meta, err)) return false;
+    rq->views[i] = v;
+    void *dst[WH_MAX_FIELDS] = {0};
+    if (!wh__bdest(c, meta, dst, err)) return false;
+    wh_batch_t *b = c->b;
+    if (i == 0)
+        for (int f = 0; f < meta->nfields; f++)
+            if ((rq->want & (1u << f)) && !(rq->ignore_fields & (1u << f)) &&
+                meta->f[f].nbytes >= rq->direct_min)
+                b->direct |= 1u << f;
+    for (int f = 0; f < meta->nfields; f++) {
+        if (!(rq->want & (1u << f))) continue;
+        const char *from = (const char *)v->data + meta->f[f].offset;
+        if (b->direct & (1u << f)) {
+            rq->src[(uint64_t)i * WH_MAX_FIELDS + f] = from;
+        } else {
+            memcpy(dst[f], from, meta->f[f].nbytes);
+            c->stats->host_bytes += meta->f[f].nbytes;
+        }
+    }
+    return true;
+}
+
 bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
                    wh_batch_stats_t *stats, wh_err_t *err) {
     memset(stats, 0, sizeof *stats);
@@ -186,6 +216,9 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
     if (rq->n < 1) return wh_err_set(err, WH_E_INVALID, "a batch needs at least one row");
     wh_read_at_t at;
     wh__bfill_t c = {rq, b, stats, NULL, 0, &at};
+    b->direct = 0;
+    b->src = rq->views ? rq->src : NULL;
+    b->views = rq->views;
     for (uint32_t i = 0; i < rq->n; i++) {
         bool pad;
         memset(&at, 0, sizeof at);
@@ -194,8 +227,12 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
         rq->at(rq->at_ctx, i, &at.pos, &pad);
         c.i = i;
         wh_sample_meta_t meta;
-        bool ok =
-            wh_store_read_sample(rq->st, &at, rq->timeout_s, rq->stop, wh__bdest, &c, &meta, err);
+        bool ok = rq->views ? wh__view_row(rq, &c, &at, &meta, err)
+                            : wh_store_read_sample(rq->st, &at, rq->timeout_s, rq->stop, wh__bdest,
+                                                   &c, &meta, err);
+        if (ok && !rq->views)
+            for (int f = 0; f < meta.nfields; f++)
+                if (rq->want & (1u << f)) stats->host_bytes += meta.f[f].nbytes;
         stats->gone += at.gone;
         if (at.corrupt) {
             stats->corrupt += at.corrupt;

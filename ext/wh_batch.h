@@ -23,6 +23,12 @@ typedef struct {
     uint64_t pv_off;                     /* int64[n]: each sample's params version */
     uint64_t size;                       /* bytes the batch fills */
     int nfields;                         /* fields of the samples (meta[0..nfields)) */
+    /* the registered path (wh_batch_fill_t.views): with bit f of direct
+     * set, row i's field f is not in buf but at src[i * WH_MAX_FIELDS + f],
+     * inside the store view views[i], which buf's holder keeps */
+    uint32_t direct;
+    const char *const *src;
+    wh_buf_t *const *views;
 } wh_batch_t;
 
 /* Lays out b for n rows of samples like m (the wanted fields only). */
@@ -59,6 +65,14 @@ typedef struct {
     uint32_t ignore_fields;
     int64_t ignore_int;
     double ignore_float;
+    /* may be NULL: the registered path. Each row is a store view kept in
+     * views[i] (n entries, the caller's to unref; NULL where none was
+     * taken); a wanted field whose row is at least direct_min bytes (and
+     * not an ignore field) stays in the store, its address in
+     * src[i * WH_MAX_FIELDS + f]; smaller rows are copied into the memory */
+    wh_buf_t **views;
+    const char **src;
+    uint64_t direct_min;
 } wh_batch_fill_t;
 
 /* What one fill met on the way. */
@@ -66,7 +80,8 @@ typedef struct {
     uint64_t gone;    /* reads retried on a newer generation */
     uint64_t corrupt; /* samples skipped as corrupt (a neighbour stands in as padding) */
     char last_skip[WH_ERR_LEN];
-    uint64_t gen; /* the generation the last row was read from */
+    uint64_t gen;        /* the generation the last row was read from */
+    uint64_t host_bytes; /* sample bytes copied on the host */
     /* a row whose sample has another layout than the first row's: where */
     bool mismatch;
     uint64_t mismatch_gen;

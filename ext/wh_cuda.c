@@ -43,6 +43,88 @@ typedef struct {
     size_t size;
 } wh__inflight_t;
 
+/* ---- store mappings registered in place, one registration per process
+ * and mapping, shared by every stage ---- */
+
+enum {
+    WH__MAX_MAPS = 4 /* mappings one batch's rows may come from */
+};
+
+typedef struct wh__reg {
+    void *map; /* wh_store_view_map's reference: keeps the mapping mapped */
+    void *base;
+    size_t len;
+    uint32_t users; /* stages using it */
+    struct wh__reg *next;
+} wh__reg_t;
+
+static pthread_mutex_t wh__reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static wh__reg_t *wh__regs;
+static uint64_t wh__registrations;
+
+bool wh_cuda_can_register(void) { return wh_cudart.HostRegister != NULL; }
+
+/* One more user of map's registration, registering it on first use. Takes
+ * over the caller's map reference. */
+static bool wh__reg_take(void *map, const void *base, size_t len, wh_err_t *err) {
+    pthread_mutex_lock(&wh__reg_mu);
+    wh__reg_t *r = wh__regs;
+    while (r && r->map != map) r = r->next;
+    if (r) {
+        r->users++;
+        pthread_mutex_unlock(&wh__reg_mu);
+        wh_store_map_unref(map);
+        return true;
+    }
+    r = calloc(1, sizeof *r);
+    int rc = -1;
+    if (r) {
+        unsigned flags = WH_CUDA_HOST_REGISTER_PORTABLE;
+        if (wh_cuda_runtime_version() >= WH_CUDA_READ_ONLY_VERSION)
+            flags |= WH_CUDA_HOST_REGISTER_READ_ONLY; /* the store's mapping is read-only */
+        rc = wh_cudart.HostRegister((void *)base, len, flags);
+    }
+    if (rc != WH_CUDA_SUCCESS) {
+        pthread_mutex_unlock(&wh__reg_mu);
+        free(r);
+        wh_store_map_unref(map);
+        if (rc == -1) return wh_err_set(err, WH_E_SYS, "out of memory");
+        return wh_err_set(err, WH_E_CUDA,
+                          "cudaHostRegister of the store's %zu-byte mapping was refused: %s "
+                          "(error %d; the locked-memory limit, ulimit -l / RLIMIT_MEMLOCK, may "
+                          "be below the store's size)",
+                          len, wh_cudart_str(rc), rc);
+    }
+    r->map = map;
+    r->base = (void *)base;
+    r->len = len;
+    r->users = 1;
+    r->next = wh__regs;
+    wh__regs = r;
+    wh__registrations++;
+    pthread_mutex_unlock(&wh__reg_mu);
+    return true;
+}
+
+/* One user fewer; the last unregisters (no copy from it may be pending). */
+static void wh__reg_drop(void *map) {
+    pthread_mutex_lock(&wh__reg_mu);
+    wh__reg_t **rr = &wh__regs;
+    while (*rr && (*rr)->map != map) rr = &(*rr)->next;
+    wh__reg_t *r = *rr;
+    if (r && --r->users == 0) {
+        *rr = r->next;
+        wh_cudart.HostUnregister(r->base);
+    } else {
+        r = NULL;
+    }
+    pthread_mutex_unlock(&wh__reg_mu);
+    if (r) {
+        wh_store_map_unref(r->map);
+        free(r);
+    }
+}
+
 struct wh_gpu {
     uint64_t refs; /* 1 for the owner, 1 per busy buffer */
     int device;
@@ -53,7 +135,19 @@ struct wh_gpu {
     wh__inflight_t *inflight; /* FIFO in issue order (one stream: completes in order) */
     size_t ninflight, capinflight;
     wh_gpu_stats_t stats;
+    void *maps[WH__MAX_MAPS]; /* registrations this stage uses */
+    int nmaps;
 };
+
+/* Stops using the registrations in maps[0, n): after every copy queued on
+ * the stage's stream (some may read them) has completed. */
+static void wh__maps_drop(wh_gpu_t *g, void **maps, int n) {
+    if (!n) return;
+    int prev = wh_cudart_enter(g->device);
+    wh_cudart.StreamSynchronize(g->stream);
+    wh_cudart_leave(g->device, prev);
+    for (int i = 0; i < n; i++) wh__reg_drop(maps[i]);
+}
 
 static void wh__gpu_free(wh_gpu_t *g) {
     int prev = wh_cudart_enter(g->device);
@@ -125,6 +219,8 @@ void wh_gpu_destroy(wh_gpu_t *g) {
         wh_buf_unref(&fl[i].dev->p.buf);
     }
     free(fl);
+    wh__maps_drop(g, g->maps, g->nmaps);
+    g->nmaps = 0;
     wh__gpu_unref(g);
 }
 
@@ -253,7 +349,41 @@ static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
     return d;
 }
 
-wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
+/* The copies of one batch on the stage's stream (device entered): the
+ * direct fields row by row from the store, everything between them from
+ * host in one copy per run; b NULL: host[0, size) in one copy. */
+static int wh__issue(wh_gpu_t *g, char *dev, const wh_buf_t *host, size_t size,
+                     const wh_batch_t *b) {
+    const char *h = host->data;
+    if (!b || !b->direct) {
+        g->stats.copies++;
+        return wh_cudart.MemcpyAsync(dev, h, size, WH_CUDA_MEMCPY_H2D, g->stream);
+    }
+    uint64_t at = 0;
+    int rc = WH_CUDA_SUCCESS;
+    for (int f = 0; f < WH_MAX_FIELDS && rc == WH_CUDA_SUCCESS; f++) {
+        if (!(b->direct & (1u << f))) continue;
+        uint64_t nb = b->meta[f].nbytes;
+        if (b->off[f] > at) {
+            rc = wh_cudart.MemcpyAsync(dev + at, h + at, b->off[f] - at, WH_CUDA_MEMCPY_H2D,
+                                       g->stream);
+            g->stats.copies++;
+        }
+        for (uint32_t i = 0; i < b->n && rc == WH_CUDA_SUCCESS; i++, g->stats.copies++)
+            rc = wh_cudart.MemcpyAsync(dev + b->off[f] + i * nb,
+                                       b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb,
+                                       WH_CUDA_MEMCPY_H2D, g->stream);
+        at = b->off[f] + b->n * nb;
+    }
+    if (rc == WH_CUDA_SUCCESS && size > at) {
+        rc = wh_cudart.MemcpyAsync(dev + at, h + at, size - at, WH_CUDA_MEMCPY_H2D, g->stream);
+        g->stats.copies++;
+    }
+    return rc;
+}
+
+static wh_buf_t *wh__copy(wh_gpu_t *g, wh_buf_t *host, size_t size, const wh_batch_t *b,
+                          wh_err_t *err) {
     if (size > host->size)
         return wh_err_set(err, WH_E_INVALID, "copy of %zu bytes from a %zu-byte buffer", size,
                           host->size),
@@ -280,9 +410,7 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
         for (int i = 0; i < d->ncons && rc == WH_CUDA_SUCCESS; i++)
             rc = wh_cudart.StreamWaitEvent(g->stream, d->cons_ev[i], 0);
         if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventRecord(d->start_ev, g->stream);
-        if (rc == WH_CUDA_SUCCESS)
-            rc = wh_cudart.MemcpyAsync(d->p.buf.data, host->data, size, WH_CUDA_MEMCPY_H2D,
-                                       g->stream);
+        if (rc == WH_CUDA_SUCCESS) rc = wh__issue(g, d->p.buf.data, host, size, b);
         if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventRecord(d->copy_ev, g->stream);
         if (rc != WH_CUDA_SUCCESS) {
             ok = wh_cudart_fail(err, rc, "the host-to-device copy (cudaMemcpyAsync)");
@@ -296,7 +424,6 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
         __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
         wh_buf_ref(host);
         g->inflight[g->ninflight++] = (wh__inflight_t){host, d, size};
-        g->stats.copies++;
         g->stats.h2d_bytes += size;
     }
     wh_cudart_leave(g->device, prev);
@@ -304,11 +431,108 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
     return d ? &d->p.buf : NULL;
 }
 
+wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err) {
+    return wh__copy(g, host, size, NULL, err);
+}
+
+void wh_gpu_set_staged(wh_gpu_t *g, const char *why) {
+    pthread_mutex_lock(&g->mu);
+    snprintf(g->stats.staged_why, sizeof g->stats.staged_why, "%s", why);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The registrations b's rows need, taken before its copies are queued;
+ * those the stage used before and b does not are dropped. */
+static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
+    void *want[WH__MAX_MAPS];
+    const void *base[WH__MAX_MAPS];
+    size_t len[WH__MAX_MAPS];
+    int n = 0;
+    bool ok = true;
+    for (uint32_t i = 0; i < b->n && ok; i++) {
+        const void *bs;
+        size_t ln;
+        void *m = wh_store_view_map(b->views[i], &bs, &ln);
+        if (!m) {
+            ok = wh_err_set(err, WH_E_INVALID, "row %u of the batch is not a store view", i);
+            break;
+        }
+        int k = 0;
+        while (k < n && want[k] != m) k++;
+        if (k < n || n == WH__MAX_MAPS) {
+            wh_store_map_unref(m);
+            if (k == n) ok = wh_err_set(err, WH_E_INVALID, "a batch's rows span too many mappings");
+            continue;
+        }
+        want[n] = m;
+        base[n] = bs;
+        len[n++] = ln;
+    }
+    /* new registrations first, then let go of the old */
+    void *keep[WH__MAX_MAPS], *gone[WH__MAX_MAPS];
+    int nkeep = 0, ngone = 0;
+    for (int k = 0; k < n; k++) {
+        int j = 0;
+        while (j < g->nmaps && g->maps[j] != want[k]) j++;
+        if (j < g->nmaps) {
+            wh_store_map_unref(want[k]); /* already a user */
+            keep[nkeep++] = want[k];
+        } else if (!ok) {
+            wh_store_map_unref(want[k]);
+        } else if (wh__reg_take(want[k], base[k], len[k], err)) {
+            keep[nkeep++] = want[k];
+        } else {
+            ok = false;
+        }
+    }
+    for (int j = 0; j < g->nmaps; j++) {
+        int k = 0;
+        while (k < nkeep && keep[k] != g->maps[j]) k++;
+        if (k == nkeep) gone[ngone++] = g->maps[j];
+    }
+    memcpy(g->maps, keep, (size_t)nkeep * sizeof *keep);
+    g->nmaps = nkeep;
+    wh__maps_drop(g, gone, ngone);
+    return ok;
+}
+
+wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_err_t *err) {
+    *refused = false;
+    if (!b->direct) return wh__copy(g, b->buf, b->buf->size, NULL, err);
+    wh_err_t e = {0};
+    if (!wh__maps_for(g, b, &e)) {
+        if (e.code != WH_E_CUDA) {
+            if (err) *err = e;
+            return NULL;
+        }
+        /* refused: these rows go the staged way, and so do later batches */
+        *refused = true;
+        wh_gpu_set_staged(g, e.message);
+        uint64_t moved = 0;
+        for (int f = 0; f < WH_MAX_FIELDS; f++) {
+            if (!(b->direct & (1u << f))) continue;
+            uint64_t nb = b->meta[f].nbytes;
+            for (uint32_t i = 0; i < b->n; i++)
+                memcpy((char *)b->buf->data + b->off[f] + i * nb,
+                       b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb);
+            moved += b->n * nb;
+        }
+        pthread_mutex_lock(&g->mu);
+        g->stats.host_copy_bytes += moved;
+        pthread_mutex_unlock(&g->mu);
+        return wh__copy(g, b->buf, b->buf->size, NULL, err);
+    }
+    return wh__copy(g, b->buf, b->buf->size, b, err);
+}
+
 void wh_gpu_stats(wh_gpu_t *g, wh_gpu_stats_t *out) {
     wh_gpu_poll(g);
     pthread_mutex_lock(&g->mu);
     *out = g->stats;
     pthread_mutex_unlock(&g->mu);
+    pthread_mutex_lock(&wh__reg_mu);
+    out->registrations = wh__registrations;
+    pthread_mutex_unlock(&wh__reg_mu);
 }
 
 static bool wh__stream_ok(intptr_t stream, wh_err_t *err) {
@@ -440,8 +664,10 @@ bool wh_gpu_feed_next(wh_gpu_feed_t *f, unsigned wait_ms, wh_batch_t *out, bool 
         bool pad = false;
         const char *flags = (const char *)b.buf->data + b.pad_off;
         for (uint32_t i = 0; i < b.n; i++) pad |= flags[i] != 0;
-        wh_buf_t *dev = wh_gpu_copy(f->g, b.buf, b.buf->size, err);
-        wh_buf_unref(b.buf); /* the stage holds it until the copy's event */
+        bool refused = false;
+        wh_buf_t *dev = wh_gpu_copy_batch(f->g, &b, &refused, err);
+        if (refused) wh_loader_stage_all(f->ld);
+        wh_buf_unref(b.buf); /* the stage holds it (and its rows' views) until the copy's event */
         if (!dev) {
             wh_gpu_feed_reset(f);
             return wh_err_prefix(err, "batch %llu", (unsigned long long)b.index);

@@ -85,6 +85,10 @@ static bool wh__load(wh_err_t *err) {
                               "libcudart (need CUDA 11.0 or newer)",
                               wh__cu_name, syms[i].name);
     }
+    /* optional: without them the loader stages batches in page-locked memory */
+    api.HostRegister = (int (*)(void *, size_t, unsigned))dlsym(h, "cudaHostRegister");
+    api.HostUnregister = (int (*)(void *))dlsym(h, "cudaHostUnregister");
+    if (!api.HostUnregister) api.HostRegister = NULL;
     int v = 0;
     if (api.RuntimeGetVersion(&v) != WH_CUDA_SUCCESS || v < WH_CUDA_MIN_VERSION)
         return wh_err_set(err, WH_E_CUDA,

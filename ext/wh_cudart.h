@@ -19,6 +19,9 @@ enum {
     WH_CUDA_STREAM_NON_BLOCKING = 1,
     WH_CUDA_EVENT_DEFAULT = 0,
     WH_CUDA_HOST_ALLOC_PORTABLE = 1,
+    WH_CUDA_HOST_REGISTER_PORTABLE = 1,
+    WH_CUDA_HOST_REGISTER_READ_ONLY = 8, /* CUDA 11.1+: read-only mappings */
+    WH_CUDA_READ_ONLY_VERSION = 11010,
     WH_CUDA_MIN_VERSION = 11000, /* CUDA 11.0 */
 };
 
@@ -44,6 +47,9 @@ typedef struct {
     int (*EventQuery)(wh_cevent_t);
     int (*EventSynchronize)(wh_cevent_t);
     int (*EventElapsedTime)(float *, wh_cevent_t, wh_cevent_t);
+    /* optional (NULL where the runtime lacks them): page-locking memory in place */
+    int (*HostRegister)(void *, size_t, unsigned);
+    int (*HostUnregister)(void *);
 } wh_cudart_api_t;
 
 /* The runtime's functions; filled by the first successful wh_cuda_init and

@@ -31,6 +31,11 @@ typedef struct wh__lslot {
     bool failed;
     wh_err_t err;
     wh_batch_t b;
+    /* the registered path: the rows' store views, held until the slot is
+     * free again (after the device copy from them) */
+    wh_buf_t **views;
+    const char **src;
+    uint32_t nviews;
 } wh__lslot_t;
 
 struct wh_loader {
@@ -54,7 +59,16 @@ struct wh_loader {
     uint32_t nslots, cap_slots;
     wh_store_t *main_store;
     wh_loader_stats_t stats;
+    bool direct; /* atomic: fill for the registered path */
 };
+
+/* Lets go of a slot's store views (their pins). */
+static void wh__slot_views_drop(wh__lslot_t *s) {
+    for (uint32_t i = 0; i < s->nviews; i++) {
+        wh_buf_unref(s->views[i]);
+        s->views[i] = NULL;
+    }
+}
 
 static void *wh__default_alloc(void *ctx, size_t size) {
     (void)ctx;
@@ -74,6 +88,9 @@ static void wh__loader_free(wh_loader_t *ld) {
     for (uint32_t i = 0; i < ld->nslots; i++) {
         wh__lslot_t *s = ld->slots[i];
         if (s->buf.data) ld->cfg.alloc.free(ld->cfg.alloc.ctx, s->buf.data, s->cap);
+        wh__slot_views_drop(s);
+        free(s->views);
+        free(s->src);
         free(s);
     }
     free(ld->slots);
@@ -96,6 +113,7 @@ static void wh__loader_unref(wh_loader_t *ld) {
 static void wh__slot_release(wh_buf_t *b) {
     wh__lslot_t *s = (wh__lslot_t *)b;
     wh_loader_t *ld = s->ld;
+    wh__slot_views_drop(s); /* the slot is the releaser's alone until FREE */
     pthread_mutex_lock(&ld->mu);
     s->state = WH__FREE;
     s->buf.refs = 1;
@@ -115,6 +133,17 @@ static wh__lslot_t *wh__slot_add(wh_loader_t *ld) {
     }
     wh__lslot_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
+    if (ld->cfg.direct_min) {
+        s->nviews = ld->cfg.batch;
+        s->views = calloc(s->nviews, sizeof *s->views);
+        s->src = calloc((size_t)s->nviews * WH_MAX_FIELDS, sizeof *s->src);
+        if (!s->views || !s->src) {
+            free(s->views);
+            free(s->src);
+            free(s);
+            return NULL;
+        }
+    }
     s->ld = ld;
     s->buf.refs = 1;
     s->buf.device_type = 1;
@@ -178,11 +207,19 @@ static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t i
                           .at_ctx = &pc,
                           .mem = wh__slot_mem,
                           .mem_ctx = s};
+    wh__slot_views_drop(s);
+    if (s->views && __atomic_load_n(&ld->direct, __ATOMIC_ACQUIRE)) {
+        rq.views = s->views;
+        rq.src = s->src;
+        rq.direct_min = ld->cfg.direct_min;
+    }
     wh_batch_stats_t bs;
     void *data;
     bool ok = wh_batch_fill(&rq, gen, &s->b, &data, &bs, err);
     s->b.index = index;
     if (bs.gone) __atomic_fetch_add(&ld->stats.gone, bs.gone, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ld->stats.host_bytes, bs.host_bytes, __ATOMIC_RELAXED);
+    if (!ok) wh__slot_views_drop(s);
     if (bs.corrupt || bs.gen > gen) {
         pthread_mutex_lock(&ld->mu);
         ld->stats.corrupt += bs.corrupt;
@@ -199,6 +236,7 @@ static void *wh__worker(void *arg) {
     wh_loader_t *ld = arg;
     wh_err_t err = {0};
     wh_store_t *st = wh_store_open(&ld->cfg.store, &err);
+    if (st && ld->cfg.direct_min) wh_store_set_dma_views(st, true);
     pthread_mutex_lock(&ld->mu);
     if (!st) {
         if (!ld->fatal) {
@@ -224,6 +262,7 @@ static void *wh__worker(void *arg) {
         bool ok = wh__fill(ld, st, s, index, gen, &perm, &e);
         pthread_mutex_lock(&ld->mu);
         if (s->epoch_id != ld->epoch_id) {
+            wh__slot_views_drop(s);
             s->state = WH__FREE; /* the epoch was restarted meanwhile */
             pthread_cond_broadcast(&ld->work_cv);
         } else {
@@ -276,6 +315,7 @@ wh_loader_t *wh_loader_new(const wh_loader_config_t *cfg, wh_err_t *err) {
     ld->steps = wh_plan_steps(&ld->cfg.plan);
     ld->nbatches =
         cfg->drop_last ? ld->steps / cfg->batch : (ld->steps + cfg->batch - 1) / cfg->batch;
+    ld->direct = cfg->direct_min > 0;
     ld->main_store = wh_store_open(&ld->cfg.store, err);
     if (!ld->main_store) {
         wh__loader_free(ld);
@@ -324,7 +364,10 @@ bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint
     ld->gen = ld->start_gen = gen;
     ld->active = true;
     for (uint32_t i = 0; i < ld->nslots; i++)
-        if (ld->slots[i]->state == WH__READY) ld->slots[i]->state = WH__FREE;
+        if (ld->slots[i]->state == WH__READY) {
+            wh__slot_views_drop(ld->slots[i]);
+            ld->slots[i]->state = WH__FREE;
+        }
     pthread_cond_broadcast(&ld->work_cv);
     pthread_mutex_unlock(&ld->mu);
     return true;
@@ -365,6 +408,7 @@ bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *do
         if (ready) {
             ld->next_deliver++;
             if (ready->failed) {
+                wh__slot_views_drop(ready);
                 ready->state = WH__FREE;
                 if (err) *err = ready->err;
                 ld->active = false; /* the epoch cannot go on past a failed batch */
@@ -399,7 +443,13 @@ void wh_loader_stats(wh_loader_t *ld, wh_loader_stats_t *out) {
     *out = ld->stats;
     out->items = __atomic_load_n(&ld->stats.items, __ATOMIC_RELAXED);
     out->gone = __atomic_load_n(&ld->stats.gone, __ATOMIC_RELAXED);
+    out->host_bytes = __atomic_load_n(&ld->stats.host_bytes, __ATOMIC_RELAXED);
+    out->direct = __atomic_load_n(&ld->direct, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&ld->mu);
+}
+
+void wh_loader_stage_all(wh_loader_t *ld) {
+    __atomic_store_n(&ld->direct, false, __ATOMIC_RELEASE);
 }
 
 void wh_loader_destroy(wh_loader_t *ld) {

@@ -38,6 +38,11 @@ typedef struct {
     int refresh;          /* WH_REFRESH_* */
     double timeout_s;     /* wait for the first generation */
     wh_allocator_t alloc; /* zero: aligned heap memory */
+    /* > 0: the registered path. Rows are store views held by the batch
+     * (wh_batch_t.src/views) until its buffer is released; fields of rows
+     * at least this many bytes stay in the store for a device copy, smaller
+     * ones are gathered into the batch buffer. 0: every row copied. */
+    uint64_t direct_min;
 } wh_loader_config_t;
 
 /* A delivered batch (wh_batch_t) holds one reference to its buf for the
@@ -51,6 +56,10 @@ typedef struct {
     uint64_t wait_ns; /* time the consumer waited for a batch */
     uint32_t ring;    /* ring buffers allocated */
     char last_skip[WH_ERR_LEN];
+    /* sample bytes copied on the host */
+    uint64_t host_bytes;
+    /* batches are still filled for the registered path */
+    bool direct;
 } wh_loader_stats_t;
 
 /* New loader; starts its threads. Owned by the caller: wh_loader_destroy.
@@ -72,6 +81,8 @@ bool wh_loader_next(wh_loader_t *ld, unsigned wait_ms, wh_batch_t *out, bool *do
 /* The generation the epoch started on. */
 uint64_t wh_loader_generation(const wh_loader_t *ld);
 void wh_loader_stats(wh_loader_t *ld, wh_loader_stats_t *out);
+/* Fills later batches by copying (the registered path was refused). */
+void wh_loader_stage_all(wh_loader_t *ld);
 /* Stops the threads and drops the loader's reference; buffers still held by
  * exported tensors stay valid until released. NULL is a no-op. */
 void wh_loader_destroy(wh_loader_t *ld);

@@ -23,11 +23,13 @@ int wh_py_gpu_stats_into(PyObject *d, wh_gpu_t *g) {
     wh_gpu_stats_t st;
     Py_BEGIN_ALLOW_THREADS wh_gpu_stats(g, &st);
     Py_END_ALLOW_THREADS PyObject *x = Py_BuildValue(
-        "{sKsKsdsKsdsKsIsIsK}", "copies", (unsigned long long)st.copies, "h2d_bytes",
+        "{sKsKsdsKsdsKsIsIsKsKsKss}", "copies", (unsigned long long)st.copies, "h2d_bytes",
         (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
         (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
         "stream_waits", (unsigned long long)st.stream_waits, "device_buffers", st.device_bufs,
-        "pinned_buffers", st.pinned_bufs, "device_bytes", (unsigned long long)st.device_bytes);
+        "pinned_buffers", st.pinned_bufs, "device_bytes", (unsigned long long)st.device_bytes,
+        "host_copy_bytes", (unsigned long long)st.host_copy_bytes, "registrations",
+        (unsigned long long)st.registrations, "staged_why", st.staged_why);
     if (!x) return -1;
     int r = PyDict_Update(d, x);
     Py_DECREF(x);

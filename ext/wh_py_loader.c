@@ -27,6 +27,26 @@ static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int
     lc->alloc.alloc = wh_cuda_host_alloc;
     lc->alloc.free = wh_cuda_host_free;
     lc->alloc.ctx = (void *)(intptr_t)device;
+    /* the registered path where the store is a mapping this process can
+     * register; WIREHEAD_GPU_DIRECT_MIN_ROW sets the cut-over in bytes, or
+     * "off" (to measure either path) */
+    const char *env = getenv("WIREHEAD_GPU_DIRECT_MIN_ROW");
+    char why[WH_ERR_LEN] = "";
+    if (env && !strcmp(env, "off"))
+        snprintf(why, sizeof why, "WIREHEAD_GPU_DIRECT_MIN_ROW=off");
+    else if (strncmp(lc->store.uri, "shm://", 6) != 0)
+        snprintf(why, sizeof why,
+                 "the store is mongodb:// read without LOCAL_CACHE: no mapping of it on this "
+                 "node to register");
+    else if (!wh_cuda_can_register())
+        snprintf(why, sizeof why, "the CUDA runtime %s has no cudaHostRegister",
+                 wh_cuda_lib_name());
+    if (why[0]) {
+        wh_gpu_set_staged(self->gpu, why);
+        return;
+    }
+    unsigned long long min = env && *env ? strtoull(env, NULL, 10) : 0;
+    lc->direct_min = min ? min : WH_GPU_DIRECT_MIN_ROW;
 }
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
@@ -251,6 +271,18 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
         (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9, "ring", st.ring,
         "generation", (unsigned long long)sz[2], "last_skip", st.last_skip);
     if (d && self->gpu && wh_py_gpu_stats_into(d, self->gpu) < 0) Py_CLEAR(d);
+    if (d && self->gpu) { /* which path the batches took, and the host copies */
+        PyObject *x = PyLong_FromUnsignedLongLong(st.host_bytes);
+        PyObject *hc = x ? PyDict_GetItemString(d, "host_copy_bytes") : NULL;
+        PyObject *sum = hc ? PyNumber_Add(hc, x) : NULL;
+        PyObject *path = PyUnicode_FromString(st.direct ? "registered" : "staged");
+        Py_XDECREF(x);
+        if (!sum || !path || PyDict_SetItemString(d, "host_copy_bytes", sum) < 0 ||
+            PyDict_SetItemString(d, "path", path) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(sum);
+        Py_XDECREF(path);
+    }
     return d;
 }
 

@@ -133,11 +133,16 @@ typedef struct {
 
 /* The segment's mappings, shared by the handle and every live view, so a
  * view outlives the handle that made it. */
-typedef struct {
+typedef struct wh__map {
     uint64_t refs;  /* atomic */
     void *rw;       /* the store's own read-write mapping */
     const void *ro; /* the same segment mapped read-only: views point here */
     size_t len;
+    /* the segment's file: handles of one process on one segment share one
+     * map (one mapping to register with a GPU runtime, not one per handle) */
+    dev_t dev;
+    ino_t ino;
+    struct wh__map *next;
 } wh__map_t;
 
 typedef struct {
@@ -273,8 +278,22 @@ static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
     return true;
 }
 
+/* This process's maps, each listed while referenced. */
+static pthread_mutex_t wh__maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static wh__map_t *wh__maps;
+
 static void wh__map_unref(wh__map_t *m) {
-    if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    if (!m) return;
+    pthread_mutex_lock(&wh__maps_mu);
+    bool last = __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0;
+    if (last)
+        for (wh__map_t **mm = &wh__maps; *mm; mm = &(*mm)->next)
+            if (*mm == m) {
+                *mm = m->next;
+                break;
+            }
+    pthread_mutex_unlock(&wh__maps_mu);
+    if (!last) return;
     wh_guard_munmap(m->rw, m->len);
     wh_guard_munmap((void *)m->ro, m->len);
     free(m);
@@ -491,14 +510,37 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     return true;
 }
 
-/* Hands both mappings to a shared, counted owner (the handle's reference). */
-static bool wh__share_maps(wh__shm_t *s, wh_err_t *err) {
+static void wh__unmap_partial(wh__shm_t *s);
+
+/* Hands both mappings to a shared, counted owner (the handle's reference);
+ * where this process maps the same segment already, its maps are used and
+ * the new ones let go. */
+static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
+    pthread_mutex_lock(&wh__maps_mu);
+    for (wh__map_t *m = wh__maps; m; m = m->next)
+        if (m->dev == sb->st_dev && m->ino == sb->st_ino && m->len == s->map_len) {
+            __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED); /* listed: refs > 0 */
+            pthread_mutex_unlock(&wh__maps_mu);
+            wh__unmap_partial(s);
+            s->hdr = m->rw;
+            s->ro = m->ro;
+            s->map = m;
+            return true;
+        }
     wh__map_t *m = calloc(1, sizeof *m);
-    if (!m) return wh_err_set(err, WH_E_SYS, "out of memory");
+    if (!m) {
+        pthread_mutex_unlock(&wh__maps_mu);
+        return wh_err_set(err, WH_E_SYS, "out of memory");
+    }
     m->refs = 1;
     m->rw = s->hdr;
     m->ro = s->ro;
     m->len = s->map_len;
+    m->dev = sb->st_dev;
+    m->ino = sb->st_ino;
+    m->next = wh__maps;
+    wh__maps = m;
+    pthread_mutex_unlock(&wh__maps_mu);
     s->map = m;
     return true;
 }
@@ -569,7 +611,7 @@ static bool wh__connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
     struct stat sb;
     bool ok = fstat(s->fd, &sb) == 0 ||
               wh_err_set(err, WH_E_SYS, "shm store %s: fstat: %s", s->shm_name, strerror(errno));
-    if (!ok || !wh__share_maps(s, err)) {
+    if (!ok || !wh__share_maps(s, &sb, err)) {
         wh__unmap_partial(s);
         close(s->fd);
         s->fd = -1;
@@ -1465,7 +1507,7 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     pthread_mutex_lock(&wh__pin_mu);
     bool locked = wh__lock(&sl->lock, st->cfg.lease_s, err), ok = locked;
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
-    uint64_t other = ok ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
+    uint64_t other = ok && !st->dma_views ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
     if (ok && other)
         ok = wh_err_set(err, WH_E_PINNED,
                         "this process (pid %d) still holds views of generation "
@@ -1520,6 +1562,17 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     if (meta_out) *meta_out = meta;
     return true;
 }
+
+void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len) {
+    if (!view || view->release != wh__view_release) return NULL;
+    wh__map_t *m = ((const wh__view_t *)view->owner)->map;
+    __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED);
+    *base = m->ro;
+    *len = m->len;
+    return m;
+}
+
+void wh_store_map_unref(void *map) { wh__map_unref(map); }
 
 static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;

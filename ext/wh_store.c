@@ -183,6 +183,8 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
     return st->ops->view(st, gen, pos, out, meta, err);
 }
 
+void wh_store_set_dma_views(wh_store_t *st, bool on) { st->dma_views = on; }
+
 /* One attempt of the read policy: a copy (read) or a view. */
 typedef struct {
     wh_dest_fn fn;

@@ -187,6 +187,17 @@ bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
  * this one; WH_E_INVALID on a store without views (mongodb). */
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err);
+/* Views of this handle are held only until a device copy from them has
+ * completed: like a held copy, they are outside the one-generation-per-
+ * process policy (a generation change never waits on them for longer than
+ * the copies in flight). */
+void wh_store_set_dma_views(wh_store_t *st, bool on);
+/* The read-only mapping a view points into: *base, *len, and a counted
+ * reference (wh_store_map_unref) that keeps it mapped. NULL for a buffer
+ * that is not a store view. The reference is the mapping's identity: a
+ * segment created again or grown is another mapping. */
+void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len);
+void wh_store_map_unref(void *map);
 /* The read policy above, taking a view instead of copying. */
 bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);

@@ -1,5 +1,6 @@
 """WireheadLoader: the C-native batch loader (no Python worker processes)."""
 import threading
+import warnings
 
 import torch
 
@@ -24,9 +25,12 @@ class WireheadLoader:
     only after every tensor of its batch is released. Every rank yields
     ``len(loader)`` batches per epoch (docs/design.md, "Sample order").
 
-    ``device="cuda[:N]"``: batches are assembled in page-locked memory and
-    copied ahead on a side stream; the tensors are on the device and your
-    current stream waits on their copy (docs/gpu.md)."""
+    ``device="cuda[:N]"``: samples are copied ahead on a side stream
+    straight from the store's mapping, registered with the CUDA runtime
+    (large rows), or gathered in page-locked memory (small rows, or where
+    registration is refused: a warning says why); the tensors are on the
+    device and your current stream waits on their copy. ``stats()`` says
+    which ``path`` ran and ``host_copy_bytes`` (docs/gpu.md)."""
 
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
@@ -62,6 +66,7 @@ class WireheadLoader:
         self._active = None      # (thread id, token) of the running iteration
         self._store = ProcessStore(self.cfg, local=True, min_params=self.min_params_version)
         self._pad_memo = {}  # the epoch whose padding was last reported
+        self._staged_said = False
 
     def _plan(self):
         # drop_last: whole batches only (never a padded or partial last
@@ -169,7 +174,14 @@ class WireheadLoader:
             batch["position"] = torch.from_dlpack(pos)
             batch["params_version"] = torch.from_dlpack(pvs)
             del fields, is_pad, gens, pos, pvs
-            self._skips = log_skips(ld.info(), self._skips, "WireheadLoader")
+            info = ld.info()
+            self._skips = log_skips(info, self._skips, "WireheadLoader")
+            if info.get("staged_why") and not self._staged_said:
+                self._staged_said = True  # once per loader: the reason does not change
+                warnings.warn(f"WireheadLoader(device={str(self.device)!r}): batches are staged "
+                              f"through page-locked memory (a host copy), not copied straight "
+                              f"from the store: {info['staged_why']}", RuntimeWarning,
+                              stacklevel=2)
             if self.device.type not in ("cpu", "cuda"):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
             if self.transform is not None:

@@ -49,6 +49,8 @@ class Fake:
         lib.fake_counter.argtypes = [ctypes.c_char_p]
         lib.fake_set_copy_delay_us.argtypes = [ctypes.c_long]
         lib.fake_kind.argtypes = [ctypes.c_void_p]
+        lib.fake_set_device_limit.argtypes = [ctypes.c_long]
+        lib.fake_registered_bytes.restype = ctypes.c_ulonglong
         lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
 
@@ -548,6 +550,17 @@ assert st["h2d_bytes"] > 0 and st["copies"] == len(cpu), st
 moved = list(wt.to_device(torch.utils.data.DataLoader(torch.arange(12.0).reshape(6, 2),
                                                       batch_size=4), "cuda"))
 assert torch.equal(torch.cat(moved).cpu(), torch.arange(12.0).reshape(6, 2))
+# the registered path: 256 KiB rows copied straight from the store
+big = json.loads(sys.argv[2])
+cpu = [b["data"] for b in wt.WireheadLoader(config=big, batch_size=4, shuffle=False,
+                                            fields=["data"])]
+gpu = wt.WireheadLoader(config=big, batch_size=4, shuffle=False, fields=["data"], device="cuda")
+for epoch in range(2):
+    got = [b["data"].clone() for b in gpu]
+    assert all(torch.equal(c, g.cpu()) for c, g in zip(cpu, got)) and len(got) == len(cpu)
+st = gpu.stats()
+assert st["path"] == "registered" and st["host_copy_bytes"] == 0, st
+gpu.close()
 print("ok", st["h2d_bytes"])
 """
 
@@ -559,9 +572,10 @@ def test_real_gpu_loader_and_to_device(shm_cfg):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
     cfg = fill(shm_cfg(swap_cap=N))
+    big = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     e = whlib.env_for_child()
     e.pop("WIREHEAD_CUDA_LIB", None)  # the real runtime, as torch loaded it
-    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg)], env=e,
+    r = subprocess.run([sys.executable, "-c", REAL_GPU, json.dumps(cfg), json.dumps(big)], env=e,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
 
@@ -611,3 +625,193 @@ x = np.arange(6, dtype=np.float64)
 print(a.__dlpack_device__(), a.shape, a.dtype)
 """, WIREHEAD_CUDA_LIB=fake_lib.path, FAKECUDA_DEVICES=2)
     assert out.strip() == "(2, 1) (6,) float64"
+
+
+# ---- the registered path: DMA straight from the store's mapping ----
+
+BIG = 65536  # float32 rows of 256 KiB: at the cut-over, copied from the store
+
+
+def fill_big(cfg, n=N, tag=5):
+    wt.WireheadGenerator((whlib.sample(tag, i, BIG) for i in range(n)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    return cfg
+
+
+def read_epoch(fake, ld, e, stream):
+    """Epoch e of a C loader: (fake read of data, of ids) per batch, issued on stream."""
+    ld.start(e, 0, 0)
+    got = []
+    while (b := ld.next()) is not None:
+        fields = b[0]
+        caps = [fields[0].__dlpack__(stream=stream), fields[1].__dlpack__(stream=stream)]
+        rows = tensor_of(caps[1])[4][0]
+        got.append([fake.read(stream, tensor_of(caps[0])[0], 16 * rows)[1],
+                    fake.read(stream, tensor_of(caps[1])[0], 4 * BIG * rows)[1]])
+        del caps
+    return got
+
+
+def counters_of(got):
+    out = []
+    for ids, data in got:
+        ids = np.frombuffer(ids.raw, np.int64).reshape(-1, 2)
+        data = np.frombuffer(data.raw, np.float32).reshape(len(ids), BIG)
+        out += [whlib.check_sample(i, d)[1] for i, d in zip(ids, data)]
+    return out
+
+
+def test_registered_path_copies_from_the_store_without_host_copies(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    fake.lib.fake_set_copy_delay_us(2000)  # the copy engine reads the store late
+    before = fake.counter("registers")
+    loader = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", shuffle=False,
+                               fields=["data"])
+    data = [b["data"] for b in loader]
+    want = np.stack([whlib.sample(5, i, BIG)[1] for i in range(N)])
+    assert np.array_equal(np.concatenate([d.numpy() for d in data])[:N], want)
+    st = loader.stats()
+    assert st["path"] == "registered" and st["host_copy_bytes"] == 0 and not st["staged_why"]
+    assert fake.counter("registers") == before + 1
+    assert fake.counter("registered_copies") == N + 2  # one per row, padding row included
+    assert fake.counter("pageable_copies") == 0 and fake.counter("host_syncs") == 0
+    flags = fake.lib.fake_last_register_flags()
+    assert flags & 8 and flags & 1  # read-only (CUDA >= 11.1) and portable
+    assert fake.violations() == []
+    loader.close()
+    fake.lib.fake_drain_all()
+    assert fake.lib.fake_registered_bytes() == 0  # the last user unregistered it
+
+
+def test_small_rows_are_gathered_and_counted(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    loader = wt.WireheadLoader(config=cfg, batch_size=5, device="cuda", shuffle=False)
+    assert check_batches(list(loader)) == set(range(N))
+    st = loader.stats()
+    # the 16-byte ids go with the batch buffer; the 256 KiB rows from the store
+    assert st["path"] == "registered" and st["host_copy_bytes"] == 16 * N
+    assert fake.counter("registered_copies") == N and fake.violations() == []
+    loader.close()
+
+
+def test_fake_flags_a_dma_from_unregistered_or_changed_memory(fake):
+    lib = fake.lib
+    lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+    lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                    ctypes.c_int, ctypes.c_void_p]
+    lib.cudaFree.argtypes = [ctypes.c_void_p]
+    src = np.arange(1024, dtype=np.uint8)
+    dev = ctypes.c_void_p()
+    assert lib.cudaMalloc(ctypes.byref(dev), src.nbytes) == 0
+    s = fake.new_stream()
+    assert lib.cudaHostRegister(src.ctypes.data, src.nbytes, 8) == 0
+    lib.fake_hold_copies(1)
+    assert lib.cudaMemcpyAsync(dev, src.ctypes.data, 512, 1, s) == 0
+    src[:4] = 99  # an area reclaimed and written while its DMA is pending
+    lib.fake_hold_copies(0)
+    lib.fake_drain_all()
+    assert any("changed before the copy ran" in v for v in fake.violations())
+    lib.fake_hold_copies(1)
+    assert lib.cudaMemcpyAsync(dev, src.ctypes.data, 512, 1, s) == 0
+    assert lib.cudaHostUnregister(src.ctypes.data) == 0
+    lib.fake_hold_copies(0)
+    lib.fake_drain_all()
+    v = fake.violations()
+    assert any("cudaHostUnregister" in x for x in v) and any("unregistered before" in x for x in v)
+    assert lib.cudaFree(dev) == 0
+
+
+def test_pending_dma_holds_its_generation(fake, shm_cfg):
+    # copies held: the store seals newer generations meanwhile, yet the
+    # area under the pending DMA is not reclaimed, so the bytes are exact
+    cfg = fill_big(shm_cfg(swap_cap=4, budget="2MiB"), n=4)
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               fields=["id", "data"], prefetch=1)
+    ld = loader._loader()
+    stream = fake.new_stream()
+    fake.lib.fake_hold_copies(1)
+    got = read_epoch(fake, ld, 0, stream)
+    for tag in (6, 7, 8, 9):  # four seals: every unpinned area is reused
+        fill_big(cfg, n=4, tag=tag)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    assert counters_of(got) == [0, 1, 2, 3]
+    assert fake.violations() == []
+    loader.close()
+
+
+def test_registered_again_after_the_store_is_made_again(fake, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=4, budget="2MiB"), n=4)
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               fields=["id", "data"])
+    ld = loader._loader()
+    stream = fake.new_stream()
+    before = (fake.counter("registers"), fake.counter("unregisters"))
+    got = read_epoch(fake, ld, 0, stream)
+    fake.lib.fake_drain_all()
+    assert counters_of(got) == [0, 1, 2, 3]
+    wt.clean(cfg)
+    fill_big(cfg, n=4, tag=6)  # a new segment under the same name
+    import time
+    deadline = time.monotonic() + 10
+    while True:  # the handle notices the new segment within a second
+        got = read_epoch(fake, ld, 1, stream)
+        fake.lib.fake_drain_all()
+        if np.frombuffer(got[0][0].raw, np.int64)[0] == 6 or time.monotonic() > deadline:
+            break
+    assert counters_of(got) == [0, 1, 2, 3]
+    assert np.frombuffer(got[0][0].raw, np.int64)[0] == 6
+    assert fake.counter("registers") == before[0] + 2
+    assert fake.counter("unregisters") == before[1] + 1  # the old mapping's
+    assert fake.violations() == []
+    loader.close()
+
+
+@pytest.mark.parametrize("env, says", [("FAKECUDA_REGISTER_LIMIT", "RLIMIT_MEMLOCK"),
+                                       ("FAKECUDA_NO_REGISTER", "not supported")])
+def test_refused_registration_falls_back_and_says_why_once(fake, consumer, shm_cfg,
+                                                           monkeypatch, env, says):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    monkeypatch.setenv(env, "1")
+    loader = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", shuffle=False,
+                               fields=["data"])
+    with pytest.warns(RuntimeWarning, match=says) as record:
+        for _ in range(2):
+            data = [b["data"] for b in loader]
+    assert len([w for w in record if "staged" in str(w.message)]) == 1
+    want = np.stack([whlib.sample(5, i, BIG)[1] for i in range(N)])
+    assert np.array_equal(np.concatenate([d.numpy() for d in data])[:N], want)
+    st = loader.stats()
+    assert st["path"] == "staged" and says in st["staged_why"] and st["host_copy_bytes"] > 0
+    assert fake.violations() == []
+    loader.close()
+
+
+def test_two_loaders_in_one_process_register_once(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    before = fake.counter("registers")
+    a = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", fields=["data"])
+    b = wt.WireheadLoader(config=cfg, batch_size=4, device="cuda", fields=["data"], seed=1)
+    for x, y in zip(a, b):
+        assert x["data"].shape == y["data"].shape == (4, BIG)
+    assert fake.counter("registers") == before + 1
+    assert a.stats()["registrations"] == b.stats()["registrations"]
+    a.close()
+    assert fake.lib.fake_registered_bytes() > 0  # b still uses it
+    b.close()
+    assert fake.lib.fake_registered_bytes() == 0 and fake.violations() == []
+
+
+def test_device_out_of_memory_names_the_bytes(fake, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    fake.lib.fake_set_device_limit(1 << 20)
+    try:
+        loader = wt.WireheadLoader(config=cfg, batch_size=8, device="cuda", fields=["data"])
+        with pytest.raises(wt.CudaError, match=r"cannot allocate a \d+-byte device buffer"):
+            next(iter(loader))
+        loader.close()
+    finally:
+        fake.lib.fake_set_device_limit(-1)
+    assert fake.violations() == []

@@ -10,9 +10,16 @@
  *     not completed (a consumer stream that did not wait on the copy event);
  *   - a copy overwriting device bytes that a read enqueued earlier on another
  *     stream has not done yet (device memory reused before its consumer);
- *   - cudaFree/cudaFreeHost of memory an unfinished operation uses.
+ *   - cudaFree/cudaFreeHost/cudaHostUnregister of memory an unfinished
+ *     operation uses;
+ *   - a copy from registered memory (cudaHostRegister) that was unregistered
+ *     before the copy ran (a DMA from memory no longer pinned).
+ * Registered memory is read only when its copy runs, like a DMA engine.
  * Environment: FAKECUDA_DEVICES (1), FAKECUDA_RUNTIME_VERSION (12040),
- * FAKECUDA_DRIVER_VERSION (12040; 0 = no driver), FAKECUDA_COPY_DELAY_US (0).
+ * FAKECUDA_DRIVER_VERSION (12040; 0 = no driver), FAKECUDA_COPY_DELAY_US (0),
+ * FAKECUDA_REGISTER_LIMIT (bytes that may be registered at once, like
+ * RLIMIT_MEMLOCK; unset: no limit), FAKECUDA_NO_REGISTER (1: the call is
+ * not supported).
  * Test controls: the fake_* functions at the end (ctypes). */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -34,7 +41,10 @@ enum {
     ERR_NO_DEVICE = 100,
     ERR_INVALID_DEVICE = 101,
     ERR_INVALID_HANDLE = 400,
-    ERR_NOT_READY = 600
+    ERR_NOT_READY = 600,
+    ERR_ALREADY_REGISTERED = 712,
+    ERR_HOST_NOT_REGISTERED = 713,
+    ERR_NOT_SUPPORTED = 801
 };
 
 enum {
@@ -52,7 +62,9 @@ typedef struct fop {
     char *dst;
     const char *src;
     size_t n;
-    uint64_t sum; /* checksum of a copy's source when enqueued */
+    uint64_t sum;   /* checksum of a copy's source when enqueued */
+    int registered; /* the source was registered memory when enqueued */
+    int skip;       /* its source is gone: not copied */
     struct fevent *ev;
     uint64_t seq;
     int done;
@@ -76,7 +88,8 @@ typedef struct fevent {
 typedef struct region {
     char *p;
     size_t n;
-    int device; /* 1: cudaMalloc, 0: cudaHostAlloc */
+    int device; /* 1: cudaMalloc, 0: cudaHostAlloc, 2: cudaHostRegister */
+    unsigned flags;
     struct region *next;
 } region_t;
 
@@ -84,10 +97,14 @@ static pthread_mutex_t M = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t CV = PTHREAD_COND_INITIALIZER;
 static fstream_t *all_streams, *legacy, *per_thread;
 static region_t *regions;
+static size_t registered_bytes;
+static unsigned last_register_flags;
+static long device_limit = -1; /* bytes cudaMalloc may hold; -1: no limit */
+static size_t device_used;
 static uint64_t next_op = 1, next_stream = 3;
 static long delay_us = -1;
 static int hold, gate;
-static long counters[8];
+static long counters[16];
 enum {
     C_COPIES,
     C_PAGEABLE,
@@ -95,10 +112,14 @@ enum {
     C_HOST_SYNCS,
     C_VIOLATIONS,
     C_RECORDS,
-    C_READS
+    C_READS,
+    C_REGISTERS,
+    C_UNREGISTERS,
+    C_REGISTERED_COPIES
 };
-static const char *counter_names[] = {"copies",     "pageable_copies", "stream_waits", "host_syncs",
-                                      "violations", "event_records",   "reads"};
+static const char *counter_names[] = {
+    "copies",        "pageable_copies", "stream_waits", "host_syncs",  "violations",
+    "event_records", "reads",           "registers",    "unregisters", "registered_copies"};
 #define MAXV 64
 static char violations[MAXV][256];
 /* finished ops are kept (never freed while the fake lives) so fake_op_done
@@ -166,6 +187,14 @@ static void races(fstream_t *me, fop_t *op, int kind, const char *p, size_t n, c
 
 static void check_before(fstream_t *me, fop_t *op) {
     if (op->kind == OP_COPY) {
+        region_t *r = op->registered ? find_region(op->src) : NULL;
+        if (op->registered && (!r || r->device != 2 || op->src + op->n > r->p + r->n)) {
+            violation("copy #%llu reads host memory %p that was unregistered before the copy "
+                      "ran (a DMA from memory no longer pinned)",
+                      (unsigned long long)op->id, (const void *)op->src);
+            op->skip = 1; /* the bytes may be gone: not read */
+            return;
+        }
         if (checksum(op->src, op->n) != op->sum)
             violation("the host buffer %p of copy #%llu changed before the copy ran (a slot "
                       "reused before its copy event completed)",
@@ -207,7 +236,7 @@ static void *stream_main(void *arg) {
         pthread_mutex_unlock(&M);
         if (op->kind == OP_COPY) {
             if (d > 0) usleep((useconds_t)d);
-            memcpy(op->dst, op->src, op->n);
+            if (!op->skip) memcpy(op->dst, op->src, op->n);
         } else if (op->kind == OP_READ) {
             memcpy(op->dst, op->src, op->n);
         }
@@ -303,6 +332,11 @@ API const char *cudaGetErrorString(int rc) {
     case ERR_INVALID_DEVICE: return "invalid device ordinal";
     case ERR_INVALID_HANDLE: return "invalid resource handle";
     case ERR_NOT_READY: return "device not ready";
+    case ERR_ALREADY_REGISTERED:
+        return "part or all of the requested memory range is already mapped";
+    case ERR_HOST_NOT_REGISTERED:
+        return "pointer does not correspond to a registered memory region";
+    case ERR_NOT_SUPPORTED: return "operation not supported";
     default: return "unknown error";
     }
 }
@@ -342,19 +376,77 @@ static int free_region(void *p, int device) {
                       device ? "cudaFree" : "cudaFreeHost", p, (unsigned long long)o->id, s->id);
     }
     *rr = r->next;
+    if (device == 1) device_used -= r->n;
     pthread_mutex_unlock(&M);
     free(r->p);
     free(r);
     return OK;
 }
 
-API int cudaMalloc(void **p, size_t n) { return alloc_region(p, n, 1); }
+API int cudaMalloc(void **p, size_t n) {
+    pthread_mutex_lock(&M);
+    int full = device_limit >= 0 && device_used + n > (size_t)device_limit;
+    if (!full) device_used += n;
+    pthread_mutex_unlock(&M);
+    if (full) return ERR_NOMEM;
+    return alloc_region(p, n, 1);
+}
 API int cudaFree(void *p) { return free_region(p, 1); }
 API int cudaHostAlloc(void **p, size_t n, unsigned flags) {
     (void)flags;
     return alloc_region(p, n, 0);
 }
 API int cudaFreeHost(void *p) { return free_region(p, 0); }
+
+/* Page-locks caller memory in place: a region that is not the fake's to free. */
+API int cudaHostRegister(void *p, size_t n, unsigned flags) {
+    if (env_long("FAKECUDA_NO_REGISTER", 0)) return ERR_NOT_SUPPORTED;
+    long limit = env_long("FAKECUDA_REGISTER_LIMIT", -1);
+    pthread_mutex_lock(&M);
+    if (limit >= 0 && registered_bytes + n > (size_t)limit) {
+        pthread_mutex_unlock(&M);
+        return ERR_NOMEM;
+    }
+    for (region_t *r = regions; r; r = r->next)
+        if (r->device == 2 && overlap(r->p, r->n, p, n)) {
+            pthread_mutex_unlock(&M);
+            return ERR_ALREADY_REGISTERED;
+        }
+    region_t *r = calloc(1, sizeof *r);
+    r->p = p;
+    r->n = n;
+    r->device = 2;
+    r->flags = flags;
+    r->next = regions;
+    regions = r;
+    registered_bytes += n;
+    last_register_flags = flags;
+    counters[C_REGISTERS]++;
+    pthread_mutex_unlock(&M);
+    return OK;
+}
+
+API int cudaHostUnregister(void *p) {
+    pthread_mutex_lock(&M);
+    region_t **rr = &regions;
+    while (*rr && !((*rr)->p == p && (*rr)->device == 2)) rr = &(*rr)->next;
+    if (!*rr) {
+        pthread_mutex_unlock(&M);
+        return ERR_HOST_NOT_REGISTERED;
+    }
+    region_t *r = *rr;
+    FOR_PENDING(s, o) {
+        if (o->kind == OP_COPY && overlap(o->src, o->n, r->p, r->n))
+            violation("cudaHostUnregister of %p while copy #%llu on stream %d still reads it", p,
+                      (unsigned long long)o->id, s->id);
+    }
+    *rr = r->next;
+    registered_bytes -= r->n;
+    counters[C_UNREGISTERS]++;
+    pthread_mutex_unlock(&M);
+    free(r);
+    return OK;
+}
 
 API int cudaStreamCreateWithFlags(void **out, unsigned flags) {
     (void)flags;
@@ -406,12 +498,14 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *h)
         pthread_mutex_unlock(&M);
         return !s ? ERR_INVALID_HANDLE : ERR_INVALID_VALUE;
     }
-    if (!hs || hs->device) counters[C_PAGEABLE]++;
+    if (!hs || hs->device == 1) counters[C_PAGEABLE]++;
+    if (hs && hs->device == 2) counters[C_REGISTERED_COPIES]++;
     counters[C_COPIES]++;
     fop_t *op = enqueue(s, OP_COPY);
     op->dst = dst;
     op->src = src;
     op->n = n;
+    op->registered = hs && hs->device == 2;
     op->sum = checksum(src, n);
     pthread_mutex_unlock(&M);
     return OK;
@@ -607,4 +701,27 @@ API int fake_kind(const void *p) {
     int k = r ? r->device : -1;
     pthread_mutex_unlock(&M);
     return k;
+}
+
+/* Device memory cudaMalloc may hold from now on (-1: no limit). */
+API void fake_set_device_limit(long bytes) {
+    pthread_mutex_lock(&M);
+    device_limit = bytes;
+    pthread_mutex_unlock(&M);
+}
+
+/* The flags of the last successful cudaHostRegister. */
+API unsigned fake_last_register_flags(void) {
+    pthread_mutex_lock(&M);
+    unsigned f = last_register_flags;
+    pthread_mutex_unlock(&M);
+    return f;
+}
+
+/* Bytes registered now. */
+API unsigned long long fake_registered_bytes(void) {
+    pthread_mutex_lock(&M);
+    unsigned long long n = registered_bytes;
+    pthread_mutex_unlock(&M);
+    return n;
 }
