@@ -19,7 +19,8 @@ Files, per (main process, dataset, worker k), mode 0600:
 A worker takes its region over from an earlier iteration's worker as that
 one exits (TAKEOVER_S).
 The main process removes its files when the dataset is collected or at exit;
-files of a main process that died are removed by the next ring made.
+files of a main process that died are removed by the next ring made or by
+`wirehead-torch clean`, whichever comes first.
 """
 import glob
 import os
@@ -76,20 +77,28 @@ def _alive(pid):
     return True
 
 
-def _sweep_dead():
-    """Removes ring files whose main process is gone (it was killed before
-    its clean-up ran); once per process."""
-    global _swept
-    if _swept:
-        return
-    _swept = True
+def remove_dead():
+    """Removes this user's ring files whose main process is gone (it was
+    killed before its clean-up ran); returns how many. Files of live
+    processes stay."""
+    n = 0
     for path in glob.glob(f"{DIR}/{PREFIX}*"):
         try:
             pid = int(os.path.basename(path)[len(PREFIX):].split(".", 1)[0])
             if pid > 0 and not _alive(pid) and os.lstat(path).st_uid == os.geteuid():
                 os.unlink(path)
+                n += 1
         except (ValueError, OSError):
             pass
+    return n
+
+
+def _sweep_dead():
+    """remove_dead(), once per process: the first ring made."""
+    global _swept
+    if not _swept:
+        _swept = True
+        remove_dead()
 
 
 def hand_over_checks(token, on):
