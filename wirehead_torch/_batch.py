@@ -161,8 +161,13 @@ class BatchRing:
             ring = _ring.WorkerRing(self._main_pid(in_worker), self.token,
                                     worker if in_worker else "m", self.slots)
         except _ring.RingBusy:
-            log.warning("wirehead: ring region of worker %s is used by another iteration of "
-                        "this dataset; this one sends batches the ordinary way", worker)
+            if _ring.WorkerRing.first_fallback(self._main_pid(in_worker), self.token, worker):
+                log.warning("wirehead: the ring region of worker %s was still held after %.0fs "
+                            "by another live iteration of this dataset (an earlier DataLoader "
+                            "iterator not shut down, or two iterating at once); this worker "
+                            "sends its batches the ordinary way: pickled through the "
+                            "DataLoader's queue, one more copy of every byte of every batch "
+                            "(said once per dataset and worker)", worker, _ring.TAKEOVER_S)
             ring = None
         if ring is not None:
             # its descriptor holds the region's lock: closed with the dataset

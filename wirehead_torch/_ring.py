@@ -17,11 +17,16 @@ Files, per (main process, dataset, worker k), mode 0600:
   wirehead-ring.<main pid>.<token>.w<k>             control words; the live
                                                     worker holds an flock on it
   wirehead-ring.<main pid>.<token>.w<k>.s<j>.v<v>   slot j's bytes (v grows it)
+  wirehead-ring.<main pid>.<token>.w<k>.said        the fallback was said (empty)
+A worker takes its region over from an earlier iteration's worker as that
+one exits (TAKEOVER_S).
 The main process removes its files when the dataset is collected or at exit;
-files of a main process that died are removed by the next ring made.
+files of a main process that died are removed by the next ring made or by
+`wirehead-torch clean`, whichever comes first.
 """
 import glob
 import os
+import time
 from typing import NamedTuple, Optional
 
 from . import _C
@@ -53,6 +58,13 @@ class RingBusy(Exception):
     """Another live process holds this worker's ring region."""
 
 
+# How long a worker waits for the region of an earlier iteration's worker:
+# a new epoch's DataLoader iterator starts its workers before the previous
+# iterator is shut down (Lightning, a loop that breaks early), and those
+# workers let the region go as they exit.
+TAKEOVER_S = 10.0
+
+
 def region_path(main_pid, token, worker):
     return f"{DIR}/{PREFIX}{main_pid}.{token}.w{worker}"
 
@@ -67,20 +79,28 @@ def _alive(pid):
     return True
 
 
-def _sweep_dead():
-    """Removes ring files whose main process is gone (it was killed before
-    its clean-up ran); once per process."""
-    global _swept
-    if _swept:
-        return
-    _swept = True
+def remove_dead():
+    """Removes this user's ring files whose main process is gone (it was
+    killed before its clean-up ran); returns how many. Files of live
+    processes stay."""
+    n = 0
     for path in glob.glob(f"{DIR}/{PREFIX}*"):
         try:
             pid = int(os.path.basename(path)[len(PREFIX):].split(".", 1)[0])
             if pid > 0 and not _alive(pid) and os.lstat(path).st_uid == os.geteuid():
                 os.unlink(path)
+                n += 1
         except (ValueError, OSError):
             pass
+    return n
+
+
+def _sweep_dead():
+    """remove_dead(), once per process: the first ring made."""
+    global _swept
+    if not _swept:
+        _swept = True
+        remove_dead()
 
 
 def hand_over_checks(token, on, rows=False):
@@ -119,14 +139,34 @@ class WorkerRing:
         self.nslots = nslots
         self.pid = os.getpid()
         self.warned = False  # "all slots held" logged once
-        try:
-            self.c = _C.Ring(region_path(main_pid, token, worker), nslots, True, main_pid,
-                             str(worker))
-        except BlockingIOError:
-            raise RingBusy(region_path(main_pid, token, worker)) from None
+        path = region_path(main_pid, token, worker)
+        deadline, delay = time.monotonic() + TAKEOVER_S, 0.001
+        while True:
+            try:
+                self.c = _C.Ring(path, nslots, True, main_pid, str(worker))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RingBusy(path) from None
+            time.sleep(delay)  # the holder exits when its iterator is shut down
+            delay = min(delay * 2, 0.05)
 
     def give_back(self, j):
         self.c.give_back(j)
+
+    @staticmethod
+    def first_fallback(main_pid, token, worker):
+        """True the first time any process asks for this region (a marker
+        file beside it, removed with the dataset's files): the fallback is
+        said once, not by each epoch's new worker."""
+        try:
+            os.close(os.open(region_path(main_pid, token, worker) + ".said",
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:
+            return False
+        except OSError:
+            pass  # no marker: said again rather than never
+        return True
 
     def handle(self, j, stamp, fields, extras, form, seal, size):
         """The filled slot j (stamp: its version and fill sequence) as the

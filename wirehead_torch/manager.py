@@ -125,6 +125,21 @@ class StallLog:
         self.since = self.said = None
 
 
+# how long a full generation is left to the self-sealing generators before
+# a manager seals it
+SEAL_GRACE = 0.25
+
+
+class _Watch:
+    """What a manager beside self-sealing generators remembers between looks."""
+
+    def __init__(self):
+        self.seals = None  # the store's seal count at the last look
+        self.mine = None  # the generation this manager sealed last
+        self.full = None  # (write generation, monotonic time first seen full)
+        self.generators_seal = True  # until a full generation is left to us
+
+
 class WireheadManager:
     """Seals the write generation once it holds SWAP_CAP samples.
 
@@ -134,8 +149,10 @@ class WireheadManager:
     until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
     gives the lease up and returns the number of swaps it made. One line per
     swap goes to ``out`` (stdout by default; ``quiet=True``: the log only).
-    With self-sealing generators (SELF_SEAL) a manager is optional: it
-    seals while it holds the lease, and logs and stands by."""
+    With self-sealing generators (SELF_SEAL on in its config) a manager is
+    optional: it holds no lease between seals, logs the generators' seals
+    (``records``, one line each; ``swaps`` counts its own), and seals only
+    a generation left full for SEAL_GRACE seconds."""
 
     RECORDS_KEPT = 1000
 
@@ -173,6 +190,8 @@ class WireheadManager:
         waiting_created, prev_seals = False, None
         prev_time, prev_generated = time.time(), None
         store = None
+        # generators seal (SELF_SEAL): watch them, and seal only what they leave
+        watch = _Watch() if self.cfg["SELF_SEAL"] else None
         try:
             with self._stop as stop:
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
@@ -180,6 +199,7 @@ class WireheadManager:
                     if now_store is not store:
                         if store is not None:  # a new store: its counts start afresh
                             leader, prev_time, prev_generated, prev_seals = False, None, None, None
+                            watch = _Watch() if watch is not None else None
                         store = now_store
                     try:
                         if prev_generated is None:
@@ -191,7 +211,14 @@ class WireheadManager:
                                 prev_generated = st0["generated"]
                                 prev_time = time.time() if prev_generated == 0 else None
                         mono = time.monotonic()
-                        if not leader or mono - last_lead >= renew_every:
+                        if watch is not None:
+                            info, seen = self._watch(store, watch)
+                            for h, number in seen:  # seals the generators made
+                                self._emit(swap_record(h, prev_time, prev_generated, h["time"],
+                                                       number))
+                                prev_time, prev_generated = h["time"], h["generated"]
+                            seals_now = watch.seals
+                        elif not leader or mono - last_lead >= renew_every:
                             leader = store.lead()
                             last_lead = mono
                             if not leader:
@@ -204,11 +231,13 @@ class WireheadManager:
                                 stop.wait(min(poll * 10, lease / 4))
                                 continue
                             waiting_logged = False
-                        info = store.seal()
-                        # the store's seal count must grow with each of ours:
-                        # if not, it was wiped (MongoDB keeps this handle)
-                        seals_now = (store.status()["seals"]
-                                     if info is not None and "blocked_pid" not in info else None)
+                        if watch is None:
+                            info = store.seal()
+                            # the store's seal count must grow with each of ours:
+                            # if not, it was wiped (MongoDB keeps this handle)
+                            seals_now = (store.status()["seals"]
+                                         if info is not None and "blocked_pid" not in info
+                                         else None)
                     except _C.LeaseLostError:
                         leader = False  # e.g. expired while this process was paused
                         continue
@@ -261,6 +290,46 @@ class WireheadManager:
         return self.swaps
 
     run_manager = run
+
+    def _watch(self, store, w):
+        """One look at a store whose generators seal: (the seal info of a
+        full generation no generator sealed within SEAL_GRACE, sealed here
+        under the lease taken for that seal only, or None; [(history entry,
+        seal number)] of the seals others made since the last look). A
+        lease held between seals would make self-sealing generators leave
+        every seal to this manager's next poll, and their puts meanwhile
+        are discarded."""
+        st = store.status()
+        seen = []
+        if w.seals is not None and st["seals"] > w.seals:
+            new = st["history"][-(st["seals"] - w.seals):]
+            first = st["seals"] - len(new) + 1
+            seen = [(h, first + k) for k, h in enumerate(new) if h["generation"] != w.mine]
+            if seen:
+                w.generators_seal = True
+        w.seals = st["seals"]  # a wiped store counts again from its own
+        if st["write_fill"] < st["swap_cap"]:
+            w.full = None
+            return None, seen
+        now = time.monotonic()
+        if w.full is None or w.full[0] != st["write_gen"]:
+            w.full = (st["write_gen"], now)
+        # a self-sealing generator seals the generation its put fills at
+        # once; one left full is a stopped generator's, or SELF_SEAL is off
+        # in the generators: sealed here, at once while that lasts
+        if w.generators_seal and now - w.full[1] < SEAL_GRACE:
+            return None, seen
+        if not store.lead():
+            return None, seen
+        try:
+            info = store.seal()
+        finally:
+            store.resign()
+        if info is not None and "blocked_pid" not in info:
+            w.mine, w.generators_seal, w.full = info["generation"], False, None
+            w.seals = store.status()["seals"]
+            seen = [(h, n) for h, n in seen if h["generation"] != w.mine]
+        return info, seen
 
     def close(self):
         self._store.close()

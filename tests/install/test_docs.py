@@ -55,6 +55,8 @@ NOT_RUN = {
              "file; its output is the table beside it",
     "cluster": "submits jobs to a SLURM cluster; tests/install/test_slurm.py runs these scripts "
                "on a 3-node test cluster",
+    "lightning": "needs PyTorch Lightning, which only the torch 2.x lane has; "
+                 "tests/ddp/test_lightning.py runs these blocks as written there",
 }
 LANGS = {"python", "sh", "yaml", "text"}
 TIMEOUT = 300

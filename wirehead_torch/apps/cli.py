@@ -190,6 +190,12 @@ def _cmd_clean(args):
         print(f"removed store {redact(cfg['STORE'])}")
     else:
         print(f"nothing to remove: no store {redact(cfg['STORE'])}")
+    from .._ring import remove_dead
+    # DataLoader batch rings are per process, not per store: a killed
+    # rank's are left in /dev/shm until a later ring, or this, removes them
+    n = remove_dead()
+    if n:
+        print(f"removed {n} ring file(s) of DataLoader processes that are gone")
     return 0
 
 
