@@ -9,9 +9,10 @@ import threading
 import time
 
 from .. import _C
+from .._store import gen_label
 from ..config import DEFAULT_CONFIG_PATH
 from . import jobs
-from .monitor import closed_pipe_exit, gen_label, human_time
+from .monitor import closed_pipe_exit, human_time
 
 
 def _cmd_manager(args):

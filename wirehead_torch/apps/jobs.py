@@ -2,8 +2,9 @@
 
     wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
                             [--seconds T] [--seed S] [--size 32] [--labels 8]
+                            [--quiet | --verbose]
     wirehead-torch generate --config C --shards PATTERN... [--loop] [--procs N] [--seed S]
-                            [--quiet]
+                            [--quiet | --verbose]
     wirehead-torch export   --config C --out DIR [--generations N | --samples N]
                             [--shard-size 1GiB] [--timeout S]
     wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
@@ -89,7 +90,8 @@ def _generate_one(a):
                              config_path=a.config)
     else:
         source = load_generator(a.gen_module, seed, a.size, a.labels)
-    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet)
+    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet,
+                            verbose=a.verbose)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
@@ -317,8 +319,11 @@ def parser(sub):
     g.add_argument("--seed", type=int, default=None,
                    help="seed of the first process (the others: +1, +2, ...); with --shards "
                         "it also shuffles the shard order (default: in order)")
-    g.add_argument("--quiet", action="store_true",
-                   help="no line per sealed generation (start and end lines stay)")
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="only each process's start and end lines (and errors)")
+    loud.add_argument("--verbose", action="store_true",
+                      help="also two lines per generation a process seals")
     g.add_argument("--size", type=int, default=32, help="synth: volume edge")
     g.add_argument("--labels", type=int, default=8, help="synth: label classes")
     g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
