@@ -39,6 +39,12 @@ class GenLabels:
         self._handle = handle
         self._st = None
 
+    @property
+    def seen(self):
+        """The figures labels are made from ({write_gen, seals}), for
+        gen_label elsewhere; None before the first label."""
+        return self._st
+
     def __call__(self, gen):
         st = self._st
         if not st or not st["write_gen"] - st["seals"] <= gen <= st["write_gen"]:

@@ -375,7 +375,8 @@ def run(args, argv):
             part = index.get("partial_generations") or []
             print(f"export interrupted: by {index['interrupted']}; {args.out}/index.json says "
                   f"\"complete\": false"
-                  + (f", generation {part[0]} is in the shards only in part" if part else "")
+                  + (f", generation {index['partial_label']} is in the shards only in part"
+                     if part else "")
                   + (f" ({index['samples']} samples in {len(index['shards'])} shards kept)"
                      if index["shards"] else " (nothing kept)"), file=sys.stderr, flush=True)
             return 130 if index["interrupted"] == "SIGINT" else 143
