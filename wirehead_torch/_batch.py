@@ -106,8 +106,8 @@ class BatchRing:
                 or not 1 <= slots <= _C.RING_SLOTS_MAX):
             raise ValueError(f"ring_slots must be an integer 1..{_C.RING_SLOTS_MAX}, got {slots!r}")
         self.what = what
-        # how a reader of samples that vary leaves the ring: what the user passed
-        self.way_out = "use batches=False"
+        # what the user asked the ring with, and how to leave it (a DataLoader sets its own)
+        self.asked, self.way_out = "batches=True", "use batches=False"
         self.slots = slots
         self.nfields = nfields
         self.want = list(want)
@@ -191,8 +191,8 @@ class BatchRing:
                                 f"has no dtype {e.cast!r}")
             if _torch_dtype(e.dtype, asked=True) is None:
                 raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
-                                f"{torch.__version__} cannot view; {self.what} needs a dtype "
-                                f"torch has ({self.way_out} with the dataset's cast=)")
+                                f"{torch.__version__} cannot view; {self.asked} needs a dtype "
+                                f"torch has ({self.way_out} with cast=)")
         out = [e._replace(nbytes=int(np.prod(e.shape, dtype=np.int64)) * _itemsize(e.dtype))
                for e in out]
         self._checked = (os.getpid(), out)

@@ -195,8 +195,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _name_ring(self, ds):
         """The ring's errors name what the user passed: this DataLoader."""
-        ds._batch_ring.what = f"{self._what} (ring=True, its default)"
-        ds._batch_ring.way_out = "pass ring=False to the DataLoader"
+        ring = ds._batch_ring
+        ring.what = f"{self._what} (ring=True, its default)"
+        ring.asked = "the DataLoader's ring (ring=True, its default)"
+        ring.way_out = "pass ring=False to the DataLoader"
 
     def _refuse(self, ds, **given):
         from ._batch import refuse_with_batches

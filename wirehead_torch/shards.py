@@ -450,7 +450,6 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                                           longer="timeout= (--timeout) or READ_TIMEOUT")
                 if gen is None:
                     break
-                label(gen)  # its figures, while the store is open
                 pos = 0
                 told = False
                 # a signal during --generations finishes the generation (sealed: no
