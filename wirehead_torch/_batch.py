@@ -210,8 +210,8 @@ class BatchRing:
                 raise ValueError(
                     f"{self.what} stacks samples of one shape: field '{e.name}' is {e.dtype} "
                     f"{list(e.shape)} in this batch but {a.dtype} {list(a.shape)} at "
-                    f"generation {gen_text(store, None, gen)} position {pos}; {self.way_out} with a "
-                    f"collate_fn for samples of varying shape")
+                    f"generation {gen_text(store, None, gen)} position {pos}; "
+                    f"{self.way_out} with a collate_fn for samples of varying shape")
         raise RuntimeError(f"sample at generation {gen_text(store, None, gen)} position {pos} "
                            f"does not fit the batch")
 
