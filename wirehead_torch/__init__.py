@@ -44,6 +44,7 @@ from ._C import (  # noqa: E402
     StoreUnavailableError,
     WireheadError,
 )
+from ._store import gen_label  # noqa: E402
 from .admin import clean, status  # noqa: E402
 from .config import Config, ConfigError, load_config  # noqa: E402
 from .generator import WireheadGenerator  # noqa: E402
@@ -93,7 +94,7 @@ __all__ = [
     "WireheadGenerator", "WireheadManager", "WireheadRelay", "WireheadIterableDataset",
     "WireheadLoader",
     "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
-    "load_config", "Config", "ConfigError", "status", "clean", "WireheadError",
+    "load_config", "Config", "ConfigError", "status", "clean", "gen_label", "WireheadError",
     "set_params", "get_params", "current_params", "current_params_version",
     "MAX_PARAMS_BYTES", "MAX_PARAMS_DEPTH",
     "InvalidSampleError",

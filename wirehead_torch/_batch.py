@@ -21,6 +21,7 @@ import numpy as np
 from . import _C, _ring
 from ._arrays import _import_torch, _torch_dtype, needs_cast_message
 from ._order import warn_skipped
+from ._reader import gen_text
 
 log = logging.getLogger("wirehead_torch")
 
@@ -107,6 +108,8 @@ class BatchRing:
                 or not 1 <= slots <= _C.RING_SLOTS_MAX):
             raise ValueError(f"ring_slots must be an integer 1..{_C.RING_SLOTS_MAX}, got {slots!r}")
         self.what = what
+        # what the user asked the ring with, and how to leave it (a DataLoader sets its own)
+        self.asked, self.way_out = "batches=True", "use batches=False"
         self.slots = slots
         self.nfields = nfields
         self.want = list(want)
@@ -196,8 +199,8 @@ class BatchRing:
                                 f"has no dtype {e.cast!r}")
             if _torch_dtype(e.dtype, asked=True) is None:
                 raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
-                                f"{torch.__version__} cannot view; batches=True needs a dtype "
-                                f"torch has (use batches=False with cast=)")
+                                f"{torch.__version__} cannot view; {self.asked} needs a dtype "
+                                f"torch has ({self.way_out} with cast=)")
         out = [e._replace(nbytes=int(np.prod(e.shape, dtype=np.int64)) * _itemsize(e.dtype))
                for e in out]
         self._checked = (os.getpid(), out)
@@ -215,9 +218,10 @@ class BatchRing:
                 raise ValueError(
                     f"{self.what} stacks samples of one shape: field '{e.name}' is {e.dtype} "
                     f"{list(e.shape)} in this batch but {a.dtype} {list(a.shape)} at "
-                    f"generation {gen} position {pos}; use batches=False with a collate_fn "
-                    f"for samples of varying shape")
-        raise RuntimeError(f"sample at generation {gen} position {pos} does not fit the batch")
+                    f"generation {gen_text(store, None, gen)} position {pos}; "
+                    f"{self.way_out} with a collate_fn for samples of varying shape")
+        raise RuntimeError(f"sample at generation {gen_text(store, None, gen)} position {pos} "
+                           f"does not fit the batch")
 
     # --- reading a batch ---------------------------------------------------
     def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None):

@@ -8,6 +8,7 @@ import time
 
 from . import _C
 from ._order import warn_skipped
+from ._store import gen_label
 from .config import redact, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
@@ -71,9 +72,10 @@ def _check_relay(cfg, gen, who):
     if fig and fig["running"]:
         return
     last = f"the last one, pid {fig['pid']}, has ended" if fig else "none has run"
-    log.warning("%s (pid %d): no relay runs on this node (%s): reading generation %d of its "
+    log.warning("%s (pid %d): no relay runs on this node (%s): reading generation %s of its "
                 "copy %s, which no longer follows %s; start one relay per node (%s)", who,
-                os.getpid(), last, gen, local, redact(cfg["STORE"]), RELAY_COMMAND)
+                os.getpid(), last, gen_label(gen, (fig or {}).get("labels")), local,
+                redact(cfg["STORE"]), RELAY_COMMAND)
 
 
 def _not_created(cfg):
@@ -82,7 +84,20 @@ def _not_created(cfg):
     return "no generator has created it"
 
 
-def _params_of_read(store):
+def gen_text(store, cfg, gen, st=None):
+    """gen as status names it: #N of the config's STORE (for a node-local
+    copy, by the figures its relay keeps, since the copy's own count starts
+    at its first copy; cfg None: store's own count)."""
+    if cfg is not None and cfg["LOCAL_CACHE"]:
+        from .relay import relay_figures
+        return gen_label(gen, (relay_figures(cfg) or {}).get("labels"))
+    try:
+        return gen_label(gen, st or store.status())
+    except _C.WireheadError:
+        return gen_label(gen, None)
+
+
+def _params_of_read(store, cfg):
     """The params versions of the read generation, in words."""
     try:
         st = store.status()
@@ -90,7 +105,8 @@ def _params_of_read(store):
         if not gen:
             return "no generation is sealed yet"
         gp = store.gen_params(gen)
-        return (f"the read generation {gen} was made under params versions "
+        return (f"the read generation {gen_text(store, cfg, gen, st)} was made under params "
+                f"versions "
                 f"{gp['min']}..{gp['max']}; the store is at version {store.params_version()}")
     except _C.WireheadError as e:
         return f"the store did not say more: {e}"
@@ -110,12 +126,13 @@ def _waiting_for(store, cfg, newer_than=0, min_params=0):
     if min_params and st["read_gen"]:
         # a generation exists: what is missing is one made under the version wanted
         return (f"a generation of {redact(cfg['STORE'])} made entirely under params version "
-                f">= {min_params} ({_params_of_read(store)})",
+                f">= {min_params} ({_params_of_read(store, cfg)})",
                 "set_params must reach that version and generators make a whole generation "
                 "under it")
     who = ("a manager or generator holds the lease" if st["leader_pid"] else
            "no manager is running" + ("" if cfg["SELF_SEAL"] else " and SELF_SEAL is off"))
-    which = f"a generation newer than {newer_than}" if newer_than else "the first generation"
+    which = (f"a generation newer than {gen_label(newer_than, st)}" if newer_than
+             else "the first generation")
     return (f"{which} of {redact(cfg['STORE'])}: the write generation holds "
             f"{st['write_fill']} of SWAP_CAP={st['swap_cap']} samples and {who}",
             "start a generator (WireheadGenerator)")
@@ -185,11 +202,12 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
                            f"longer ({longer})") from None
     if min_params:
         raise TimeoutError(f"no generation made entirely under params version >= {min_params} "
-                           f"in {where} after {timeout:g}s ({_params_of_read(store)}); "
+                           f"in {where} after {timeout:g}s ({_params_of_read(store, cfg)}); "
                            f"set_params must have reached that version and generators a whole "
                            f"generation under it, or wait longer ({longer})") from None
     raise TimeoutError(
-        f"no generation {'newer than ' + str(newer_than) + ' ' if newer_than else ''}sealed in "
+        f"no generation "
+        f"{'newer than ' + gen_text(store, cfg, newer_than) + ' ' if newer_than else ''}sealed in "
         f"{where} after {timeout:g}s: waited for {what}; "
         f"{_relay_wait(cfg)[1] + ', ' if cfg['LOCAL_CACHE'] else ''}"
         f"start generators (WireheadGenerator; with SELF_SEAL they seal full generations "

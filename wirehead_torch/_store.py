@@ -17,6 +17,45 @@ def shm_path(cfg):
     return f"/dev/shm/wirehead.{uri[len('shm://'):]}" if uri.startswith("shm://") else None
 
 
+def gen_label(gen, st):
+    """A generation id as people see it everywhere (status, logs, errors):
+    "#N", the N-th generation of the store whose status st is (ids count up
+    by one per seal from the store's first, write_gen - seals), or the id's
+    last 6 digits where it lies outside that range. Full ids stay in JSON
+    output, batches and shard names."""
+    first = st["write_gen"] - st["seals"] if st else 0
+    if st and first <= gen <= st["write_gen"]:
+        return f"#{gen - first + 1}"
+    return f"...{gen % 10 ** 6:06d}"
+
+
+class GenLabels:
+    """gen_label for the generations one ProcessStore handle meets: reads
+    the store's status again only for an id outside what it last saw (a
+    new seal, a store re-created under the name), so a label costs no
+    round trip in the steady state."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._st = None
+
+    @property
+    def seen(self):
+        """The figures labels are made from ({write_gen, seals}), for
+        gen_label elsewhere; None before the first label."""
+        return self._st
+
+    def __call__(self, gen):
+        st = self._st
+        if not st or not st["write_gen"] - st["seals"] <= gen <= st["write_gen"]:
+            try:
+                s = self._handle.get().status()
+                self._st = st = {"write_gen": s["write_gen"], "seals": s["seals"]}
+            except _C.WireheadError:
+                pass  # the store is away: the id's last digits
+        return gen_label(gen, st)
+
+
 class PerProcess:
     """A handle of the process that opened it, the one fork guard of the
     Python side: a forked child (or an unpickled copy) sees none and opens
@@ -88,9 +127,10 @@ class ProcessStore:
         text = (f"created shm store {redact(self.cfg['STORE'])}: 4 generation areas of "
                 f"{st['byte_budget'] / 2**20:.1f} MiB ({how}) = "
                 f"{st['store_bytes'] / 2**20:.1f} MiB of /dev/shm")
-        log.info("wirehead: %s", text)
-        if say is not None:
+        if say is not None:  # said once: on stdout, or in the log
             say(text)
+        else:
+            log.info("wirehead: %s", text)
 
     def get(self):
         """This process's handle."""

@@ -6,12 +6,14 @@ rest of the package takes values from it as they are.
 """
 import contextlib
 import dataclasses
+import difflib
 import hashlib
 import math
 import os
 import re
 import socket
 import stat
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Optional
@@ -290,6 +292,22 @@ class Config(Mapping):
         return f"Config({vals})"
 
 
+def _unknown_key(key):
+    """An unknown key, with the known key it is most like."""
+    near = difflib.get_close_matches(key.upper(), sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    return f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key)
+
+
+def _outside_package():
+    """The stacklevel of the first caller outside this package, so that a
+    warning names the user's line, not ours."""
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    f, level = sys._getframe(1), 1
+    while f is not None and f.f_code.co_filename.startswith(pkg):
+        f, level = f.f_back, level + 1
+    return level
+
+
 def resolve(raw, where="config"):
     """Fills defaults, checks every value and resolves ``STORE``; returns a
     ``Config`` (a ``Config`` given is returned as it is)."""
@@ -299,7 +317,9 @@ def resolve(raw, where="config"):
         raise ConfigError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     unknown = sorted(str(k) for k in raw if k not in KNOWN_KEYS)
     if unknown:
-        warnings.warn(f"{where}: unknown config keys {unknown} are ignored", stacklevel=3)
+        warnings.warn(f"{where}: unknown config keys are ignored: "
+                      f"{', '.join(_unknown_key(k) for k in unknown)}",
+                      stacklevel=_outside_package())
     merged = dict(DEFAULTS)
     merged.update((k, v) for k, v in raw.items() if k in KNOWN_KEYS)
     for key in REQUIRED:

@@ -173,6 +173,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._refuse(ds, views=ds.views, transform=ds.transform is not None)
         ds.batch_size, ds.num_workers, ds.drop_last = B, K, bool(drop_last)
         ds.batches = self._ring
+        self._name_ring(ds)
         ds._pad_warn = False  # reported here, in the main process, once per epoch
         ds._pad_memo = {}
         if shuffle is not None and shuffle != ds.order.shuffle:
@@ -190,6 +191,14 @@ class DataLoader(torch.utils.data.DataLoader):
                 raise ValueError(f"{self._what}: the ring reads two distinct fields; sample= "
                                  f"names {ds.names[0]!r} twice (pass ring=False)")
         ds.batches = self._ring
+        self._name_ring(ds)
+
+    def _name_ring(self, ds):
+        """The ring's errors name what the user passed: this DataLoader."""
+        ring = ds._batch_ring
+        ring.what = f"{self._what} (ring=True, its default)"
+        ring.asked = "the DataLoader's ring (ring=True, its default)"
+        ring.way_out = "pass ring=False to the DataLoader"
 
     def _refuse(self, ds, **given):
         from ._batch import refuse_with_batches

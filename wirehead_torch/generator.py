@@ -4,12 +4,15 @@ import time
 
 from . import _C
 from ._arrays import to_store_arrays
-from ._store import ProcessStore, StopFlag
-from .config import get_config
+from ._store import GenLabels, ProcessStore, StopFlag
+from .config import get_config, secrets_hidden, store_kwargs
 from .manager import StallLog
 from .params import GeneratorParams, clear_current
 
 log = logging.getLogger("wirehead_torch")
+
+# seconds between a running generator's summary lines
+SUMMARY_EVERY = 30.0
 
 
 class WireheadGenerator:
@@ -28,17 +31,29 @@ class WireheadGenerator:
     Before each sample it reads the store's params (docs/params.md) when
     their version changed: the generator reads them with
     ``wirehead_torch.current_params()``, and the sample records their
-    version (``params_version``). Progress
-    lines go to stdout as the original's did (``quiet=True`` silences them;
-    ``run(verbose=True)`` adds one per put)."""
+    version (``params_version``).
 
-    def __init__(self, generator, config_path=None, config=None, n_samples=None, quiet=False):
+    Lines go to stdout: a start line, a summary at most every
+    ``summary_every`` seconds and an end line; ``verbose=True`` adds the
+    original's two lines per generation sealed here, ``run(verbose=True)``
+    those and one per put, ``quiet=True`` none (warnings go to the log
+    either way). Generations are named ``#N`` as ``status`` names them.
+
+    The first sample is checked against the store's read generation: a
+    field of another dtype or shape is refused before it is put
+    (``check_layout=False`` for a store meant to hold samples that vary)."""
+
+    def __init__(self, generator, config_path=None, config=None, n_samples=None, quiet=False,
+                 verbose=False, summary_every=SUMMARY_EVERY, check_layout=True):
         self.cfg = get_config(config_path, config)
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 0):
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
         self.generator = generator
         self.n_samples = n_samples
         self.quiet = quiet
+        self.verbose = verbose
+        self.summary_every = float(summary_every)
+        self.check_layout = check_layout
         self.accepted = 0
         self.discarded = 0
         self.waits = 0
@@ -49,6 +64,11 @@ class WireheadGenerator:
         self._manager_until = 0.0  # a manager led recently: no fill checks until then
         self._stall = StallLog("generator")
         self._params = GeneratorParams()
+        self._labels = GenLabels(self._store)
+        self._summary = None  # (monotonic time, puts, seals) of the last summary line
+        self._last_sealed = None
+        self._layout_checked = not check_layout
+        self._verbose = verbose
 
     @property
     def params_version(self):
@@ -129,9 +149,12 @@ class WireheadGenerator:
         self._stall.sealed()  # sealed now, or not full: the generation moved on
         if info is not None:
             self.sealed += 1
-            self._say(f"Time: {time.time()}")
-            self._say(f"swap success: generation {info['generation']} sealed "
-                      f"(generated={info['generated']} discarded={info['discarded']})")
+            self._last_sealed = info["generation"]
+            if self._verbose:
+                self._say(f"Time: {time.time()}")
+                self._say(f"swap success: generation {self._labels(info['generation'])} "
+                          f"sealed (generated={info['generated']} "
+                          f"discarded={info['discarded']})")
 
     def stop(self):
         """Asks a running ``run()`` (e.g. in another thread) to return after
@@ -151,22 +174,73 @@ class WireheadGenerator:
         finally:
             clear_current()
         arrays = to_store_arrays(item, self.cfg["SAMPLE"])
+        if not self._layout_checked:
+            self._check_layout(arrays)
         res = self._put(arrays, stop)
         if res is None:
             return False
         status, gen = res
         if status == _C.PUT_ACCEPTED:
             if not self.accepted:  # the first put of an auto-sized store creates it
-                self._store.note_created(self._say)
+                self._store.note_created(None if self.quiet else self._say)
             self.accepted += 1
         else:
             self.discarded += 1
         if verbose:
             what = "accepted" if status == _C.PUT_ACCEPTED else "discarded (generation full)"
             self._say(f"pushed sample {self.accepted + self.discarded} into generation "
-                      f"{gen}, {what}, with cap: {self.cfg['SWAP_CAP']}")
+                      f"{self._labels(gen)}, {what}, with cap: {self.cfg['SWAP_CAP']}")
         self._self_seal(status)
+        self._summarize()
         return True
+
+    def _summarize(self):
+        """The summary line, at most once per summary_every seconds."""
+        now = time.monotonic()
+        puts = self.accepted + self.discarded
+        if self._summary is None:
+            self._summary = (now, puts, self.sealed)
+            return
+        t0, puts0, seals0 = self._summary
+        if self.quiet or now - t0 < self.summary_every:
+            return
+        self._summary = (now, puts, self.sealed)
+        last = (f", the last {self._labels(self._last_sealed)}"
+                if self.sealed > seals0 and self._last_sealed else "")
+        self._say(f"{puts} samples ({self.accepted} accepted, {self.discarded} surplus), "
+                  f"{(puts - puts0) / (now - t0):.1f}/s over the last {now - t0:.0f}s; "
+                  f"{self.sealed} generations sealed here ({self.sealed - seals0} new{last})")
+
+    def _check_layout(self, arrays):
+        """Refuses a first sample whose fields differ in dtype or shape from
+        the store's read generation (a store made for other samples), before
+        anything is put. Read through a handle of its own, closed at once,
+        so the generator does not count as a reader."""
+        self._layout_checked = True
+        store = self._store.get()
+        try:
+            gen = store.current()
+            if not gen:
+                return
+            with secrets_hidden(self.cfg["STORE"]):
+                probe = _C.Store(**store_kwargs(self.cfg, False, False))
+            try:
+                got = probe.read_sample(gen, 0, None, 5.0, True)
+            finally:
+                probe.close()
+        except _C.WireheadError:
+            return  # nothing readable to compare with: the store is new, away or moving on
+        names = {code: dtype for dtype, code in _C.DTYPES.items()}
+        for name, (a, code), b in zip(self.cfg["SAMPLE"], arrays, got.arrays):
+            mine, theirs = (names[code], list(a.shape)), (str(b.dtype), list(b.shape))
+            if mine != theirs:
+                raise ValueError(
+                    f"field '{name}' of this generator's first sample is {mine[0]} "
+                    f"{mine[1]} but the store's samples are {theirs[0]} {theirs[1]} "
+                    f"(generation {self._labels(got.generation)}): make samples of the "
+                    f"store's dtype and shape, remove the old store first (wirehead-torch "
+                    f"clean --config FILE), or pass check_layout=False to WireheadGenerator "
+                    f"for a store meant to hold samples that vary")
 
     def _refresh_params(self):
         """The params the next sample is made under; a store away keeps the
@@ -181,10 +255,12 @@ class WireheadGenerator:
     def cycle(self, verbose=False):
         """One step of the original's loop: one sample in, and a seal if it
         filled the generation. Returns False once the generator is exhausted."""
+        self._verbose = self.verbose or verbose
         return self._step(self._stop, verbose)
 
     def run(self, verbose=False):
         puts = 0
+        self._verbose = self.verbose or verbose
         self._say("Initialized")
         with self._stop as stop:
             self._store.get()  # a store that cannot be opened fails before any sample
@@ -195,8 +271,9 @@ class WireheadGenerator:
             if puts and self.cfg["SELF_SEAL"] and not stop:
                 self._self_seal(_C.PUT_DISCARDED)  # a full generation left unsealed at the end
         self._stop = StopFlag()  # a later run() starts afresh
+        last = f", the last {self._labels(self._last_sealed)}" if self._last_sealed else ""
         self._say(f"done: {puts} samples ({self.accepted} accepted, {self.discarded} "
-                  f"surplus), {self.sealed} generations sealed here")
+                  f"surplus), {self.sealed} generations sealed here{last}")
         return puts
 
     run_generator = run

@@ -7,7 +7,7 @@ import sys
 import time
 
 from . import _C
-from ._store import ProcessStore, StopFlag
+from ._store import ProcessStore, StopFlag, gen_label
 from .config import get_config, redact
 
 log = logging.getLogger("wirehead_torch")
@@ -43,6 +43,8 @@ def format_record(rec):
             f"seal={rec['seal_s'] * 1e3:.3f}ms samples/s={rate}")
 
 
+# seconds between a quiet manager's summary lines
+SUMMARY_EVERY = 30.0
 # seconds between repeats of a stall message while the stall lasts
 STALL_LOG_EVERY = 60.0
 # a block shorter than this is a reader about to drop its views, not a stall
@@ -56,8 +58,8 @@ def _pinned(st):
             if a["pinners"] and a["generation"] not in (st["read_gen"], st["write_gen"])]
 
 
-def _pin_list(areas):
-    return ", ".join(f"generation {a['generation']} by pid {a['pin_pid']}"
+def _pin_list(areas, st):
+    return ", ".join(f"generation {gen_label(a['generation'], st)} by pid {a['pin_pid']}"
                      + (f" and {a['pinners'] - 1} other process(es)" if a["pinners"] > 1 else "")
                      for a in areas)
 
@@ -73,8 +75,8 @@ def stall_text(st):
     pinned = _pinned(st)
     if not free or len(pinned) < len(free):
         return None
-    return (f"stalled: generation {st['write_gen']} is full but readers' views pin every "
-            f"area the next one could take: {_pin_list(pinned)}")
+    return (f"stalled: generation {gen_label(st['write_gen'], st)} is full but readers' views "
+            f"pin every area the next one could take: {_pin_list(pinned, st)}")
 
 
 class StallLog:
@@ -107,16 +109,17 @@ class StallLog:
             return
         try:
             st = store.status()
-            pinned, full = _pinned(st), f"generation {st['write_gen']}"
+            pinned, full = _pinned(st), f"generation {gen_label(st['write_gen'], st)}"
         except _C.WireheadError:
-            pinned, full = [], "the write generation"
+            st, pinned, full = None, [], "the write generation"
         if not pinned:  # the status raced a drop: what the seal saw
             pinned = [{"generation": info["blocked_gen"], "pin_pid": info["blocked_pid"],
                        "pinners": 1}]
         log.warning("%s: sealing stalled%s: %s is full and readers' views pin every area the "
                     "next generation could take: %s; sealing waits for reader pid %d to drop "
-                    "its views of generation %d (or to exit)", who, lasted, full,
-                    _pin_list(pinned), info["blocked_pid"], info["blocked_gen"])
+                    "its views of generation %s (or to exit)", who, lasted, full,
+                    _pin_list(pinned, st), info["blocked_pid"],
+                    gen_label(info["blocked_gen"], st))
 
     def sealed(self):
         if self.said is not None:
@@ -148,19 +151,23 @@ class WireheadManager:
     embedded store when the old manager's process is gone). ``run()`` runs
     until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
     gives the lease up and returns the number of swaps it made. One line per
-    swap goes to ``out`` (stdout by default; ``quiet=True``: the log only).
-    With self-sealing generators (SELF_SEAL on in its config) a manager is
-    optional: it holds no lease between seals, logs the generators' seals
-    (``records``, one line each; ``swaps`` counts its own), and seals only
-    a generation left full for SEAL_GRACE seconds."""
+    swap goes to ``out`` (stdout by default); ``quiet=True`` logs a summary
+    at most every ``summary_every`` seconds instead (the swap lines at
+    DEBUG). With self-sealing generators (SELF_SEAL on in its config) a
+    manager is optional: it holds no lease between seals, logs the
+    generators' seals (``records``, one line each; ``swaps`` counts its
+    own), and seals only a generation left full for SEAL_GRACE seconds."""
 
     RECORDS_KEPT = 1000
 
-    def __init__(self, config_path=None, config=None, json_lines=False, out=None, quiet=False):
+    def __init__(self, config_path=None, config=None, json_lines=False, out=None, quiet=False,
+                 summary_every=SUMMARY_EVERY):
         self.cfg = get_config(config_path, config)
         self.json_lines = json_lines
         self.out = out
-        self.quiet = quiet  # swap lines go to the log only, not to out/stdout
+        self.quiet = quiet  # a summary now and then, not a line per swap
+        self.summary_every = float(summary_every)
+        self._summary = (time.monotonic(), 0)  # (when, swaps) of the last summary
         self.swaps = 0
         # the latest swap records only: a manager runs for weeks (a list grew
         # ~430 bytes per swap in the soak)
@@ -178,8 +185,13 @@ class WireheadManager:
         line = json.dumps(rec) if self.json_lines else format_record(rec)
         if not self.quiet:
             print(line, file=self.out or sys.stdout, flush=True)
-        else:
-            log.info(line)
+            return
+        log.debug(line)
+        now, (t0, n0) = time.monotonic(), self._summary
+        if now - t0 >= self.summary_every:
+            self._summary = (now, self.swaps + 1)
+            log.info("wirehead manager %d: %d swaps in the last %.0fs, the last %s",
+                     os.getpid(), self.swaps + 1 - n0, now - t0, format_record(rec))
 
     def run(self, max_swaps=None):
         poll = float(self.cfg["MANAGER_POLL"])

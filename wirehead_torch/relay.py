@@ -13,7 +13,7 @@ import time
 
 from . import _C
 from ._files import kind, there, write_file
-from ._store import ProcessStore, StopFlag
+from ._store import GenLabels, ProcessStore, StopFlag
 from .config import (
     ConfigError,
     budget_arg,
@@ -28,6 +28,7 @@ log = logging.getLogger("wirehead_torch")
 
 RELAY_COMMAND = "wirehead-torch relay --config FILE"
 NOTE_EVERY = 5.0  # seconds between a waiting relay's notes, as readers say theirs
+SUMMARY_EVERY = 30.0  # seconds between a running relay's summary lines
 
 
 def _files(local_uri):
@@ -90,11 +91,14 @@ class WireheadRelay:
     positions and checksummed bytes) and seals it locally. A generation
     MongoDB reclaims while it is copied is abandoned for the newest. One
     relay per node: a second one waits for the first to end
-    (``wait=False``: raises RelayBusyError instead). ``quiet=True``: no
-    line per copied generation (the start line and warnings stay)."""
+    (``wait=False``: raises RelayBusyError instead). It says a start line,
+    warnings and a summary at most every ``summary_every`` seconds;
+    ``verbose=True`` adds a line per copied generation, ``quiet=True``
+    drops the summaries. Generations are named ``#N`` as MongoDB's
+    ``status`` names them."""
 
     def __init__(self, config_path=None, config=None, poll=0.05, wait=True, out=None,
-                 quiet=False):
+                 quiet=False, verbose=False, summary_every=SUMMARY_EVERY):
         self.cfg = get_config(config_path, config)
         if not self.cfg["LOCAL_CACHE"]:
             raise ConfigError(f"{self.cfg.source}: a relay needs LOCAL_CACHE (shm://NAME or "
@@ -104,7 +108,11 @@ class WireheadRelay:
         self.wait = wait
         self.out = out
         self.quiet = bool(quiet)
+        self.verbose = bool(verbose)
+        self.summary_every = float(summary_every)
+        self._summary = None  # (monotonic time, generations, bytes) of the last summary
         self._src = ProcessStore(self.cfg)
+        self._labels = GenLabels(self._src)
         self._dst = ProcessStore(self.cfg, local=True)
         self._lock_fd = None
         self._stop = StopFlag()
@@ -117,8 +125,8 @@ class WireheadRelay:
 
     def _say(self, text, every=False):
         """A line to the log (and out); every: one of those said per
-        generation, which quiet drops."""
-        if every and self.quiet:
+        generation, which only verbose says."""
+        if every and not self.verbose:
             return
         log.info("wirehead relay: %s", text)
         if self.out is not None:
@@ -205,7 +213,7 @@ class WireheadRelay:
                                      wait_s=max(30.0, self.cfg["LEASE_SECONDS"]))
         except _C.GenerationGoneError:
             fig["abandoned"] += 1  # reclaimed while copied: the newest next
-            self._say(f"generation {newest} was reclaimed in MongoDB while copied; "
+            self._say(f"generation {self._labels(newest)} was reclaimed in MongoDB while copied; "
                       f"taking the newest", every=True)
             return None
         fig["generations"] += 1
@@ -214,8 +222,26 @@ class WireheadRelay:
         fig["pull_s_total"] += info["pull_s"]
         fig["local_gen"] = info["generation"]
         fig["lag_generations"] = max(0, fig["source_gen"] - info["generation"])
+        info["label"] = self._labels(info["generation"])
+        fig["labels"] = self._labels.seen  # readers on the node name generations as we do
         self._write_figures(force=True)
         return info
+
+    def _summarize(self):
+        """The summary line, at most once per summary_every seconds."""
+        fig, now = self.figures, time.monotonic()
+        if self._summary is None:
+            self._summary = (now, fig["generations"], fig["bytes"])
+            return
+        t0, n0, b0 = self._summary
+        if self.quiet or now - t0 < self.summary_every:
+            return
+        self._summary = (now, fig["generations"], fig["bytes"])
+        last = (f", the newest {self._labels(fig['local_gen'])}"
+                if fig["generations"] > n0 and fig["local_gen"] else "")
+        self._say(f"{fig['generations'] - n0} generations ({(fig['bytes'] - b0) / 2**20:.1f} "
+                  f"MiB) copied in the last {now - t0:.0f}s{last}; {fig['generations']} in all, "
+                  f"{fig['lag_generations']} behind MongoDB's newest")
 
     def run(self, max_generations=None):
         """Relays until stopped (SIGTERM, SIGINT, stop()) or after
@@ -250,12 +276,14 @@ class WireheadRelay:
                     continue
                 if info is not None:
                     n += 1
-                    self._say(f"generation {info['generation']}: {info['samples']} samples, "
+                    self._say(f"generation {info['label']}: {info['samples']} samples, "
                               f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s",
                               every=True)
                     if max_generations is not None and n >= max_generations:
                         break
+                    self._summarize()
                     continue  # a newer one may be sealed already
+                self._summarize()
                 self._stop.wait(self.poll)
         return n
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _C, _files
 from ._reader import wait_for_generation
-from ._store import ProcessStore, StopFlag
+from ._store import GenLabels, ProcessStore, StopFlag, gen_label
 from .config import get_config, parse_bytes, redact
 
 log = logging.getLogger("wirehead_torch")
@@ -467,6 +467,7 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
 
 def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):
     say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
+    label = GenLabels(store_handle)  # #N as status says; shard names keep the full ids
     done_gens = moved = corrupt = 0
     last = 0
     whole = []  # generations written whole
@@ -488,23 +489,24 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                 while pos < swap_cap and (not stop or (generations is not None and pos)):
                     if stop and not told:
                         told = True
-                        say(f"{signal.Signals(stop.signum).name}: finishing generation {gen} "
+                        say(f"{signal.Signals(stop.signum).name}: finishing generation "
+                            f"{label(gen)} "
                             f"({swap_cap - pos} positions left); a second signal stops now")
                     try:
                         got = store.read_sample(gen, pos, None, timeout, False)
                     except _C.CorruptSampleError as e:
                         corrupt += 1
-                        log.warning("wirehead export: generation %d position %d not exported: "
-                                    "%s", gen, pos, e)
+                        log.warning("wirehead export: generation %s position %d not exported: "
+                                    "%s", label(gen), pos, e)
                         pos += 1
                         continue
                     if got.generation != gen:  # reclaimed under us: start over on the newer one
                         moved += 1
                         if stop:  # not a newer one, once stopped: this one stays partial
                             break
-                        log.warning("wirehead export: generation %d was reclaimed after %d of "
-                                    "%d positions; going on with generation %d", gen, pos,
-                                    swap_cap, got.generation)
+                        log.warning("wirehead export: generation %s was reclaimed after %d of "
+                                    "%d positions; going on with generation %s", label(gen),
+                                    pos, swap_cap, label(got.generation))
                         gen, pos = got.generation, 0
                         continue
                     w.add(gen, got.position,
@@ -517,7 +519,8 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                 if pos >= swap_cap:
                     done_gens += 1
                     whole.append(gen)
-                    say(f"generation {gen} written ({w.index['samples']} samples so far)")
+                    say(f"generation {label(gen)} written ({w.index['samples']} samples so "
+                        f"far)")
                 if samples is not None and w.index["samples"] >= samples:
                     break
                 if generations is not None and done_gens >= generations:
@@ -543,9 +546,11 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
         name = signal.Signals(signum).name
         w.index["interrupted"] = name
         part = w.index["partial_generations"]
+        if part:  # for the caller's message (not in index.json, which has the id)
+            w.index["partial_label"] = gen_label(part[0], label.seen)
         say(f"interrupted by {name}: {w.index['samples']} samples of "
             f"{len(w.index['whole_generations'])} whole generations"
-            + (f" and part of generation {part[0]}" if part else "")
+            + (f" and part of generation {w.index['partial_label']}" if part else "")
             + f" in {len(w.index['shards'])} shards under {out} (index.json: complete false)")
         if on_signal == "raise":
             if signum == signal.SIGINT:

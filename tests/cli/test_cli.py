@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 import wirehead_torch as wt
-from wirehead_torch.apps.monitor import WireheadLogger, gen_label, human_time, tui_lines
+from wirehead_torch._store import gen_label
+from wirehead_torch.apps.monitor import WireheadLogger, human_time, tui_lines
 
 import whlib
 
@@ -272,3 +273,54 @@ def test_human_time_and_label_formats():
     assert gen_label(1764000000000000000, st) == "#1"
     assert gen_label(1764000000000000100, st) == "#101"
     assert gen_label(1764000000000123456, st) == "...123456"  # outside: the id's last digits
+
+
+def test_generate_is_quiet_by_default(shm_cfg, tmp_path):
+    """generate says a start and end line per process (and the generator's
+    own), no line per generation; --quiet only the start and end lines;
+    --verbose two lines per generation sealed, named #N as status names
+    them."""
+    cfg = shm_cfg(swap_cap=2, SELF_SEAL=True)
+    d = _config_dir(tmp_path, cfg)
+    outs = {}
+    for mode in ((), ("--quiet",), ("--verbose",)):
+        r = _cli("generate", "--config", "config.yaml", "--seconds", "1", "--size", "8",
+                 *mode, cwd=d)
+        assert r.returncode == 0, r.stderr
+        outs[mode] = r.stdout.splitlines()
+    seals = wt.status(config=cfg)["seals"]
+    assert seals > 20  # the lines below are not few because little happened
+    assert len(outs[()]) <= 6 and not any("swap success" in x for x in outs[()]), outs[()]
+    assert len(outs[("--quiet",)]) == 2, outs[("--quiet",)]
+    assert "started" in outs[("--quiet",)][0] and "pushed" in outs[("--quiet",)][1]
+    loud = [x for x in outs[("--verbose",)] if "swap success: generation #" in x]
+    assert len(loud) > 10 and not any(str(wt.status(config=cfg)["write_gen"])[:10] in x
+                                      for x in outs[("--verbose",)])
+
+
+def test_clean_needs_only_the_store_keys_and_warnings_name_the_users_key(shm_cfg, tmp_path):
+    cfg = shm_cfg(swap_cap=2, SELF_SEAL=True)
+    _put(cfg, 1, 2)
+    d = _config_dir(tmp_path, dict(cfg, READ_TIMEOUT="soon", SWAPCAP=3))
+    r = _cli("clean", "--config", "config.yaml", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"removed store {cfg['STORE']}"
+    assert "READ_TIMEOUT" in r.stderr and "all the same" in r.stderr
+    # the unknown key: the command's own line, no file inside the package
+    assert ("wirehead-torch: warning: config.yaml: unknown config keys are ignored: "
+            "'SWAPCAP' (did you mean 'SWAP_CAP'?)") in r.stderr, r.stderr
+    assert "wirehead_torch/" not in r.stderr and ".py:" not in r.stderr, r.stderr
+    with pytest.raises(wt.NotFoundError):
+        wt.status(config=cfg)
+
+
+def test_quiet_manager_logs_a_summary_not_a_line_per_swap(shm_cfg, caplog, capsys):
+    cfg = shm_cfg(swap_cap=2, SELF_SEAL=False)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg, quiet=True).run()
+    m = wt.WireheadManager(config=cfg, quiet=True, summary_every=0)
+    with caplog.at_level("INFO", logger="wirehead_torch"):
+        assert m.run(max_swaps=1) == 1
+    m.close()
+    assert capsys.readouterr().out == ""
+    said = [r.getMessage() for r in caplog.records if "manager" in r.getMessage()]
+    assert len(said) == 1 and "1 swaps in the last" in said[0] and "#1" in said[0], said

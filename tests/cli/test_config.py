@@ -403,3 +403,15 @@ def test_byte_budget_below_one_page_names_key_and_file(tmp_path):
     with pytest.raises(wt.ConfigError, match=r"config\.yaml: BYTE_BUDGET must be at least "
                                              r"4096 bytes \(or auto\), got 10"):
         wt.load_config(p)
+
+
+def test_unknown_key_warning_names_the_callers_line_and_the_key_meant():
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        wt.WireheadManager(config={"STORE": "shm://unused", "SWAP_CAP": 2, "SAMPLE": ["a"],
+                                   "swap_cap": 3, "READTIMEOUT": 1, "zzz": 1})
+    assert len(w) == 1 and w[0].filename == __file__, (w[0].filename, w[0].message)
+    assert str(w[0].message) == ("config=: unknown config keys are ignored: 'READTIMEOUT' (did "
+                                 "you mean 'READ_TIMEOUT'?), 'swap_cap' (did you mean "
+                                 "'SWAP_CAP'?), 'zzz'")

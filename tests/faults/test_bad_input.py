@@ -103,3 +103,40 @@ def test_cuda_tensor_is_refused_clearly(store_cfg):
     meta = torch.zeros(2, device="meta")
     with pytest.raises(wt.InvalidSampleError, match="field 'data': tensor on meta"):
         wt.WireheadGenerator(iter([(np.zeros(2, np.int64), meta)]), config=cfg).run()
+
+
+def test_generator_of_another_shape_is_refused_before_its_first_put(store_cfg):
+    """A generator whose samples differ from the store's is refused at its
+    first sample, naming the field, both layouts and the ways out; nothing
+    of it is put. check_layout=False lets a store of varying samples be."""
+    cfg = store_cfg(swap_cap=2, SELF_SEAL=True)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg, quiet=True).run()
+    before = wt.status(config=cfg)["generated"]
+    g = wt.WireheadGenerator((whlib.sample(2, i, n=128) for i in range(2)), config=cfg,
+                             quiet=True)
+    with pytest.raises(ValueError, match=r"field 'data' of this generator's first sample is "
+                                         r"float32 \[128\] but the store's samples are float32 "
+                                         r"\[256\] \(generation #1\): .*wirehead-torch clean.*"
+                                         r"check_layout=False"):
+        g.run()
+    g.close()
+    assert wt.status(config=cfg)["generated"] == before  # refused before the put
+    g = wt.WireheadGenerator((whlib.sample(3, i, n=128) for i in range(2)), config=cfg,
+                             quiet=True, check_layout=False)
+    assert g.run() == 2 and g.accepted == 2
+    g.close()
+
+
+def test_dataloader_ring_errors_name_the_dataloader_not_batches(shm_cfg):
+    """wirehead_torch.DataLoader turns the ring on itself: its shape error
+    names it and ring=False, never batches=True the user did not pass."""
+    cfg = shm_cfg(swap_cap=4, SELF_SEAL=True)
+    items = [whlib.sample(1, i, n=256 if i < 2 else 128) for i in range(4)]
+    wt.WireheadGenerator(iter(items), config=cfg, quiet=True).run()
+    dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg, shuffle=False), batch_size=4)
+    with pytest.raises(ValueError) as e:
+        next(iter(dl))
+    said = str(e.value)
+    assert "wirehead_torch.DataLoader (ring=True, its default) stacks samples of one shape" \
+        in said and "pass ring=False to the DataLoader" in said, said
+    assert "batches=" not in said and "generation #1 position 2" in said, said

@@ -243,7 +243,7 @@ def test_samples_of_another_shape_are_an_error_naming_the_field(shm_cfg):
     ds = wt.MongoheadDataset(config=cfg, batches=True)
     with pytest.raises(ValueError, match=r"MongoheadDataset\(batches=True\) stacks samples of "
                                          r"one shape: field 'data' is float32 \[256\] in this "
-                                         r"batch but float32 \[128\] at generation \d+ "
+                                         r"batch but float32 \[128\] at generation #1 "
                                          r"position 2"):
         ds[[0, 1, 2]]
     # a batch of one other shape is learnt anew; then the old shape is the odd one

@@ -732,8 +732,11 @@ def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "swap success" not in r.stdout and "Time:" not in r.stdout
     assert "pushed 2 samples" in r.stdout and "started" in r.stdout
-    r = run("--shards", "kept/shards-*.tar")
-    assert r.returncode == 0 and r.stdout.count("swap success") == 2
+    r = run("--shards", "kept/shards-*.tar")  # default: no line per generation
+    assert r.returncode == 0 and "swap success" not in r.stdout, r.stdout
+    assert "Generator: done: 2 samples" in r.stdout, r.stdout
+    r = run("--verbose", "--shards", "kept/shards-*.tar")
+    assert r.returncode == 0 and r.stdout.count("swap success: generation #") == 2, r.stdout
 
 
 def test_store_of_another_sample_names_both_samples(store_cfg):

@@ -442,19 +442,27 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
         r = _relay_proc(path, "--quiet", "--max-generations", "1")
         assert r.wait(60) == 0
         err = r.stderr.read()
-        assert "fills" in err and f"generation {gen}:" not in err, err
+        assert "fills" in err and "generation #" not in err, err
+        # by default no line per copied generation either; --verbose says it, as #N
+        for n, args in ((2, ()), (3, ("--verbose",))):
+            _feed(src, n)
+            v = _relay_proc(path, *args, "--max-generations", "1")
+            assert v.wait(60) == 0
+            said = v.stderr.read()
+            assert ("generation #3:" in said) == bool(args), said
+            assert str(gen)[:12] not in said, said  # no full ids in its lines
         fig = wt.relay.relay_figures(cfg)
-        assert fig["generations"] == 1 and fig["local_gen"] == gen, fig
+        assert fig["local_gen"] == gen + 2, fig
         assert fig["bytes"] > 0
         # the relay has ended: a reader still reads the copy, and says so
         local = _local(cfg)
         _reader._relay_checked.clear()
         with caplog.at_level("WARNING", logger="wirehead_torch"):
-            assert _reader.wait_for_generation(local, cfg, 10) == gen
+            assert _reader.wait_for_generation(local, cfg, 10) == gen + 2
         local.close()
         said = caplog.text
-        assert f"no relay runs on this node (the last one, pid {r.pid}, has ended)" in said, said
-        assert f"generation {gen} of its copy {cfg['LOCAL_CACHE']}" in said, said
+        assert f"no relay runs on this node (the last one, pid {v.pid}, has ended)" in said, said
+        assert f"generation #3 of its copy {cfg['LOCAL_CACHE']}" in said, said
         # the same node's copy, its MongoDB gone: nothing listens on the port
         dead = dict(cfg, STORE=f"mongodb://127.0.0.1:{whlib.free_port()}/x", CONNECT_TIMEOUT=1)
         relay = wt.WireheadRelay(config=dead)

@@ -74,12 +74,12 @@ def test_generator_says_which_generations_are_pinned(shm_cfg, caplog, monkeypatc
             lines = _stall_lines(caplog, "wirehead generator")
             assert len(lines) == 1, f"said once per stall, not per attempt: {lines}"
             for r, gen in zip(readers, pinned):
-                assert f"generation {gen} by pid {r.pid}" in lines[0], lines[0]
+                assert f"generation {wt.gen_label(gen, wt.status(cfg))} by pid {r.pid}" in lines[0], lines[0]
             # status says so too
             text = _fmt_status(wt.status(cfg))
             assert "sealing" in text and "stalled" in text
             for r, gen in zip(readers, pinned):
-                assert f"generation {gen} by pid {r.pid}" in text, text
+                assert f"generation {wt.gen_label(gen, wt.status(cfg))} by pid {r.pid}" in text, text
             # said again once the interval has passed
             monkeypatch.setattr(manager, "STALL_LOG_EVERY", 0.0)
             g.cycle()
@@ -113,7 +113,7 @@ def test_manager_says_which_generations_are_pinned(shm_cfg, caplog):
                         "the manager's stall line")
             line = _stall_lines(caplog, "wirehead manager")[0]
             for r, gen in zip(readers, pinned):
-                assert f"generation {gen} by pid {r.pid}" in line, line
+                assert f"generation {wt.gen_label(gen, wt.status(cfg))} by pid {r.pid}" in line, line
             whlib.stop(readers[1], signal.SIGKILL)
             t.join(60)
             assert done == [1]

@@ -8,16 +8,19 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 from .. import _C
+from .._store import gen_label
 from ..config import DEFAULT_CONFIG_PATH
 from . import jobs
-from .monitor import closed_pipe_exit, gen_label, human_time
+from .monitor import closed_pipe_exit, human_time
 
 
 def _cmd_manager(args):
     from ..manager import WireheadManager
-    m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout)
+    m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout,
+                        quiet=args.quiet)
     if args.seconds is not None:
         # a batch job's manager ends by itself, as a SIGTERM would end it
         t = threading.Timer(args.seconds, m.stop)
@@ -177,7 +180,7 @@ def _cmd_status(args):
 def _cmd_relay(args):
     from ..relay import WireheadRelay
     with WireheadRelay(config_path=args.config, wait=not args.no_wait,
-                       quiet=args.quiet) as r:  # logs to stderr
+                       quiet=args.quiet, verbose=args.verbose) as r:  # logs to stderr
         r.run(max_generations=args.max_generations)
     return 0
 
@@ -235,7 +238,19 @@ def _cmd_demo(args, rest):
     return demo.main(rest)
 
 
+def _plain_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning as the command's own line: the file and line inside the
+    package mean nothing to someone at a shell."""
+    print(f"wirehead-torch: warning: {message}", file=file or sys.stderr, flush=True)
+
+
 def main(argv=None):
+    with warnings.catch_warnings():
+        warnings.showwarning = _plain_warning
+        return _main(argv)
+
+
+def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="wirehead-torch", description=__doc__)
     p.add_argument("--version", action=_Version, help="print the version and exit")
@@ -245,6 +260,8 @@ def main(argv=None):
     m.add_argument("--json", action="store_true", help="one JSON object per swap")
     m.add_argument("--max-swaps", type=int, default=None)
     m.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    m.add_argument("--quiet", action="store_true",
+                   help="a summary line every 30 s on stderr instead of a line per swap")
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
     _config_arg(s)
     s.add_argument("--json", action="store_true",
@@ -259,8 +276,11 @@ def main(argv=None):
                    help="stop after copying this many generations")
     r.add_argument("--no-wait", action="store_true",
                    help="exit if another relay fills this node's store (default: wait)")
-    r.add_argument("--quiet", action="store_true",
-                   help="no line per copied generation (start line and warnings stay)")
+    loud = r.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="no summary lines (the start line and warnings stay)")
+    loud.add_argument("--verbose", action="store_true",
+                      help="also a line per copied generation")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     _config_arg(c)
     pa = sub.add_parser("params", help="show or change the params generators read "

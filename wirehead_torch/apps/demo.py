@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from .._store import gen_label
 from ..config import ConfigError, check_value, redact
 
 __all__ = ["main", "demo_config", "tiny_unet"]
@@ -673,11 +674,11 @@ def _progress(args, out, cfg, t, step, loss, rate, gen, consumed, distinct,
 
 
 def _gen_text(gen, st):
-    """Generation ids are large (unique for the life of a store name), so
-    the text shows the seal count and how far the batch lags the newest."""
-    rg, seals = st.get("read_gen"), st.get("seals")
-    if isinstance(rg, int) and isinstance(seals, int) and gen >= 0:
-        return f"gen #{seals} (batch {max(0, rg - gen)} behind)"
+    """The batch's generation as status names it (#N), and how far it lags
+    the newest."""
+    rg = st.get("read_gen")
+    if isinstance(rg, int) and isinstance(st.get("seals"), int) and gen >= 0:
+        return f"gen {gen_label(gen, st)} (batch {max(0, rg - gen)} behind)"
     return f"gen {gen}"
 
 

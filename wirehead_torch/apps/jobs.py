@@ -2,8 +2,9 @@
 
     wirehead-torch generate --config C [--gen-module synth|MODULE:FUNC] [--procs N]
                             [--seconds T] [--seed S] [--size 32] [--labels 8]
+                            [--quiet | --verbose]
     wirehead-torch generate --config C --shards PATTERN... [--loop] [--procs N] [--seed S]
-                            [--quiet]
+                            [--quiet | --verbose]
     wirehead-torch export   --config C --out DIR [--generations N | --samples N]
                             [--shard-size 1GiB] [--timeout S]
     wirehead-torch train    --config C [--seconds T] [--inline] [--out DIR] ...
@@ -91,7 +92,8 @@ def _generate_one(a):
                              config_path=a.config)
     else:
         source = load_generator(a.gen_module, seed, a.size, a.labels)
-    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet)
+    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet,
+                            verbose=a.verbose)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
@@ -318,8 +320,11 @@ def parser(sub):
     g.add_argument("--seed", type=int, default=None,
                    help="seed of the first process (the others: +1, +2, ...); with --shards "
                         "it also shuffles the shard order (default: in order)")
-    g.add_argument("--quiet", action="store_true",
-                   help="no line per sealed generation (start and end lines stay)")
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="only each process's start and end lines (and errors)")
+    loud.add_argument("--verbose", action="store_true",
+                      help="also two lines per generation a process seals")
     g.add_argument("--size", type=int, default=32, help="synth: volume edge")
     g.add_argument("--labels", type=int, default=8, help="synth: label classes")
     g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
@@ -371,7 +376,8 @@ def run(args, argv):
             part = index.get("partial_generations") or []
             print(f"export interrupted: by {index['interrupted']}; {args.out}/index.json says "
                   f"\"complete\": false"
-                  + (f", generation {part[0]} is in the shards only in part" if part else "")
+                  + (f", generation {index['partial_label']} is in the shards only in part"
+                     if part else "")
                   + (f" ({index['samples']} samples in {len(index['shards'])} shards kept)"
                      if index["shards"] else " (nothing kept)"), file=sys.stderr, flush=True)
             return 130 if index["interrupted"] == "SIGINT" else 143

@@ -39,17 +39,6 @@ def human_time(ts, now):
     return f"{time.strftime(fmt, t)} ({rel})"
 
 
-def gen_label(gen, st):
-    """A short label for a generation id of a store's status: "#N", the
-    N-th generation of the store (ids count up by one per seal from the
-    store's first), or the id's last 6 digits if it lies outside that
-    range. Full ids stay in --json output."""
-    first = st["write_gen"] - st["seals"]
-    if first <= gen <= st["write_gen"]:
-        return f"#{gen - first + 1}"
-    return f"...{gen % 10 ** 6:06d}"
-
-
 def closed_pipe_exit():
     """The exit of a command whose reader went away (``| head``): no
     traceback, the status a shell shows for a tool ended by SIGPIPE."""
