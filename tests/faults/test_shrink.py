@@ -1,0 +1,78 @@
+"""A shared file cut under a running reader: never a signal death.
+
+Any file in /dev/shm may be truncated by a process of the same user. Each
+reader kind (and the relay, and the params file) runs 100 rounds in
+tests/helpers/shrink_proc.py: in each, a forked child reads while a thread
+cuts the store segment (or a ring file, or the params file, or the relay's
+local copy) at a random instant to a random size; the child then leaves with
+the error caught and the reader alive, after `del`, or with views held, in
+turn. Every child must exit by itself (no SIGBUS, at exit either), and
+every sample it got before its error must be the right one (a view may show
+zero pages where its file was cut after hand-over, docs/guarantees.md)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import whlib
+
+ROUNDS = 100
+
+
+def _run(kind, seed, *extra):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(whlib.HERE, "shrink_proc.py"), kind, "mix", str(ROUNDS),
+         str(seed), *extra],
+        env=whlib.env_for_child(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["signals"] == [], f"rounds that died by a signal: {out['signals']}\n" + \
+        proc.stderr[-3000:]
+    assert out["bad"] == [], f"rounds with wrong data or an unexpected error: {out['bad']}\n" + \
+        proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["map-copy", "map-view", "iterable", "iterable-view", "loader",
+                                  "ring", "workers", "params"])
+def test_cut_under_a_reader_is_an_error_not_a_signal(kind):
+    out = _run(kind, 7)
+    # most rounds cut what is being read: the reader said so
+    assert out["exits"].get("0", 0) >= ROUNDS // 2, out
+
+
+def test_cut_under_the_relay_is_an_error_not_a_signal(mongo_server):
+    out = _run("relay", 11, mongo_server.uri)
+    assert out["exits"].get("0", 0) >= ROUNDS // 2, out
+
+
+def test_guard_chains_to_the_handler_before_it():
+    """A SIGBUS the guard does not own still reaches the handler installed
+    before it (here Python's faulthandler), and the process dies of it."""
+    code = r"""
+import faulthandler, mmap, os, sys, tempfile
+import numpy as np
+faulthandler.enable()
+import wirehead_torch as wt
+cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 1, "SAMPLE": ["x"], "BYTE_BUDGET": "1MiB"}
+wt.WireheadGenerator(iter([(np.zeros(4),)]), config=cfg).run()  # the guard goes in front
+fd, path = tempfile.mkstemp()
+os.write(fd, b"x" * 8192)
+m = mmap.mmap(fd, 8192)
+os.ftruncate(fd, 0)
+os.unlink(path)
+print("touching", flush=True)
+m[4096]  # not a wirehead mapping: SIGBUS for the handler before the guard
+"""
+    name = whlib.unique_name()
+    proc = subprocess.run([sys.executable, "-c", code, name], env=whlib.env_for_child(),
+                          capture_output=True, text=True, timeout=120)
+    try:
+        assert proc.returncode == -7, (proc.returncode, proc.stderr[-2000:])
+        assert "touching" in proc.stdout
+        assert "Bus error" in proc.stderr  # faulthandler's report: it was called
+    finally:
+        import wirehead_torch as wt
+        wt.clean({"STORE": f"shm://{name}", "SWAP_CAP": 1, "SAMPLE": ["x"]})
