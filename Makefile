@@ -111,8 +111,9 @@ mongo-jars: .deps/debian-java.stamp
 # (docs/relay.md): serves an empty database on MONGO_PORT until Ctrl-C and
 # prints the WIREHEAD_STORE line that points a config at it.
 MONGO_PORT ?= 27017
+MONGO_DB   ?= brains
 mongo-server: mongo-jars
-	/usr/bin/python3 tests/helpers/mongo_server.py $(MONGO_PORT)
+	/usr/bin/python3 tests/helpers/mongo_server.py $(MONGO_PORT) $(MONGO_DB)
 
 include tests/c/plan.mk
 include tests/c/shmfile.mk

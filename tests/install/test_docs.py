@@ -164,7 +164,16 @@ def test_blocks_see_the_package_under_test_from_path(tmp_path):
 
 
 def clean_store(store):
-    """Removes the store; whether there was anything left to remove."""
+    """Removes the store (a MongoDB one: its database, made for the block,
+    whatever collection prefix the block's config gives); whether there was
+    anything left to remove."""
+    if store.startswith("mongodb://"):
+        from mongo_server import RawClient
+        server, db = store.rsplit("/", 1)
+        with RawClient(server) as client:
+            left = client.collections(db)
+            client.command(db, {"dropDatabase": 1})
+        return bool(left)
     import wirehead_torch as wt
     return wt.clean({"STORE": store, "SWAP_CAP": 1, "SAMPLE": ["x"]})
 
