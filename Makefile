@@ -1,17 +1,24 @@
 # wirehead_torch: `make demo` and `make test` do all set-up on a fresh Debian
 # machine (Debian packages when run as root, the venv, the extension; for
-# `make test` also the MongoDB test server's jars), each step only when
-# missing or out of date.
+# `make test` also the test toolchain and the MongoDB test server's jars),
+# each step only when missing or out of date. `make install` and `make demo`
+# bring only what the package and the demo need.
 SHELL := /bin/bash
 PY     := .venv/bin/python
 PIP    := .venv/bin/pip
 EXT    := wirehead_torch/_C$(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null || echo .so)
 CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h) ext/sources.mk
 
+# building and running the package and its demo
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
-            gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev \
-            openjdk-17-jdk-headless maven slurm-wlm munge python3-matplotlib clang libclang-rt-14-dev \
-            clang-format
+            gcc make pkg-config libmongoc-dev libbson-dev libdlpack-dev libxxhash-dev
+# the MongoDB test server (`make mongo-server`, the tests): Java, and Maven
+# to fetch its jars
+DEB_JAVA_PKGS := openjdk-17-jdk-headless maven
+# the rest of the test toolchain: the SLURM test cluster, the fuzzers,
+# `make lint`, the benchmark plots
+DEB_TEST_PKGS := $(DEB_PKGS) $(DEB_JAVA_PKGS) slurm-wlm munge python3-matplotlib clang \
+                 libclang-rt-14-dev clang-format
 
 # libmongoc keeps per-process counters in /dev/shm/mongoc-<pid> unless told
 # not to, and a killed test process leaves them behind.
@@ -26,28 +33,49 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 DDP         ?=
 
-.PHONY: all install deps build lint test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak bench clean-build mongo-jars
+.PHONY: all install deps test-deps build lint test test-c test-py test-asan test-installed test-torch2 wheel test-wheel demo soak bench clean-build mongo-jars mongo-server
 
 all: install
 
 # Debian packages: installed when missing and we are root; otherwise the
-# exact command to run is printed.
-.deps/debian.stamp: Makefile
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+# exact command to run is printed, naming only what the target asked for
+# lacks. $(call deb_check,PACKAGES,WHAT THEY ARE FOR)
+deb_check = missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian packages: $$missing"; \
+	    echo "installing Debian packages ($(2)): "$$missing; \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || exit 1; \
 	  else \
-	    echo "missing Debian packages; run: sudo apt-get install $$missing" >&2; exit 1; \
+	    echo "missing Debian packages ($(2)); run: sudo apt-get install "$$missing >&2; exit 1; \
 	  fi; \
-	fi
-	@mkdir -p .deps && touch $@
+	fi; \
+	mkdir -p .deps && touch $@
+
+.deps/debian.stamp: Makefile
+	@$(call deb_check,$(DEB_PKGS),the package)
+
+.deps/debian-java.stamp: Makefile
+	@$(call deb_check,$(DEB_JAVA_PKGS),the MongoDB test server)
+
+# everything in one list, so that one message names all that `make test` lacks
+.deps/debian-test.stamp: Makefile
+	@$(call deb_check,$(DEB_TEST_PKGS),the tests)
 
 deps: .deps/debian.stamp
 
+# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66.
+# $(call setuptools_77,PYTHON)
+setuptools_77 = $(1) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+	2>/dev/null || $(1) -m pip install -q 'setuptools>=77'
+
 .venv/.stamp: .deps/debian.stamp pyproject.toml
 	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages .venv
+	$(call setuptools_77,$(PY))
+	touch $@
+
+# The test toolchain: Debian's (above) and, in the venv, what only the tests,
+# benchmarks and `make lint` import.
+.venv/.test-stamp: .deps/debian-test.stamp .venv/.stamp
 	$(PY) -c 'import pytest' 2>/dev/null || $(PIP) install -q pytest
 	# raw PyMongo baseline of benchmarks/bench_mongo.py; 4.13 is the last that
 	# speaks the test server's wire version 8
@@ -56,15 +84,17 @@ deps: .deps/debian.stamp
 	$(PY) -c 'import webdataset' 2>/dev/null || $(PIP) install -q 'webdataset==1.0.2'
 	# the Python linter of `make lint` (pinned: a newer ruff may add rules)
 	$(PY) -m ruff --version 2>/dev/null | grep -qx 'ruff $(RUFF_VERSION)' || $(PIP) install -q 'ruff==$(RUFF_VERSION)'
-	# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66
-	$(PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
-	  2>/dev/null || $(PIP) install -q 'setuptools>=77'
 	touch $@
+
+test-deps: .venv/.test-stamp mongo-jars
 
 # The extension is rebuilt whenever a C file changes; the editable install
 # puts the package and the wirehead-torch script into the venv.
 $(EXT): .venv/.stamp $(CSRC) setup.py
 	$(PY) setup.py -q build_ext --inplace
+	@# build_ext leaves an up-to-date extension untouched: without this a newer
+	@# venv stamp would have it "rebuilt" on every make
+	@touch $@
 
 .venv/.installed: $(EXT) pyproject.toml setup.py compat/pyproject.toml
 	$(PIP) install -q --no-build-isolation --no-deps -e . -e ./compat
@@ -74,8 +104,16 @@ build: $(EXT)
 
 install: .venv/.installed
 
-mongo-jars: .deps/debian.stamp
+mongo-jars: .deps/debian-java.stamp
 	sh tests/mongo/fetch.sh
+
+# The in-memory MongoDB test server, to try the MongoDB store on one machine
+# (docs/relay.md): serves an empty database on MONGO_PORT until Ctrl-C and
+# prints the WIREHEAD_STORE line that points a config at it.
+MONGO_PORT ?= 27017
+MONGO_DB   ?= brains
+mongo-server: mongo-jars
+	/usr/bin/python3 tests/helpers/mongo_server.py $(MONGO_PORT) $(MONGO_DB)
 
 include tests/c/plan.mk
 include tests/c/shmfile.mk
@@ -95,17 +133,17 @@ build/ctest/test_store_asan: $(STORE_CSRC) $(WH_HDRS)
 	@mkdir -p $(@D)
 	cc $(WH_CFLAGS) -O1 $(WH_SAN) -o $@ $(STORE_CSRC) $(WH_LIBS)
 
-test-c: .deps/debian.stamp mongo-jars ctest-plan ctest-shmfile ctest-mongo build/ctest/test_store build/ctest/test_store_asan
+test-c: .deps/debian-test.stamp mongo-jars ctest-plan ctest-shmfile ctest-mongo build/ctest/test_store build/ctest/test_store_asan
 	build/ctest/test_store
 	ASAN_OPTIONS=detect_leaks=1 build/ctest/test_store_asan
 
 # Debian's torch 1.13 has no Lightning: its tests run in the torch 2.x lane.
-test-py: install mongo-jars
+test-py: test-deps install
 	$(PY) -m pytest -q -rs -m 'not lightning' $(PYTEST_ARGS)
 
 # The store and DataLoader tests against an ASan+UBSan build of the
 # extension (built into build/asan, loaded with the ASan runtime preloaded).
-test-asan: install mongo-jars
+test-asan: test-deps install
 	rm -rf build/asan && mkdir -p build/asan
 	WH_SANITIZE=1 $(PY) setup.py -q build_ext --build-lib build/asan --build-temp build/asan/tmp
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -119,11 +157,10 @@ INST_PY := .venv-inst/bin/python
 INST_TESTS := tests/install/test_install.py tests/store/test_roundtrip.py \
               tests/readers/test_loader_api.py tests/ddp/test_late_rank.py tests/install/test_demo.py
 
-.venv-inst/.stamp: .deps/debian.stamp pyproject.toml
+.venv-inst/.stamp: .deps/debian-test.stamp pyproject.toml
 	test -x $(INST_PY) || /usr/bin/python3 -m venv --system-site-packages .venv-inst
 	$(INST_PY) -c 'import pytest' 2>/dev/null || $(INST_PY) -m pip install -q pytest
-	$(INST_PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
-	  2>/dev/null || $(INST_PY) -m pip install -q 'setuptools>=77'
+	$(call setuptools_77,$(INST_PY))
 	touch $@
 
 test-installed: .venv-inst/.stamp mongo-jars
@@ -137,10 +174,11 @@ test-installed: .venv-inst/.stamp mongo-jars
 # The suite again against torch 2.x and Lightning from PyPI, in a venv of
 # their own (about 5 GB of CUDA wheels that also run without a GPU), kept
 # outside the tree so clean clones on the same machine (CI) reuse it. The
-# package is not installed there: the in-place extension does not link
-# torch, so the source tree (and compat/, the `wirehead` package) on
-# PYTHONPATH serves both venvs. matplotlib: the benchmark suite's plots
-# (lane 1 has Debian's).
+# in-place extension does not link torch, so the source tree (and compat/,
+# the `wirehead` package) serves both venvs: on PYTHONPATH, and installed
+# editable (again each run: clones share the venv) for the commands a pip
+# user has on PATH, which the docs' shell blocks run. matplotlib: the
+# benchmark suite's plots (lane 1 has Debian's).
 TORCH2_VERSION    ?= 2.15.0
 LIGHTNING_VERSION ?= 2.6.6
 TORCH2_VENV       ?= $(HOME)/.cache/wirehead_torch/venv-torch$(TORCH2_VERSION)-lightning$(LIGHTNING_VERSION)
@@ -152,9 +190,11 @@ $(TORCH2_VENV)/.stamp: .deps/debian.stamp
 	  numpy pyyaml pytest matplotlib 'webdataset==1.0.2'
 	touch $@
 
-test-torch2: $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
+test-torch2: .deps/debian-test.stamp $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
 	# a venv made before tests/shards needed it (the stamp above does not redo installs)
 	$(T2_PY) -c 'import webdataset' 2>/dev/null || $(T2_PY) -m pip install -q 'webdataset==1.0.2'
+	$(call setuptools_77,$(T2_PY))
+	$(T2_PY) -m pip install -q --no-build-isolation --no-deps -e . -e ./compat
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
 	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs $(PYTEST_ARGS)
 
@@ -182,12 +222,12 @@ test-wheel: wheel
 # Style kept by tools: the C tree matches .clang-format, the Python passes
 # ruff with the rules in pyproject.toml.
 CFORMAT_FILES = $(wildcard ext/*.c ext/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
-lint: .venv/.stamp $(EXT)
+lint: .venv/.test-stamp $(EXT)
 	clang-format --dry-run --Werror $(CFORMAT_FILES)
 	$(PY) tests/helpers/check_layers.py
 	$(PY) -m ruff check wirehead_torch compat tests benchmarks setup.py
 
-test: lint test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
+test: test-deps lint test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2
 
 demo: install
 	$(PY) -m wirehead_torch.apps.demo $(if $(DDP),--ddp $(DDP)) $(DEMO_ARGS)
@@ -202,7 +242,7 @@ soak: install
 # benchmarks/results/<run>/ (results.json, results.md, PNG plots).
 # BENCH_ARGS="--name X --parts scaling,training,store,mongo ..." passes options.
 BENCH_ARGS ?=
-bench: install
+bench: test-deps install
 	$(PY) benchmarks/suite.py $(BENCH_ARGS)
 
 clean-build:

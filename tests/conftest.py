@@ -1,3 +1,4 @@
+import glob
 import os
 import sys
 
@@ -68,6 +69,35 @@ def store_cfg(request, shm_cfg):
                                  CONNECT_TIMEOUT=10)
     yield make
     _clean_all(made)
+
+
+def _own_stores():
+    """This process's shm stores and params files named by
+    whlib.unique_name()'s default prefix (the function-scoped configs)."""
+    return set(glob.glob(f"/dev/shm/wirehead*.whtest-{os.getpid()}-*"))
+
+
+@pytest.fixture(autouse=True)
+def _no_store_left_behind():
+    """A test removes the stores it made (after its other fixtures' clean-up,
+    which runs first): one still in /dev/shm is removed and fails the test.
+    One made later by a process a test left running fails a later test, or
+    the session (below)."""
+    before = _own_stores()
+    yield
+    left = sorted(_own_stores() - before)
+    for path in left:
+        os.unlink(path)
+    assert not left, f"left in /dev/shm by this test (or a process it left running): {left}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_store_left_by_the_session():
+    yield
+    left = sorted(_own_stores())
+    for path in left:
+        os.unlink(path)
+    assert not left, f"left in /dev/shm at the end of the run: {left}"
 
 
 def _gpu_skip(report):

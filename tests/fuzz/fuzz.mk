@@ -21,7 +21,7 @@ build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c $(WH_STORE_SRCS) $(WH_H
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(filter-out $(FUZZ_MONGO_OWN),$(WH_STORE_SRCS)) $(WH_LIBS)
 
-fuzz: .deps/debian.stamp $(addprefix build/fuzz/,$(FUZZ_TARGETS))
+fuzz: .deps/debian-test.stamp $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p build/fuzz/corpus/$$t && \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s" && \

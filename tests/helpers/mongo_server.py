@@ -334,14 +334,30 @@ class RawClient:
         return False
 
 
-if __name__ == "__main__":
-    # By hand: `python tests/helpers/mongo_server.py [PORT]` serves an empty,
-    # in-memory database on loopback until Ctrl-C (to try the MongoDB store
-    # on one machine; it keeps nothing and is not a production server).
+def main(argv):
+    """`make mongo-server` (or `python tests/helpers/mongo_server.py [PORT
+    [DBNAME]]`): serves an empty, in-memory database on loopback until
+    Ctrl-C, to try the MongoDB store on one machine (it keeps nothing and is
+    not a production server), and prints the line that points wirehead_torch
+    at it. PORT 0 picks a free one."""
+    import socket
     import sys
-    srv = MongoTestServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()
-    print(f"in-memory MongoDB test server: {srv.uri} (Ctrl-C ends it, and its data)",
-          flush=True)
+    if len(argv) > 2 or (argv and not argv[0].isdigit()):
+        sys.exit("usage: mongo_server.py [PORT [DBNAME]]  (PORT 0: a free one)")
+    port = int(argv[0]) if argv else 0
+    db = argv[1] if len(argv) > 1 else "brains"
+    if port:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                sys.exit(f"port {port} is in use (a MongoDB server already?): "
+                         f"`make mongo-server MONGO_PORT=0` picks a free port")
+    try:
+        srv = MongoTestServer(port=port).start()
+    except MongoServerError as e:
+        sys.exit(f"the MongoDB test server did not start: {e}")
+    print(f"in-memory MongoDB test server on {srv.uri} (Ctrl-C ends it, and its data); "
+          f"to use it from another shell:\n"
+          f"export WIREHEAD_STORE={srv.uri}/{db}", flush=True)
     try:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while srv.proc.poll() is None:
@@ -350,3 +366,8 @@ if __name__ == "__main__":
         pass
     finally:
         srv.close()
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])

@@ -8,9 +8,10 @@ is checked, and an HTML comment on the line before the fence,
 - ``python``: run with this interpreter, in the document's working folder
   (a fresh folder per document, with the repository's ``slurm`` and
   ``benchmarks`` folders linked in).
-- ``sh``: run with ``bash -e`` there; ``python``, ``wirehead-torch``,
-  ``wirehead`` and ``torchrun`` are this interpreter and the package under
-  test.
+- ``sh``: run with ``bash -e`` there, in the user's environment with this
+  interpreter's venv activated (its ``bin`` first on ``PATH``, as
+  ``source .venv/bin/activate`` leaves it): ``python``, ``wirehead-torch``
+  and ``wirehead`` are whatever that finds, with no stand-ins.
 - ``yaml``: a config, resolved by ``wirehead_torch.load_config`` (an unknown
   key, a warning, is a failure).
 - ``text``: output or a synopsis, not code.
@@ -25,10 +26,11 @@ is checked, and an HTML comment on the line before the fence,
 - ``not-run=REASON``: one of NOT_RUN's reasons; such a block is still
   checked: every ``make`` target it names exists in the Makefile, every
   ``wirehead-torch`` subcommand exists, every repository path it names
-  exists.
+  exists. The run's summary counts them by reason (tests/install/conftest.py).
 
 Each run block gets a fresh store through ``WIREHEAD_STORE`` (which
-overrides ``STORE`` in any config), removed after the block."""
+overrides ``STORE`` in any config), and must have removed it when it ends,
+as an example run by a user leaves nothing behind."""
 import os
 import re
 import signal
@@ -116,23 +118,9 @@ RUN = [b for b in ALL if b.lang in ("python", "sh") and "not-run" not in b.opts
 
 
 # --- the working folders -------------------------------------------------
-_SHIMS = {
-    "python": "exec {py} \"$@\"",
-    "python3": "exec {py} \"$@\"",
-    "wirehead-torch": "exec {py} -m wirehead_torch.apps.cli \"$@\"",
-    "wirehead": "exec {py} -m wirehead_torch.apps.monitor \"$@\"",
-    "torchrun": "exec {py} -m torch.distributed.run \"$@\"",
-}
-
-
 @pytest.fixture(scope="module")
 def workdirs(tmp_path_factory):
-    """doc -> a folder holding its file= blocks, and the shims folder."""
-    shims = tmp_path_factory.mktemp("bin")
-    for name, body in _SHIMS.items():
-        p = shims / name
-        p.write_text("#!/bin/sh\n" + body.format(py=sys.executable) + "\n")
-        p.chmod(0o755)
+    """doc -> a folder holding its file= blocks."""
     dirs = {}
     for doc in DOCS:
         d = tmp_path_factory.mktemp(re.sub(r"\W", "_", doc))
@@ -142,24 +130,58 @@ def workdirs(tmp_path_factory):
             if "file" in b.opts:
                 (d / b.opts["file"]).write_text(b.text)
         dirs[doc] = d
-    return dirs, str(shims)
+    return dirs
 
 
-def child_env(shims, store):
-    env = whlib.env_for_child({"WIREHEAD_STORE": store, "MONGOC_DISABLE_SHM": "1"})
-    env["PATH"] = shims + os.pathsep + env.get("PATH", "")
-    env.pop("WIREHEAD_CUDA_LIB", None)
+def user_env(store=None):
+    """The environment of this run with this interpreter's venv activated,
+    as `source .venv/bin/activate` leaves it, and the block's store."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONHOME", "WIREHEAD_CUDA_LIB", "WIREHEAD_FAULT_PUT_PAUSE")}
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["MONGOC_DISABLE_SHM"] = "1"
+    if store is not None:
+        env["WIREHEAD_STORE"] = store
     return env
 
 
+def test_blocks_see_the_package_under_test_from_path(tmp_path):
+    """In that environment `python` and the package's commands are the venv's
+    and import the package under test: blocks run as a user runs them, and
+    what they run is what this run tests."""
+    import wirehead_torch
+    r = subprocess.run(
+        ["bash", "-e", "-c", "command -v python wirehead-torch wirehead; "
+         "python -c 'import wirehead_torch; print(wirehead_torch.__file__)'"],
+        cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (
+        f"python, wirehead-torch or wirehead is not on the venv's PATH ({sys.prefix}); "
+        f"`make install` puts them there\n{r.stdout}{r.stderr}")
+    *commands, imported = r.stdout.split()
+    bindir = os.path.dirname(sys.executable)
+    assert all(os.path.dirname(c) == bindir for c in commands), (commands, bindir)
+    assert os.path.realpath(imported) == os.path.realpath(wirehead_torch.__file__), imported
+
+
 def clean_store(store):
+    """Removes the store (a MongoDB one: its database, made for the block,
+    whatever collection prefix the block's config gives); whether there was
+    anything left to remove."""
+    if store.startswith("mongodb://"):
+        from mongo_server import RawClient
+        server, db = store.rsplit("/", 1)
+        with RawClient(server) as client:
+            left = client.collections(db)
+            client.command(db, {"dropDatabase": 1})
+        return bool(left)
     import wirehead_torch as wt
-    wt.clean({"STORE": store, "SWAP_CAP": 1, "SAMPLE": ["x"]})
+    return wt.clean({"STORE": store, "SWAP_CAP": 1, "SAMPLE": ["x"]})
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
 def test_block_runs(block, workdirs, request, tmp_path):
-    dirs, shims = workdirs
     if block.opts.get("store") == "mongodb":
         srv = request.getfixturevalue("mongo_server")
         store = f"{srv.uri}/{whlib.unique_name('docs')}"
@@ -170,18 +192,55 @@ def test_block_runs(block, workdirs, request, tmp_path):
     else:
         cmd = ["bash", "-e", "-c", block.text]
     try:
-        rc, stdout, stderr, left = run_block(cmd, dirs[block.doc], child_env(shims, store),
+        rc, stdout, stderr, left = run_block(cmd, workdirs[block.doc], user_env(store),
                                              tmp_path)
     finally:
-        clean_store(store)
+        store_left = clean_store(store)
     out = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"
     assert not left, f"{block.id} left processes running after it ended: {left}\n{out}"
     if "gpu" in block.opts and not _have_gpu():
         assert rc != 0 and "wirehead_torch.CudaError" in stderr, (
             f"{block.id}: without a CUDA device this block must stop with CudaError\n{out}")
         assert stderr.rstrip().split("\n")[-1].startswith("wirehead_torch.CudaError"), out
-        return
-    assert rc == 0, f"{block.id} failed (exit {rc})\n{out}"
+    else:
+        assert rc == 0, f"{block.id} failed (exit {rc})\n{out}"
+    assert not store_left, (f"{block.id} left its store behind (the example must remove "
+                            f"what it made, also when it fails)\n{out}")
+
+
+# a shell block's clean-up: `trap '...' EXIT`; a job started with `&`
+_TRAP = re.compile(r"^trap '[^']*' EXIT\b", re.M)
+_BACKGROUND = re.compile(r"(?<![&>|])&(?![&>])")
+TRAPPED = [b for b in RUN if b.lang == "sh" and _TRAP.search(b.text)]
+
+
+def test_shell_blocks_that_start_processes_stop_them_on_failure():
+    """Under `bash -e` a failed step skips the block's last lines: a block
+    that starts a process in the background stops it in an EXIT trap."""
+    for b in RUN:
+        if b.lang == "sh" and _BACKGROUND.search(b.text):
+            m = _TRAP.search(b.text)
+            assert m and "kill" in b.text[m.start():b.text.index("\n", m.start())], (
+                f"{b.id} starts a process in the background and has no `trap 'kill ...' EXIT`")
+    assert len(TRAPPED) >= 4
+
+
+@pytest.mark.parametrize("block", TRAPPED, ids=[b.id for b in TRAPPED])
+def test_shell_block_cleans_up_when_a_step_fails(block, workdirs, tmp_path):
+    """The block with a step that fails right after its trap is set (what it
+    started is running): it fails, and leaves no process and no store."""
+    store = f"shm://{whlib.unique_name('docs')}"
+    end = block.text.index("\n", _TRAP.search(block.text).start()) + 1
+    text = block.text[:end] + "false  # a step that fails\n" + block.text[end:]
+    try:
+        rc, stdout, stderr, left = run_block(["bash", "-e", "-c", text], workdirs[block.doc],
+                                             user_env(store), tmp_path)
+    finally:
+        store_left = clean_store(store)
+    out = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"
+    assert rc == 1, f"{block.id}: exit {rc}, not the failed step's 1\n{out}"
+    assert not left, f"{block.id} left processes running after a failed step: {left}\n{out}"
+    assert not store_left, f"{block.id} left its store behind after a failed step\n{out}"
 
 
 def _group_pids(pgid):
@@ -269,8 +328,8 @@ def _make_targets():
 
 def _subcommands():
     """The wirehead-torch subcommands, from its --help."""
-    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "--help"],
-                       capture_output=True, text=True, env=whlib.env_for_child(), timeout=60)
+    r = subprocess.run(["wirehead-torch", "--help"], capture_output=True, text=True,
+                       env=user_env(), timeout=60)
     assert r.returncode == 0, r.stderr
     return set(re.findall(r"[a-z]+", r.stdout.split("{", 1)[1].split("}", 1)[0]))
 
@@ -278,7 +337,9 @@ def _subcommands():
 NOT_RUN_BLOCKS = [b for b in ALL if "not-run" in b.opts]
 
 
-@pytest.mark.parametrize("block", NOT_RUN_BLOCKS, ids=[b.id for b in NOT_RUN_BLOCKS])
+# the id carries the reason, which the run's summary counts
+@pytest.mark.parametrize("block", NOT_RUN_BLOCKS,
+                         ids=[f"{b.id}-not-run={b.opts['not-run']}" for b in NOT_RUN_BLOCKS])
 def test_unrun_block_names_what_exists(block):
     reason = block.opts["not-run"]
     assert reason in NOT_RUN, (f"{block.id}: not-run={reason!r} is none of the reasons "

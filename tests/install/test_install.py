@@ -326,3 +326,50 @@ def test_compatibility_package_and_original_replace_each_other(wheels, tmp_path)
     v.uninstall("wirehead")
     v.no_wirehead()
     v.torch_works()
+
+
+# ---- trying MongoDB: the test server as `make mongo-server` runs it ----
+
+def _trial_server(*args):
+    script = os.path.join(whlib.REPO, "tests", "helpers", "mongo_server.py")
+    return subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_mongo_trial_server_prints_a_store_line_that_works(tmp_path):
+    """The server `make mongo-server` starts prints an `export
+    WIREHEAD_STORE=...` line; a config pointed at another store runs on it
+    with that line in the environment, and SIGTERM ends the server with 0.
+    A port already taken is refused with a message saying what to do."""
+    import signal
+    srv = _trial_server("0", "trial")
+    try:
+        first = srv.stdout.readline()
+        line = srv.stdout.readline().strip()
+        assert first.startswith("in-memory MongoDB test server on mongodb://127.0.0.1:"), (
+            first, srv.stderr.read() if srv.poll() is not None else "")
+        assert line.startswith("export WIREHEAD_STORE=mongodb://127.0.0.1:") and (
+            line.endswith("/trial")), line
+        store = line.split("=", 1)[1]
+        code = '''
+import numpy as np
+import wirehead_torch as wt
+cfg = {"STORE": "shm://not-this-one", "SWAP_CAP": 2, "SAMPLE": ["x"]}
+wt.WireheadGenerator(iter([(np.zeros(4, np.float32),)] * 2), config=cfg, quiet=True).run()
+st = wt.status(cfg)
+assert st["store"].startswith("mongodb://") and st["generated"] == 2, st
+assert wt.clean(cfg)
+print("ok")
+'''
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, WIREHEAD_STORE=store))
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+        port = store.rsplit(":", 1)[1].split("/")[0]
+        taken = _trial_server(port)
+        out, err = taken.communicate(timeout=60)
+        assert taken.returncode == 1 and f"port {port} is in use" in err, (out, err)
+        assert "MONGO_PORT=0" in err, err
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        assert srv.wait(timeout=60) == 0
+    assert not os.path.exists("/dev/shm/wirehead.not-this-one")

@@ -30,7 +30,8 @@ FIRST_ITEM_S = 60  # how long past SECONDS a reader may take to its first item
 def fleet_cfg():
     # room for every generator's put in flight besides a full generation
     sample_bytes = FLOATS * 4 + 16 + 1024
-    return {"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": SWAP_CAP,
+    # not the default prefix: a module's store outlives each test
+    return {"STORE": f"shm://{whlib.unique_name('whfleet')}", "SWAP_CAP": SWAP_CAP,
             "SAMPLE": ["id", "data"], "READ_TIMEOUT": 60, "LEASE_SECONDS": 5,
             "SELF_SEAL": True,
             "BYTE_BUDGET": (SWAP_CAP + GENERATORS) * sample_bytes + (1 << 20)}
