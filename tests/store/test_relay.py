@@ -23,8 +23,8 @@ import pytest
 import wirehead_torch as wt
 from wirehead_torch import _reader
 from wirehead_torch._arrays import to_store_arrays
-from wirehead_torch.apps import cli
 from wirehead_torch.admin import local_status
+from wirehead_torch.apps import cli
 from wirehead_torch.config import ConfigError, local_cache_uri, local_origin, resolve
 
 import whlib
