@@ -40,8 +40,8 @@ typedef struct wh__lslot {
 
 struct wh_loader {
     wh_loader_config_t cfg;
-    char *uri, *dbname, *prefix;
-    uint64_t refs; /* 1 for the owner + 1 per OUT slot */
+    char *uri, *dbname, *prefix, *origin_id, *origin_name; /* the store's strings, owned */
+    uint64_t refs;                                         /* 1 for the owner + 1 per OUT slot */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv;
     pthread_t *threads;
@@ -102,6 +102,8 @@ static void wh__loader_free(wh_loader_t *ld) {
     free(ld->uri);
     free(ld->dbname);
     free(ld->prefix);
+    free(ld->origin_id);
+    free(ld->origin_name);
     free(ld);
 }
 
@@ -304,6 +306,10 @@ wh_loader_t *wh_loader_new(const wh_loader_config_t *cfg, wh_err_t *err) {
     ld->cfg.store.uri = ld->uri;
     ld->cfg.store.dbname = ld->dbname;
     ld->cfg.store.prefix = ld->prefix;
+    ld->origin_id = wh__dup(cfg->store.origin_id);
+    ld->origin_name = wh__dup(cfg->store.origin_name);
+    ld->cfg.store.origin_id = ld->origin_id;
+    ld->cfg.store.origin_name = ld->origin_name;
     ld->refs = 1;
     pthread_mutex_init(&ld->mu, NULL);
     pthread_condattr_t ca;

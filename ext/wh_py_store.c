@@ -21,19 +21,22 @@ static const char *wh__opt_str(PyObject *o, PyObject *keep) {
 }
 
 bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbuf_t *out) {
-    static char *kwlist[] = {"uri",    "swap_cap",   "fields",  "byte_budget",       "chunk_bytes",
-                             "dbname", "prefix",     "lease_s", "connect_timeout_s", "verify_reads",
-                             "create", "min_params", NULL};
+    static char *kwlist[] = {
+        "uri",    "swap_cap",   "fields",    "byte_budget",       "chunk_bytes",
+        "dbname", "prefix",     "lease_s",   "connect_timeout_s", "verify_reads",
+        "create", "min_params", "origin_id", "origin_name",       NULL};
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
+    PyObject *origin_id = Py_None, *origin_name = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = WH_BYTE_BUDGET_AUTO, chunk_bytes = 4ull << 20;
     double lease_s = 10.0, connect_timeout_s = 10.0;
     int verify = 1, create = 1;
     unsigned long long min_params = 0;
     memset(out, 0, sizeof *out);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppK", kwlist, &uri, &swap_cap, &fields,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppKOO", kwlist, &uri, &swap_cap, &fields,
                                      &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
-                                     &connect_timeout_s, &verify, &create, &min_params))
+                                     &connect_timeout_s, &verify, &create, &min_params, &origin_id,
+                                     &origin_name))
         return false;
     out->keep = PyList_New(0);
     if (!out->keep) return false;
@@ -41,6 +44,8 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     c->uri = wh__opt_str(uri, out->keep);
     c->dbname = wh__opt_str(dbname, out->keep);
     c->prefix = wh__opt_str(prefix, out->keep);
+    c->origin_id = wh__opt_str(origin_id, out->keep);
+    c->origin_name = wh__opt_str(origin_name, out->keep);
     if (PyErr_Occurred()) goto fail;
     wh_err_t range = {0};
     if (!wh_swap_cap_check(swap_cap, "SWAP_CAP", &range)) {
@@ -703,14 +708,15 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
         return NULL;
     }
     return Py_BuildValue(
-        "{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsN}", "read_gen", (unsigned long long)s->read_gen,
+        "{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsNssss}", "read_gen", (unsigned long long)s->read_gen,
         "write_gen", (unsigned long long)s->write_gen, "write_fill", s->write_fill, "swap_cap",
         s->swap_cap, "write_bytes", (unsigned long long)s->write_bytes, "byte_budget",
         (unsigned long long)s->byte_budget, "store_bytes", (unsigned long long)s->store_bytes,
         "creator_pid", (unsigned long long)s->creator_pid, "generated",
         (unsigned long long)s->generated, "discarded", (unsigned long long)s->discarded, "seals",
         (unsigned long long)s->seals, "leader_pid", (unsigned long long)s->leader_pid,
-        "lease_left_s", s->lease_left_s, "history", hist, "areas", areas, "readers", readers);
+        "lease_left_s", s->lease_left_s, "history", hist, "areas", areas, "readers", readers,
+        "origin_id", s->origin_id, "origin", s->origin_name);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {

@@ -129,6 +129,10 @@ typedef struct {
     } hist[WH__HIST];
     wh__slot_t slots[WH__SLOTS];
     wh__beat_t readers[WH__MAX_READERS];
+    /* a node-local copy's source (wh_store_config_t), set at creation:
+     * "" in a plain store */
+    char origin_id[WH_ORIGIN_ID_LEN];
+    char origin_name[WH_ORIGIN_NAME_LEN];
 } wh__hdr_t;
 
 /* The segment's mappings, shared by the handle and every live view, so a
@@ -166,6 +170,9 @@ typedef struct {
     uint32_t swap_cap;
     uint64_t slot_bytes, index_off, data_off;
     uint64_t mirror_off, mirror_size; /* a relay's reservation for the next position */
+    /* the config's origin (a node-local copy's source), kept for every attach */
+    char origin_id[WH_ORIGIN_ID_LEN];
+    char origin_name[WH_ORIGIN_NAME_LEN];
 } wh__shm_t;
 
 static const wh_store_ops_t wh__shm_ops;
@@ -368,6 +375,8 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     h->data_off = data_off;
     h->creator_pid = getpid();
     h->created_ns = wh_now_real_ns();
+    memcpy(h->origin_id, s->origin_id, sizeof h->origin_id);
+    memcpy(h->origin_name, s->origin_name, sizeof h->origin_name);
     bool ok = true; /* the locks start free: the segment is zero-filled */
     if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
     /* Generation ids start from the wall clock in nanoseconds, so they keep
@@ -379,6 +388,37 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     wh__geometry(s);
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
     return true;
+}
+
+/* A header string as printable ASCII, cut at its field's end: the
+ * segment's bytes may be anything. */
+static void wh__hdr_text(char *out, const char *in, size_t n) {
+    size_t i = 0;
+    for (; i + 1 < n && in[i]; i++)
+        out[i] = (unsigned char)in[i] >= 0x20 && (unsigned char)in[i] < 0x7f ? in[i] : '?';
+    out[i] = 0;
+}
+
+/* A node-local copy serves only configs of the store it mirrors: one
+ * LOCAL_CACHE name given to two stores must not hand one the other's
+ * samples, and a plain store is no copy. */
+static bool wh__origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err) {
+    char id[WH_ORIGIN_ID_LEN], name[WH_ORIGIN_NAME_LEN];
+    wh__hdr_text(id, h->origin_id, sizeof id);
+    if (!strcmp(id, s->origin_id)) return true;
+    if (!id[0])
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
+                          "store, not a relay's copy of %s; give LOCAL_CACHE a name of its own "
+                          "(or auto), or remove that store (`wirehead-torch clean`)",
+                          s->shm_name + 10, s->origin_name);
+    wh__hdr_text(name, h->origin_name, sizeof name);
+    return wh_err_set(err, WH_E_SCHEMA,
+                      "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s (this "
+                      "config's STORE); give one of them another LOCAL_CACHE name (or auto), or "
+                      "remove that copy once nothing uses it (`wirehead-torch clean "
+                      "--local-only`)",
+                      s->shm_name + 10, name, s->origin_name);
 }
 
 /* Waits (bounded) for the creator to finish; maps and checks the store. */
@@ -453,10 +493,14 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     bool ok = true;
     uint64_t ns = wh__pidns();
     if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
+        /* a header of another size: made by another build (older ones lack
+         * the node-local copy's source) */
         ok = wh_err_set(err, WH_E_SCHEMA,
-                        "shm store '%s' has format version %u, this build uses %d; "
-                        "remove it with `wirehead-torch clean`",
-                        s->shm_name + 10, h->format_version, WH_FORMAT_VERSION);
+                        "shm store '%s' has format version %u with a %llu-byte header, this "
+                        "build uses version %d with a %zu-byte one; stop its users and remove "
+                        "it with `wirehead-torch clean`",
+                        s->shm_name + 10, h->format_version, (unsigned long long)h->hdr_size,
+                        WH_FORMAT_VERSION, sizeof(wh__hdr_t));
     } else if (h->pidns && ns && h->pidns != ns) {
         ok = wh_err_set(err, WH_E_INVALID,
                         "shm store '%s' was created in another PID namespace "
@@ -499,6 +543,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
                         s->shm_name + 10);
     }
+    if (ok && s->origin_id[0]) ok = wh__origin_ok(s, h, err);
     wh_guard_munmap(h, sizeof(wh__hdr_t));
     if (!ok) return false;
     void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -712,6 +757,16 @@ wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
         s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
     s->token |= 1;
     if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
+    if (cfg->origin_id) {
+        if (!cfg->origin_id[0] || strlen(cfg->origin_id) >= sizeof s->origin_id) {
+            wh_err_set(err, WH_E_INVALID, "origin_id must be 1..%d characters",
+                       WH_ORIGIN_ID_LEN - 1);
+            goto fail;
+        }
+        wh__hdr_text(s->origin_id, cfg->origin_id, sizeof s->origin_id);
+        wh__hdr_text(s->origin_name, cfg->origin_name ? cfg->origin_name : "",
+                     sizeof s->origin_name);
+    }
     wh_err_t e = {0};
     if (wh__ready(s, NULL, 0, &e)) return &s->base;
     /* BYTE_BUDGET auto and no segment yet: every operation but a put sees
@@ -1584,6 +1639,8 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     bool locked = wh__lock(&h->lock, 0.2, NULL);
     o->store_bytes = s->map_len;
     o->creator_pid = h->creator_pid > 0 ? (uint64_t)h->creator_pid : 0;
+    wh__hdr_text(o->origin_id, h->origin_id, sizeof o->origin_id);
+    wh__hdr_text(o->origin_name, h->origin_name, sizeof o->origin_name);
     o->read_gen = wh__ld(&h->read_gen);
     o->write_gen = wh__ld(&h->write_gen);
     int ws = wh__slot_of(h, o->write_gen);

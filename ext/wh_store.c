@@ -60,6 +60,8 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
     st->cfg.uri = st->uri;
     st->cfg.dbname = NULL;
     st->cfg.prefix = NULL;
+    st->cfg.origin_id = NULL;
+    st->cfg.origin_name = NULL;
     if (!st->uri) {
         st->ops->destroy(st);
         return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;

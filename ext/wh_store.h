@@ -30,7 +30,15 @@ typedef struct {
     bool verify_reads;        /* check XXH3 of every field read */
     bool no_create;           /* open only an existing store (WH_E_NOTFOUND otherwise) */
     uint64_t min_params;      /* readers: wh_store_set_min_params at open (0: none) */
+    /* shm, a node-local copy (docs/relay.md): what names the store it mirrors,
+     * recorded when the copy is created and checked at every attach (a copy
+     * of another source, or a plain store, is refused); NULL: a plain store */
+    const char *origin_id;   /* a digest, shorter than WH_ORIGIN_ID_LEN */
+    const char *origin_name; /* the same in words, redacted: for messages and status */
 } wh_store_config_t;
+
+#define WH_ORIGIN_ID_LEN 48
+#define WH_ORIGIN_NAME_LEN 160
 
 typedef enum {
     WH_PUT_ACCEPTED = 0, /* committed into the write generation */
@@ -79,6 +87,9 @@ typedef struct {
         uint64_t discarded;
         uint64_t seal_ns;
     } history[16];
+    /* shm: the source a node-local copy records ("": none, a plain store) */
+    char origin_id[WH_ORIGIN_ID_LEN];
+    char origin_name[WH_ORIGIN_NAME_LEN];
     int nreaders; /* reader processes that beat in the last WH_READER_LIVE_S */
     struct {
         uint64_t pid;

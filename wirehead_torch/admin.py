@@ -40,22 +40,32 @@ def status(config=None, config_path=None):
 
 def local_status(cfg, source_gen):
     """This node's LOCAL_CACHE: its read generation, how many generations
-    it is behind the store's newest (source_gen), its relay's figures and
-    the readers reading it."""
-    from .config import local_cache_uri, node_name
+    it is behind the store's newest (source_gen), the source the copy
+    records (``source``; ``foreign``: not this config's store, so its
+    readers and relay refuse the copy), its relay's figures and the readers
+    reading it."""
+    from .config import local_cache_uri, local_origin, node_name
     from .relay import relay_figures
-    ps = ProcessStore(cfg, create=False, local=True)
+    origin_id, origin = local_origin(cfg)
+    # opened without the source check: status shows whose copy it is
     try:
-        local = ps.get().status()
-        gen, readers = local["read_gen"], local["readers"]
+        ps = _C.Store(**store_kwargs(cfg, create=False, local=True, check_origin=False))
     except _C.NotFoundError:  # no relay has made it yet
+        gen, readers, source, foreign = 0, [], None, False
+    else:
+        try:
+            local = ps.status()
+        finally:
+            ps.close()
+        gen, readers = local["read_gen"], local["readers"]
+        source, foreign = local["origin"] or None, local["origin_id"] != origin_id
+    if foreign:  # another store's copy: none of its figures are this store's
         gen, readers = 0, []
-    finally:
-        ps.close()
     # generation numbers count up by one per seal
     lag = (source_gen - gen if gen else (1 if source_gen else 0)) if source_gen >= gen else 0
     return {"store": local_cache_uri(cfg), "node": node_name(), "read_gen": gen,
-            "lag_generations": lag, "relay": relay_figures(cfg),
+            "lag_generations": lag, "source": source, "foreign": foreign, "config_source": origin,
+            "relay": relay_figures(cfg),
             "readers": readers}  # this node's readers beat into the copy they read
 
 
@@ -86,18 +96,25 @@ def _exists(cfg):
     return any(own.fullmatch(n) for n in _C.mongo_collections(**store_kwargs(cfg, False)))
 
 
-def clean(config=None, config_path=None):
+def clean(config=None, config_path=None, local_only=False):
     """Removes everything this store holds (its shm segment and params
     file, or its MongoDB collections, and with LOCAL_CACHE this node's
-    copy); nothing else. Returns whether there was anything."""
+    copy, whichever store it mirrors); nothing else. local_only: only this
+    node's copy (the store itself stays). Returns whether there was
+    anything."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg, bad = get_store_config(config_path, config)
+    if local_only and not cfg["LOCAL_CACHE"]:
+        raise ValueError(f"{cfg.source}: local_only removes this node's LOCAL_CACHE copy; "
+                         f"the config sets no LOCAL_CACHE")
     if bad is not None:
         log.warning("%s; removing the store it names (%s) all the same", bad, redact(cfg.store))
-    with secrets_hidden(cfg["STORE"]):
-        existed = _exists(cfg)
-        _C.clean(**store_kwargs(cfg))
+    existed = False
+    if not local_only:
+        with secrets_hidden(cfg["STORE"]):
+            existed = _exists(cfg)
+            _C.clean(**store_kwargs(cfg))
     if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files too
         from .config import local_cache_uri
         from .relay import _files

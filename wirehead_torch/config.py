@@ -666,25 +666,47 @@ def local_cache_uri(cfg):
     return f"shm://relay-{safe}-{tag}"
 
 
+def local_origin(cfg):
+    """(id, name) of the store a LOCAL_CACHE copy mirrors, as the copy
+    records it: id a digest of what names that store (scheme, hosts,
+    database, collection prefix), name the same in words for messages and
+    status. Neither holds the URI's credentials or options."""
+    cfg = resolve(cfg)
+    scheme, _userinfo, hosts, _opts = _parse_uri(cfg.store)
+    hosts, _s, path = hosts.partition("/")  # the credentials went with the userinfo
+    db = unquote(path) or cfg.dbname or "wirehead"  # the database the store opens
+    key = "\0".join((scheme, ",".join(sorted(h.lower() for h in hosts.split(","))), db,
+                     cfg.collection_prefix))
+    name = f"{scheme}://{hosts}/{db} (prefix {cfg.collection_prefix})"
+    name = name.encode("ascii", "backslashreplace").decode()  # the store keeps ASCII
+    if len(name) > 150:
+        name = name[:147] + "..."
+    return hashlib.sha256(key.encode()).hexdigest()[:32], name
+
+
 def budget_arg(byte_budget):
     """A config's BYTE_BUDGET (None: auto) as the C store takes it."""
     return _C.BYTE_BUDGET_AUTO if byte_budget is None else int(byte_budget)
 
 
-def store_kwargs(cfg, create=True, local=False):
+def store_kwargs(cfg, create=True, local=False, check_origin=True):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
     (create=False: open only an existing store). BYTE_BUDGET auto is
     _C.BYTE_BUDGET_AUTO (0): the
     C store then lets only a put create an shm store, sized from its sample.
     local=True: a reader's store, the node-local copy when LOCAL_CACHE is
-    set (only its relay creates it)."""
+    set (only its relay creates it, recording its source: a copy of another
+    source is refused unless check_origin=False)."""
     cfg = resolve(cfg)
     uri = local_cache_uri(cfg) if local else None
     if uri:
-        return dict(create=create, uri=uri, swap_cap=cfg.swap_cap, fields=list(cfg.sample),
-                    byte_budget=_C.BYTE_BUDGET_AUTO, chunk_bytes=int(cfg.chunksize * (1 << 20)),
-                    dbname=cfg.dbname, prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
-                    connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
+        kw = dict(create=create, uri=uri, swap_cap=cfg.swap_cap, fields=list(cfg.sample),
+                  byte_budget=_C.BYTE_BUDGET_AUTO, chunk_bytes=int(cfg.chunksize * (1 << 20)),
+                  dbname=cfg.dbname, prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
+                  connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
+        if check_origin:
+            kw["origin_id"], kw["origin_name"] = local_origin(cfg)
+        return kw
     return dict(
         create=create,
         uri=cfg.store,

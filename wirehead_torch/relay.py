@@ -140,6 +140,13 @@ class WireheadRelay:
         noted = None
         while True:
             try:
+                # a copy of another store under this name is refused at once,
+                # not after waiting for the relay that fills it
+                self._dst.get().current()
+            except _C.WireheadError:
+                os.close(fd)
+                raise
+            try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if self._still_named(fd, path):
                     break

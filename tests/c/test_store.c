@@ -1192,6 +1192,59 @@ out:
     clean_store(&c);
 }
 
+/* A node-local copy records its source at creation: openers with another
+ * source, or with one where the store records none, are refused naming
+ * both; an opener with none (a plain store) is not checked. */
+static void t_store_origin(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s), d, p;
+    c.origin_id = "0123456789abcdef";
+    c.origin_name = "mongodb://a:1/db1 (prefix wh)";
+    wh_err_t e;
+    wh_store_t *st = wh_store_open(&c, &e), *o = NULL;
+    wh_status_t stt;
+    REQUIRE(st, "open: %s", e.message);
+    REQUIRE(wh_store_status(st, &stt, &e), "status: %s", e.message);
+    CHECK(!strcmp(stt.origin_id, c.origin_id) && !strcmp(stt.origin_name, c.origin_name),
+          "status: '%s' '%s'", stt.origin_id, stt.origin_name);
+    o = wh_store_open(&c, &e); /* the same source */
+    CHECK(o, "same source refused: %s", e.message);
+    wh_store_destroy(o);
+    d = c;
+    d.origin_id = "fedcba9876543210";
+    d.origin_name = "mongodb://b:2/db2 (prefix wh)";
+    o = wh_store_open(&d, &e);
+    CHECK(!o && e.code == WH_E_SCHEMA && strstr(e.message, c.origin_name) &&
+              strstr(e.message, d.origin_name),
+          "another source: %s", e.message);
+    wh_store_destroy(o);
+    d.origin_id = "";
+    o = wh_store_open(&d, &e);
+    CHECK(!o && e.code == WH_E_INVALID, "empty origin_id accepted");
+    wh_store_destroy(o);
+    d = c;
+    d.origin_id = d.origin_name = NULL;
+    o = wh_store_open(&d, &e); /* a plain opener */
+    CHECK(o, "plain opener refused: %s", e.message);
+    wh_store_destroy(o);
+    p = mkcfg(new_uri(), 4, 64 << 10, &s); /* a plain store is no copy */
+    o = wh_store_open(&p, &e);
+    REQUIRE(o, "plain open: %s", e.message);
+    wh_store_destroy(o);
+    d = p;
+    d.origin_id = c.origin_id;
+    d.origin_name = c.origin_name;
+    o = wh_store_open(&d, &e);
+    CHECK(!o && e.code == WH_E_SCHEMA && strstr(e.message, "records no source") &&
+              strstr(e.message, c.origin_name),
+          "plain store as a copy: %s", e.message);
+    wh_store_destroy(o);
+    clean_store(&p);
+out:
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 static void t_store_open_errors(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     static const char *const n3[] = {"id", "data", "extra"};
@@ -2790,6 +2843,7 @@ int main(int argc, char **argv) {
          false},
         {"store read racing reclamation -> WH_E_GONE", t_store_torn_read, false},
         {"store open errors (schema, SWAP_CAP, names)", t_store_open_errors, false},
+        {"a node-local copy's source: recorded, checked, shown", t_store_origin, false},
         {"store sample too big / budget exhausted", t_store_toobig, false},
         {"store surplus puts discarded at once", t_store_discard_fast, false},
         {"lease between handles, expiry, resign", t_lease_handles, false},

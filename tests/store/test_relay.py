@@ -6,7 +6,8 @@ positions for 2 ranks x 2 workers, and for 3 nodes x 2 ranks x 2 workers; a rela
 while a reader reads (no torn or wrong sample, the next relay resumes with
 the newest generation); the MongoDB server restarted mid-pull; a
 generation reclaimed in MongoDB mid-copy; start order (readers, then relay,
-then generators); one relay per node."""
+then generators); one relay per node; a copy serves only the store it
+mirrors (two databases given one LOCAL_CACHE name, a plain shm store)."""
 import json
 import os
 import random
@@ -22,8 +23,9 @@ import pytest
 import wirehead_torch as wt
 from wirehead_torch import _reader
 from wirehead_torch._arrays import to_store_arrays
+from wirehead_torch.admin import local_status
 from wirehead_torch.apps import cli
-from wirehead_torch.config import ConfigError, local_cache_uri, resolve
+from wirehead_torch.config import ConfigError, local_cache_uri, local_origin, resolve
 
 import whlib
 
@@ -463,15 +465,17 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
         said = caplog.text
         assert f"no relay runs on this node (the last one, pid {v.pid}, has ended)" in said, said
         assert f"generation #3 of its copy {cfg['LOCAL_CACHE']}" in said, said
-        # the same node's copy, its MongoDB gone: nothing listens on the port
-        dead = dict(cfg, STORE=f"mongodb://127.0.0.1:{whlib.free_port()}/x", CONNECT_TIMEOUT=1)
+        # a relay whose MongoDB is gone: nothing listens on the port (a copy
+        # of its own: the one above mirrors another store)
+        dead = dict(cfg, STORE=f"mongodb://127.0.0.1:{whlib.free_port()}/x", CONNECT_TIMEOUT=1,
+                    LOCAL_CACHE=f"shm://{whlib.unique_name('whrelay')}")
         relay = wt.WireheadRelay(config=dead)
         t = threading.Thread(target=relay.run, daemon=True)
         t.start()
         try:
-            whlib.until(lambda: (wt.relay.relay_figures(cfg) or {}).get("last_error"), 60,
+            whlib.until(lambda: (wt.relay.relay_figures(dead) or {}).get("last_error"), 60,
                         "the unreachable relay's figures")
-            fig = wt.relay.relay_figures(cfg)
+            fig = wt.relay.relay_figures(dead)
             assert fig["running"] and fig["pid"] == os.getpid(), fig
             assert fig["generations"] == 0 and "127.0.0.1" in fig["last_error"], fig
             text = "\n".join(cli._fmt_local({"relay": fig, "store": cfg["LOCAL_CACHE"],
@@ -482,6 +486,137 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
             relay.stop()
             t.join(30)
             relay.close()
+            os.unlink(wt.relay._files(dead["LOCAL_CACHE"])[1])
         assert not t.is_alive()
     finally:
         src.close()
+
+
+SECRET = "hunter2pw"  # a password that must appear in no message
+
+
+def _refused_naming(text, mine, theirs):
+    assert "LOCAL_CACHE" in text and mine in text and theirs in text, text
+    assert SECRET not in text and "alice" not in text, text
+
+
+def test_a_copy_serves_only_the_store_it_mirrors(relay_cfg, mongo_server, tmp_path, capsys):
+    """Two MongoDB databases given one explicit LOCAL_CACHE name: the copy
+    records the first one's source; the second one's relay (while the
+    first's runs) and its readers are refused naming both sources, never a
+    password; the first one's readers read; status shows whose copy it is;
+    clean --local-only removes the copy alone."""
+    cfg_a, path_a = relay_cfg()
+    cfg_b, path_b = relay_cfg(LOCAL_CACHE=cfg_a["LOCAL_CACHE"])  # another database
+    host = mongo_server.uri[len("mongodb://"):]
+    # the same second database, with credentials: nothing of it may show them
+    cfg_s = dict(cfg_b, STORE=f"mongodb://alice:{SECRET}@{host}/{cfg_b['STORE'].rsplit('/', 1)[1]}"
+                             f"?authSource=admin")
+    path_s = tmp_path / "secret.yaml"
+    path_s.write_text(json.dumps(cfg_s))
+    name_a, name_b = local_origin(cfg_a)[1], local_origin(cfg_b)[1]
+    assert name_a != name_b and local_origin(cfg_s)[1] == name_b
+    assert local_origin(cfg_s)[0] == local_origin(cfg_b)[0]  # credentials name no other source
+    src_a, src_b = whlib.open_store(cfg_a), whlib.open_store(cfg_b)
+    relay_a = relay_b = None
+    try:
+        gen = _feed(src_a, 1)
+        _feed(src_b, 2)
+        relay_a = _relay_proc(path_a)
+        whlib.wait_line(relay_a.stderr, "fills", 30)
+        local = _local(cfg_a)
+        whlib.until(lambda: local.current() == gen, 60, "the first store's copy")
+        local.close()
+        # the second relay is refused at once, not left waiting for the lock
+        relay_b = _relay_proc(str(path_s))
+        assert relay_b.wait(30) == 2
+        _refused_naming(relay_b.stderr.read(), name_b, name_a)
+        for reader in (lambda: wt.MongoheadDataset(config=cfg_s)[0],
+                       lambda: next(iter(wt.WireheadLoader(config=cfg_s, batch_size=2)))):
+            with pytest.raises(wt.SchemaMismatchError) as e:
+                reader()
+            _refused_naming(str(e.value), name_b, name_a)
+        # the first store's readers read its samples
+        item = wt.MongoheadDataset(config=cfg_a, output="numpy")[3]
+        assert item["input"].tolist() == [1, 3], item
+        ld = wt.WireheadLoader(config=cfg_a, batch_size=SWAP_CAP, shuffle=False)
+        assert next(iter(ld))["id"].tolist() == [[1, p] for p in range(SWAP_CAP)]
+        ld.close()
+        # status: the copy's source, and a copy of another store said to be one
+        loc = wt.status(cfg_a)["local_cache"]
+        assert loc["source"] == name_a and not loc["foreign"] and loc["read_gen"] == gen, loc
+        capsys.readouterr()
+        assert cli.main(["status", "--config", path_a]) == 0
+        assert f"source         {name_a}" in capsys.readouterr().out
+        loc = wt.status(cfg_b)["local_cache"]
+        assert loc["source"] == name_a and loc["foreign"] and loc["read_gen"] == 0, loc
+        assert cli.main(["status", "--config", path_b]) == 0
+        out = capsys.readouterr().out
+        assert f"the copy of {name_a}, NOT of this config's {name_b}" in out, out
+        # the test server takes no credentials: status's local lines of the secret config
+        loc = local_status(resolve(cfg_s), 0)
+        text = "\n".join(cli._fmt_local(loc, {})) + json.dumps(loc)
+        assert name_a in text and name_b in text and SECRET not in text and "alice" not in text
+        # once its relay has stopped, the copy alone is removed: MongoDB keeps its data
+        assert whlib.stop(relay_a) == 0
+        copy = f"/dev/shm/wirehead.{cfg_a['LOCAL_CACHE'][6:]}"
+        assert os.path.exists(copy)
+        assert cli.main(["clean", "--local-only", "--config", path_b]) == 0
+        assert "removed this node's copy" in capsys.readouterr().out
+        assert not os.path.exists(copy)
+        assert wt.status(cfg_a)["read_gen"] == gen
+        # the second store's relay now makes the copy its own
+        relay_b = _relay_proc(path_b)
+        whlib.wait_line(relay_b.stderr, "fills", 30)
+        whlib.until(lambda: wt.status(cfg_b)["local_cache"]["read_gen"], 60,
+                    "the second store's copy")
+        item = wt.MongoheadDataset(config=cfg_b, output="numpy")[5]
+        assert item["input"].tolist() == [2, 5], item
+        with pytest.raises(wt.SchemaMismatchError, match="this node's copy of"):
+            wt.MongoheadDataset(config=cfg_a)[0]
+    finally:
+        for p in (relay_a, relay_b):
+            if p is not None:
+                whlib.stop(p)
+        src_a.close()
+        src_b.close()
+
+
+def test_a_plain_store_is_no_copy(relay_cfg):
+    """A plain shm store under the LOCAL_CACHE name records no source:
+    neither a reader nor a relay takes it for a copy."""
+    cfg, _path = relay_cfg()
+    plain = whlib.open_store(dict(cfg, STORE=cfg["LOCAL_CACHE"], LOCAL_CACHE=None,
+                                  BYTE_BUDGET=1 << 20))
+    try:
+        name = local_origin(cfg)[1]
+        with pytest.raises(wt.SchemaMismatchError, match="records no source") as e:
+            wt.MongoheadDataset(config=cfg)[0]
+        assert name in str(e.value)
+        relay = wt.WireheadRelay(config=cfg, wait=False)
+        try:
+            with pytest.raises(wt.SchemaMismatchError, match="records no source"):
+                relay.run()
+        finally:
+            relay.close()
+        loc = local_status(resolve(cfg), 0)
+        assert loc["foreign"] and loc["source"] is None, loc
+        assert "no source recorded" in "\n".join(cli._fmt_local(loc, {}))
+    finally:
+        plain.close()
+
+
+def test_a_segment_of_another_layout_is_refused(relay_cfg):
+    """A segment whose header is another build's size (an older one, made
+    before copies recorded their source) is refused saying so."""
+    cfg, _path = relay_cfg()
+    plain = dict(cfg, STORE=cfg["LOCAL_CACHE"], LOCAL_CACHE=None, BYTE_BUDGET=1 << 20)
+    whlib.open_store(plain).close()
+    size = wt._C.shm_layout()["hdr_size"]
+    with open(f"/dev/shm/wirehead.{cfg['LOCAL_CACHE'][6:]}", "r+b") as f:
+        f.seek(16)  # magic, format version, SWAP_CAP, then the header's size
+        assert int.from_bytes(f.read(8), "little") == size
+        f.seek(16)
+        f.write((size - 208).to_bytes(8, "little"))
+    with pytest.raises(wt.SchemaMismatchError, match=f"{size - 208}-byte header"):
+        whlib.open_store(plain)

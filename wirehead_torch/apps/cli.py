@@ -82,6 +82,16 @@ def _fmt_local(loc, st):
                                   else "none yet")
            + f", {loc['lag_generations']} behind MongoDB's newest, "
            f"{len(loc['readers'])} reader process(es) on this node"]
+    if loc.get("foreign"):
+        # the copy's relay and readers serve another store: this config's refuse it
+        what = (f"the copy of {loc['source']}" if loc["source"] else
+                "no source recorded (a plain shm store, no relay's copy)")
+        out.append(f"  source         {what}, NOT of this config's {loc['config_source']}: "
+                   f"its readers and relay refuse it; give LOCAL_CACHE another name (or "
+                   f"auto), or remove the copy once nothing uses it (wirehead-torch clean "
+                   f"--local-only)")
+    elif loc.get("source"):
+        out.append(f"  source         {loc['source']}")
     r = loc.get("relay")
     if not r:
         out.append("  relay          none has run on this node: start wirehead-torch relay "
@@ -189,10 +199,17 @@ def _cmd_clean(args):
     from ..admin import clean
     from ..config import get_store_config, redact
     cfg, _ = get_store_config(args.config)
-    if clean(config_path=args.config):
-        print(f"removed store {redact(cfg['STORE'])}")
+    if args.local_only:
+        from ..config import local_cache_uri
+        what = f"this node's copy {local_cache_uri(cfg) if cfg['LOCAL_CACHE'] else ''}"
     else:
-        print(f"nothing to remove: no store {redact(cfg['STORE'])}")
+        what = f"store {redact(cfg['STORE'])}"
+    if clean(config_path=args.config, local_only=args.local_only):
+        print(f"removed {what}")
+    else:
+        print(f"nothing to remove: no {what}")
+    if args.local_only:
+        return 0
     from .._ring import remove_dead
     # DataLoader batch rings are per process, not per store: a killed
     # rank's are left in /dev/shm until a later ring, or this, removes them
@@ -283,6 +300,8 @@ def _main(argv):
                       help="also a line per copied generation")
     c = sub.add_parser("clean", help="remove this store's segments or collections")
     _config_arg(c)
+    c.add_argument("--local-only", action="store_true",
+                   help="remove only this node's LOCAL_CACHE copy (docs/relay.md)")
     pa = sub.add_parser("params", help="show or change the params generators read "
                         "(docs/params.md)")
     _config_arg(pa)
