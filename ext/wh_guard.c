@@ -93,8 +93,16 @@ static void wh__on_bus(int sig, siginfo_t *si, void *uc) {
     errno = saved;
 }
 
+/* A fork while another thread holds wh__mu (mapping a ring slot, say)
+ * must not leave the child's copy locked for ever. */
+static void wh__fork_lock(void) { pthread_mutex_lock(&wh__mu); }
+static void wh__fork_unlock(void) { pthread_mutex_unlock(&wh__mu); }
+static pthread_once_t wh__atfork_once = PTHREAD_ONCE_INIT;
+static void wh__atfork(void) { pthread_atfork(wh__fork_lock, wh__fork_unlock, wh__fork_unlock); }
+
 void wh_guard_ensure(void) {
     struct sigaction cur, mine, old;
+    pthread_once(&wh__atfork_once, wh__atfork);
     if (sigaction(SIGBUS, NULL, &cur) != 0 || wh__is_mine(&cur)) return;
     pthread_mutex_lock(&wh__mu);
     if (sigaction(SIGBUS, NULL, &cur) == 0 && !wh__is_mine(&cur)) {

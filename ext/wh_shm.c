@@ -560,7 +560,11 @@ static void wh__unmap_partial(wh__shm_t *s);
 /* Hands both mappings to a shared, counted owner (the handle's reference);
  * where this process maps the same segment already, its maps are used and
  * the new ones let go. */
+static void wh__fork_register(void);
+static pthread_once_t wh__fork_once;
+
 static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
+    pthread_once(&wh__fork_once, wh__fork_register); /* wh__maps_mu across fork */
     pthread_mutex_lock(&wh__maps_mu);
     for (wh__map_t *m = wh__maps; m; m = m->next)
         if (m->dev == sb->st_dev && m->ino == sb->st_ino && m->len == s->map_len) {
@@ -1456,11 +1460,13 @@ static pthread_once_t wh__fork_once = PTHREAD_ONCE_INIT;
 
 static void wh__fork_prepare(void) {
     pthread_mutex_lock(&wh__pin_mu);
+    pthread_mutex_lock(&wh__maps_mu); /* not left locked in the child by another thread */
     if (wh__nheld && pipe2(wh__fork_pipe, O_CLOEXEC) != 0)
         wh__fork_pipe[0] = wh__fork_pipe[1] = -1; /* no pipe: the parent waits for nobody */
 }
 
 static void wh__fork_parent(void) {
+    pthread_mutex_unlock(&wh__maps_mu);
     if (wh__fork_pipe[1] >= 0) {
         close(wh__fork_pipe[1]);
         struct pollfd p = {wh__fork_pipe[0], POLLIN, 0};
@@ -1479,6 +1485,7 @@ static void wh__fork_parent(void) {
 
 static void wh__fork_child(void) {
     pid_t me = getpid();
+    pthread_mutex_unlock(&wh__maps_mu);
     if (wh__fork_pipe[0] >= 0) close(wh__fork_pipe[0]);
     for (size_t i = 0; i < wh__nheld; i++) {
         wh__held_t *e = &wh__held[i];
