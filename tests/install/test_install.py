@@ -373,3 +373,28 @@ print("ok")
         srv.send_signal(signal.SIGTERM)
         assert srv.wait(timeout=60) == 0
     assert not os.path.exists("/dev/shm/wirehead.not-this-one")
+
+
+# ---- `make install` on a fresh clone: only what the package needs ----
+
+def test_make_install_in_a_fresh_clone_needs_no_test_toolchain(tmp_path):
+    """`make install` (what `make demo` runs first) in a fresh clone makes its
+    own venv without the test toolchain's packages, and the package imports
+    there: a set-up step that only the tests' packages made work (pytest
+    brings a newer `packaging` than Debian's) shows here."""
+    if not os.path.isdir(os.path.join(whlib.REPO, ".git")):
+        pytest.skip("not a git checkout: nothing to clone")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", whlib.REPO, str(clone)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    r = subprocess.run(["make", "install"], cwd=clone, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not (clone / ".venv" / ".test-stamp").exists()
+    py = str(clone / ".venv" / "bin" / "python")
+    r = subprocess.run([py, "-c", "import wirehead_torch, sys; print(wirehead_torch.__file__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and str(clone) in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([str(clone / ".venv" / "bin" / "wirehead-torch"), "--help"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generate" in r.stdout, r.stdout + r.stderr
