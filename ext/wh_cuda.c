@@ -66,7 +66,7 @@ bool wh_cuda_can_register(void) { return wh_cudart.HostRegister != NULL; }
 
 /* One more user of map's registration, registering it on first use. Takes
  * over the caller's map reference. */
-static bool wh__reg_take(void *map, const void *base, size_t len, wh_err_t *err) {
+static bool wh__reg_take(void *map, const void *base, size_t len, int device, wh_err_t *err) {
     pthread_mutex_lock(&wh__reg_mu);
     wh__reg_t *r = wh__regs;
     while (r && r->map != map) r = r->next;
@@ -82,7 +82,10 @@ static bool wh__reg_take(void *map, const void *base, size_t len, wh_err_t *err)
         unsigned flags = WH_CUDA_HOST_REGISTER_PORTABLE;
         if (wh_cuda_runtime_version() >= WH_CUDA_READ_ONLY_VERSION)
             flags |= WH_CUDA_HOST_REGISTER_READ_ONLY; /* the store's mapping is read-only */
+        int prev = wh_cudart_enter(device);
         rc = wh_cudart.HostRegister((void *)base, len, flags);
+        if (rc != WH_CUDA_SUCCESS) wh_cudart_clear();
+        wh_cudart_leave(device, prev);
     }
     if (rc != WH_CUDA_SUCCESS) {
         pthread_mutex_unlock(&wh__reg_mu);
@@ -114,7 +117,7 @@ static void wh__reg_drop(void *map) {
     wh__reg_t *r = *rr;
     if (r && --r->users == 0) {
         *rr = r->next;
-        wh_cudart.HostUnregister(r->base);
+        if (wh_cudart.HostUnregister(r->base) != WH_CUDA_SUCCESS) wh_cudart_clear();
     } else {
         r = NULL;
     }
@@ -137,6 +140,7 @@ struct wh_gpu {
     wh_gpu_stats_t stats;
     void *maps[WH__MAX_MAPS]; /* registrations this stage uses */
     int nmaps;
+    bool refused; /* a registration was refused: every batch goes staged */
 };
 
 /* Stops using the registrations in maps[0, n): after every copy queued on
@@ -227,16 +231,19 @@ void wh_gpu_destroy(wh_gpu_t *g) {
 /* Retires completed copies in order; mutex held, device entered. */
 static void wh__poll_locked(wh_gpu_t *g, wh_buf_t **drop, size_t *ndrop) {
     size_t k = 0;
-    while (k < g->ninflight &&
-           wh_cudart.EventQuery(g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS) {
+    for (; k < g->ninflight; k++) {
+        if (wh_cudart.EventQuery(g->inflight[k].dev->copy_ev) != WH_CUDA_SUCCESS) {
+            wh_cudart_clear(); /* "not ready" is pending as an error too */
+            break;
+        }
         float ms = 0;
         if (wh_cudart.EventElapsedTime(&ms, g->inflight[k].dev->start_ev,
-                                       g->inflight[k].dev->copy_ev) == WH_CUDA_SUCCESS &&
-            ms > 0)
+                                       g->inflight[k].dev->copy_ev) != WH_CUDA_SUCCESS)
+            wh_cudart_clear();
+        else if (ms > 0)
             g->stats.copy_ns += (uint64_t)(ms * 1e6);
         drop[(*ndrop)++] = g->inflight[k].host;
         drop[(*ndrop)++] = &g->inflight[k].dev->p.buf;
-        k++;
     }
     if (k) {
         memmove(g->inflight, g->inflight + k, (g->ninflight - k) * sizeof *g->inflight);
@@ -414,6 +421,10 @@ static wh_buf_t *wh__copy(wh_gpu_t *g, wh_buf_t *host, size_t size, const wh_bat
         if (rc == WH_CUDA_SUCCESS) rc = wh_cudart.EventRecord(d->copy_ev, g->stream);
         if (rc != WH_CUDA_SUCCESS) {
             ok = wh_cudart_fail(err, rc, "the host-to-device copy (cudaMemcpyAsync)");
+            wh_cudart_clear();
+            /* rows queued before it read host and the store's views, which
+             * the caller lets go on this error */
+            wh_cudart.StreamSynchronize(g->stream);
             d = NULL;
         }
     }
@@ -479,7 +490,7 @@ static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
             keep[nkeep++] = want[k];
         } else if (!ok) {
             wh_store_map_unref(want[k]);
-        } else if (wh__reg_take(want[k], base[k], len[k], err)) {
+        } else if (wh__reg_take(want[k], base[k], len[k], g->device, err)) {
             keep[nkeep++] = want[k];
         } else {
             ok = false;
@@ -500,14 +511,18 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
     *refused = false;
     if (!b->direct) return wh__copy(g, b->buf, b->buf->size, NULL, err);
     wh_err_t e = {0};
-    if (!wh__maps_for(g, b, &e)) {
-        if (e.code != WH_E_CUDA) {
+    if (g->refused || !wh__maps_for(g, b, &e)) {
+        if (!g->refused && e.code != WH_E_CUDA) {
             if (err) *err = e;
             return NULL;
         }
-        /* refused: these rows go the staged way, and so do later batches */
-        *refused = true;
-        wh_gpu_set_staged(g, e.message);
+        /* refused: these rows go the staged way, and so do later batches
+         * (those filled for this path already are not registered again) */
+        if (!g->refused) {
+            g->refused = true;
+            *refused = true;
+            wh_gpu_set_staged(g, e.message);
+        }
         uint64_t moved = 0;
         for (int f = 0; f < WH_MAX_FIELDS; f++) {
             if (!(b->direct & (1u << f))) continue;

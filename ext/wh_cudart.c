@@ -89,6 +89,7 @@ static bool wh__load(wh_err_t *err) {
     api.HostRegister = (int (*)(void *, size_t, unsigned))dlsym(h, "cudaHostRegister");
     api.HostUnregister = (int (*)(void *))dlsym(h, "cudaHostUnregister");
     if (!api.HostUnregister) api.HostRegister = NULL;
+    api.GetLastError = (int (*)(void))dlsym(h, "cudaGetLastError");
     int v = 0;
     if (api.RuntimeGetVersion(&v) != WH_CUDA_SUCCESS || v < WH_CUDA_MIN_VERSION)
         return wh_err_set(err, WH_E_CUDA,
@@ -101,6 +102,10 @@ static bool wh__load(wh_err_t *err) {
     wh__cu_loaded = true;
     wh__cu_pid = getpid();
     return true;
+}
+
+void wh_cudart_clear(void) {
+    if (wh_cudart.GetLastError) wh_cudart.GetLastError();
 }
 
 bool wh_cuda_init(int device, wh_err_t *err) {

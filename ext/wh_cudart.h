@@ -50,6 +50,7 @@ typedef struct {
     /* optional (NULL where the runtime lacks them): page-locking memory in place */
     int (*HostRegister)(void *, size_t, unsigned);
     int (*HostUnregister)(void *);
+    int (*GetLastError)(void); /* optional too */
 } wh_cudart_api_t;
 
 /* The runtime's functions; filled by the first successful wh_cuda_init and
@@ -72,6 +73,11 @@ const char *wh_cudart_str(int rc);
 bool wh_cudart_fail(wh_err_t *err, int rc, const char *what);
 /* Runs CUDA calls for `device` on this thread (enter returns the thread's
  * previous device; leave gives it back: deleters run on users' threads). */
+/* Clears the runtime's pending error of this thread after a failing call
+ * whose error we handled: the runtime is torch's copy, and torch's check
+ * after its next kernel launch would raise it against that kernel. */
+void wh_cudart_clear(void);
+
 int wh_cudart_enter(int device);
 void wh_cudart_leave(int device, int prev);
 

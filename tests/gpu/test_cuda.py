@@ -786,6 +786,9 @@ def test_refused_registration_falls_back_and_says_why_once(fake, consumer, shm_c
     st = loader.stats()
     assert st["path"] == "staged" and says in st["staged_why"] and st["host_copy_bytes"] > 0
     assert fake.violations() == []
+    # no error of the refused call (or of a query not ready) is left pending
+    # for torch's check after its next kernel launch to raise
+    assert fake.lib.cudaPeekAtLastError() == 0
     loader.close()
 
 

@@ -398,19 +398,31 @@ API int cudaHostAlloc(void **p, size_t n, unsigned flags) {
 }
 API int cudaFreeHost(void *p) { return free_region(p, 0); }
 
+/* The real runtime keeps a failing call's error pending per thread until
+ * cudaGetLastError, and torch raises a pending one after its next kernel
+ * launch: the fake keeps it too (for the calls a caller may handle). */
+static __thread int last_err;
+static int failed(int rc) { return last_err = rc; }
+API int cudaGetLastError(void) {
+    int rc = last_err;
+    last_err = OK;
+    return rc;
+}
+API int cudaPeekAtLastError(void) { return last_err; }
+
 /* Page-locks caller memory in place: a region that is not the fake's to free. */
 API int cudaHostRegister(void *p, size_t n, unsigned flags) {
-    if (env_long("FAKECUDA_NO_REGISTER", 0)) return ERR_NOT_SUPPORTED;
+    if (env_long("FAKECUDA_NO_REGISTER", 0)) return failed(ERR_NOT_SUPPORTED);
     long limit = env_long("FAKECUDA_REGISTER_LIMIT", -1);
     pthread_mutex_lock(&M);
     if (limit >= 0 && registered_bytes + n > (size_t)limit) {
         pthread_mutex_unlock(&M);
-        return ERR_NOMEM;
+        return failed(ERR_NOMEM);
     }
     for (region_t *r = regions; r; r = r->next)
         if (r->device == 2 && overlap(r->p, r->n, p, n)) {
             pthread_mutex_unlock(&M);
-            return ERR_ALREADY_REGISTERED;
+            return failed(ERR_ALREADY_REGISTERED);
         }
     region_t *r = calloc(1, sizeof *r);
     r->p = p;
@@ -548,7 +560,7 @@ API int cudaEventRecord(void *ev, void *h) {
 API int cudaEventQuery(void *ev) {
     pthread_mutex_lock(&M);
     fevent_t *e = ev;
-    int rc = e->done >= e->recorded ? OK : ERR_NOT_READY;
+    int rc = e->done >= e->recorded ? OK : failed(ERR_NOT_READY);
     pthread_mutex_unlock(&M);
     return rc;
 }
