@@ -85,8 +85,8 @@ bool wh_map_intact(const wh_map_t *m, wh_err_t *err) {
     uint64_t have = 0;
     if (!wh_shmfile_check(m->fd, m->path, m->size, &have, err)) return false;
     /* shrunk under a touch, even if grown back: the map shows zero pages */
-    if (wh_guard_shrunk(m->base))
-        return wh_err_set(err, WH_E_CORRUPT,
+    if (wh_guard_shrunk(m->base)) /* an OSError naming the file, as a short file is */
+        return wh_err_set(err, WH_E_INVALID,
                           "%s was truncated under this process (%llu bytes now, %zu mapped)",
                           m->path, (unsigned long long)have, m->size);
     return true;
@@ -627,6 +627,12 @@ bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, 
     else if (ok && check == WH_RING_CHECK_SLOT && rows)
         ok = wh__check_rows(&s->m, table + rows - 1, 1, &same, err);
     free(seal);
+    /* a file cut under the checks read zero pages: that is the error */
+    wh_err_t cut = {0};
+    if (s && !wh_map_intact(&s->m, &cut)) {
+        ok = false;
+        if (err) *err = cut;
+    }
     if (ok && !same)
         ok = wh_err_set(err, WH_E_CORRUPT,
                         "wirehead ring: slot file %s was changed after worker %lld filled it "
@@ -746,6 +752,8 @@ bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s
     bool ok = wh_batch_fill(rq, gen, b, data, stats, err);
     if (ok && c.slot >= 0 && !wh__rfill_seal(r, c.slot, b, rq->want, sums, *data, seal, err))
         ok = !(c.failed = true);
+    /* cut while the seal was written: it went to zero pages, not the file */
+    if (ok && c.slot >= 0) ok = wh__rfill_check(&c, err);
     rq->sums = own ? NULL : sums;
     free(own);
     if (!ok) {
