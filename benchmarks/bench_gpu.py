@@ -22,11 +22,14 @@ Per reader:
   CPU s/GB          host CPU seconds (this process and its DataLoader
                     workers, user + system) per GB delivered, over the
                     rate epochs
-  path              WireheadLoader: stats()["path"] (registered: copied
-                    from the store's registered mapping; staged: through
-                    page-locked memory); the others are staged
+  path              WireheadLoader: stats()["path"], wt.DataLoader: the
+                    to_device iterator's stats()["path"] (registered:
+                    copied from the store's or the ring slot's registered
+                    mapping; staged: through page-locked memory); the
+                    torch DataLoader readers are staged
 Readers: WireheadLoader(device) on its default path, WireheadLoader with
 WIREHEAD_GPU_DIRECT_MIN_ROW=off (the staged path, for comparison),
+to_device(wt.DataLoader(WireheadIterableDataset, num_workers=4)),
 to_device(DataLoader(WireheadIterableDataset, num_workers=2)), and
 DataLoader(pin_memory=True) + .to(device, non_blocking=True).
 Targets: WireheadLoader >= 0.9 of pinned at 16 MB and 64 MiB, >= 0.8 at
@@ -120,6 +123,19 @@ def dl_to_device(cfg, batch, dev):
 
     def run():
         return wt.to_device(dl, dev)
+    return run
+
+
+def wt_dl_to_device(cfg, batch, dev):
+    """to_device(wt.DataLoader): straight from the ring's slots; run.last is
+    the last epoch's iterator (its stats() say which path ran)."""
+    ds = wt.WireheadIterableDataset(config=cfg, fields=["input", "label"], shuffle=False)
+    dl = wt.DataLoader(ds, batch_size=batch, num_workers=4, persistent_workers=True)
+
+    def run():
+        run.last = wt.to_device(dl, dev)
+        return run.last
+    run.last = None
     return run
 
 
@@ -237,6 +253,7 @@ def main():
         del os.environ["WIREHEAD_GPU_DIRECT_MIN_ROW"]
         readers = {"WireheadLoader": lambda: iter(loader),
                    "WL staged": lambda: iter(staged),
+                   "wt.DataLoader": wt_dl_to_device(cfg, a.batch, dev),
                    "to_device": dl_to_device(cfg, a.batch, dev),
                    "DL pin_memory": dl_pin(cfg, a.batch, dev)}
         nb = -(-a.samples // a.batch)
@@ -257,6 +274,7 @@ def main():
         ceiling = resident_ceiling(readers["WireheadLoader"], a.steps, dev)
         steps = {k: data_wait(make, a.steps, dev)[1] for k, make in readers.items()}
         paths = {"WireheadLoader": loader.stats()["path"], "WL staged": staged.stats()["path"],
+                 "wt.DataLoader": readers["wt.DataLoader"].last.stats()["path"],
                  "to_device": "staged", "DL pin_memory": "staged"}
         cpu_gb = {k: cpu[k] / (moved[k] / 1e9) for k in readers}
         st = loader.stats()

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wh_ring.h"
+
 /* ---- the GPU stage ---- */
 
 enum {
@@ -54,7 +56,8 @@ typedef struct wh__reg {
     void *map; /* wh_store_view_map's reference: keeps the mapping mapped */
     void *base;
     size_t len;
-    uint32_t users; /* stages using it */
+    uint32_t users;          /* stages using it */
+    void (*drop)(void *map); /* lets go of map (after the unregister) */
     struct wh__reg *next;
 } wh__reg_t;
 
@@ -65,15 +68,17 @@ static uint64_t wh__registrations;
 bool wh_cuda_can_register(void) { return wh_cudart.HostRegister != NULL; }
 
 /* One more user of map's registration, registering it on first use. Takes
- * over the caller's map reference. */
-static bool wh__reg_take(void *map, const void *base, size_t len, int device, wh_err_t *err) {
+ * over the caller's map reference (drop lets go of it); what names the
+ * mapping in messages. Registers on device. */
+static bool wh__reg_take(void *map, const void *base, size_t len, void (*drop)(void *),
+                         const char *what, int device, wh_err_t *err) {
     pthread_mutex_lock(&wh__reg_mu);
     wh__reg_t *r = wh__regs;
     while (r && r->map != map) r = r->next;
     if (r) {
         r->users++;
         pthread_mutex_unlock(&wh__reg_mu);
-        wh_store_map_unref(map);
+        drop(map);
         return true;
     }
     r = calloc(1, sizeof *r);
@@ -90,18 +95,19 @@ static bool wh__reg_take(void *map, const void *base, size_t len, int device, wh
     if (rc != WH_CUDA_SUCCESS) {
         pthread_mutex_unlock(&wh__reg_mu);
         free(r);
-        wh_store_map_unref(map);
+        drop(map);
         if (rc == -1) return wh_err_set(err, WH_E_SYS, "out of memory");
         return wh_err_set(err, WH_E_CUDA,
-                          "cudaHostRegister of the store's %zu-byte mapping was refused: %s "
+                          "cudaHostRegister of %s %zu-byte mapping was refused: %s "
                           "(error %d; the locked-memory limit, ulimit -l / RLIMIT_MEMLOCK, may "
-                          "be below the store's size)",
-                          len, wh_cudart_str(rc), rc);
+                          "be below its size)",
+                          what, len, wh_cudart_str(rc), rc);
     }
     r->map = map;
     r->base = (void *)base;
     r->len = len;
     r->users = 1;
+    r->drop = drop;
     r->next = wh__regs;
     wh__regs = r;
     wh__registrations++;
@@ -123,10 +129,14 @@ static void wh__reg_drop(void *map) {
     }
     pthread_mutex_unlock(&wh__reg_mu);
     if (r) {
-        wh_store_map_unref(r->map);
+        r->drop(r->map);
         free(r);
     }
 }
+
+static void wh__store_map_drop(void *map) { wh_store_map_unref(map); }
+
+static void wh__slot_map_drop(void *map) { wh_buf_unref(map); }
 
 struct wh_gpu {
     uint64_t refs; /* 1 for the owner, 1 per busy buffer */
@@ -141,6 +151,10 @@ struct wh_gpu {
     void *maps[WH__MAX_MAPS]; /* registrations this stage uses */
     int nmaps;
     bool refused; /* a registration was refused: every batch goes staged */
+    /* ring slot mappings this stage registered (wh_gpu_copy_slot) */
+    wh_buf_t **slots;
+    size_t nslots, capslots;
+    bool slots_refused; /* a slot's registration was refused: slots go staged */
 };
 
 /* Stops using the registrations in maps[0, n): after every copy queued on
@@ -225,6 +239,10 @@ void wh_gpu_destroy(wh_gpu_t *g) {
     free(fl);
     wh__maps_drop(g, g->maps, g->nmaps);
     g->nmaps = 0;
+    for (size_t i = 0; i < g->nslots; i++) wh__reg_drop(g->slots[i]); /* the stream is idle */
+    free(g->slots);
+    g->slots = NULL;
+    g->nslots = 0;
     wh__gpu_unref(g);
 }
 
@@ -490,7 +508,8 @@ static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
             keep[nkeep++] = want[k];
         } else if (!ok) {
             wh_store_map_unref(want[k]);
-        } else if (wh__reg_take(want[k], base[k], len[k], g->device, err)) {
+        } else if (wh__reg_take(want[k], base[k], len[k], wh__store_map_drop, "the store's",
+                                g->device, err)) {
             keep[nkeep++] = want[k];
         } else {
             ok = false;
@@ -538,6 +557,82 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
         return wh__copy(g, b->buf, b->buf->size, NULL, err);
     }
     return wh__copy(g, b->buf, b->buf->size, b, err);
+}
+
+/* Lets go of slot mappings only this stage's registration still holds: the
+ * ring moved on to a grown version, or was closed, and no batch over them
+ * (so no copy from them, which holds its batch) is left. */
+static void wh__slots_sweep(wh_gpu_t *g) {
+    size_t k = 0;
+    for (size_t i = 0; i < g->nslots; i++) {
+        wh_buf_t *m = g->slots[i];
+        if (__atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 1)
+            wh__reg_drop(m);
+        else
+            g->slots[k++] = m;
+    }
+    g->nslots = k;
+}
+
+/* Whether m is registered for this stage, registering it on first use;
+ * takes over the reference m. */
+static bool wh__slot_registered(wh_gpu_t *g, wh_buf_t *m, wh_err_t *err) {
+    for (size_t i = 0; i < g->nslots; i++)
+        if (g->slots[i] == m) {
+            wh_buf_unref(m);
+            return true;
+        }
+    if (g->nslots == g->capslots) {
+        size_t nc = g->capslots ? 2 * g->capslots : 16;
+        wh_buf_t **ns = realloc(g->slots, nc * sizeof *ns);
+        if (!ns) {
+            wh_buf_unref(m);
+            return wh_err_set(err, WH_E_SYS, "out of memory");
+        }
+        g->slots = ns;
+        g->capslots = nc;
+    }
+    if (!wh__reg_take(m, m->data, m->size, wh__slot_map_drop, "a ring slot file's", g->device, err))
+        return false;
+    g->slots[g->nslots++] = m;
+    return true;
+}
+
+wh_buf_t *wh_gpu_copy_slot(wh_gpu_t *g, wh_buf_t *held, bool *direct_out, wh_err_t *err) {
+    *direct_out = false;
+    wh_buf_t *m = wh_ring_slot_map(held);
+    pthread_mutex_lock(&g->mu);
+    wh__slots_sweep(g);
+    bool direct = m && !g->slots_refused;
+    wh_err_t e = {0};
+    if (direct && !wh__slot_registered(g, m, &e)) {
+        direct = false;
+        if (e.code != WH_E_CUDA) {
+            pthread_mutex_unlock(&g->mu);
+            if (err) *err = e;
+            return NULL;
+        }
+        g->slots_refused = true;
+        snprintf(g->stats.staged_why, sizeof g->stats.staged_why, "%s", e.message);
+    } else if (m && !direct) {
+        wh_buf_unref(m);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (direct) {
+        wh_buf_t *dev = wh__copy(g, held, held->size, NULL, err);
+        *direct_out = dev != NULL;
+        return dev;
+    }
+    /* staged: one host copy into page-locked memory, counted */
+    wh_buf_t *h = wh_gpu_pinned(g, held->size, err);
+    if (!h) return NULL;
+    memcpy(h->data, held->data, held->size);
+    pthread_mutex_lock(&g->mu);
+    g->stats.host_copy_bytes += held->size;
+    pthread_mutex_unlock(&g->mu);
+    wh_buf_t *dev = wh__copy(g, h, held->size, NULL, err);
+    wh_buf_unref(h); /* the stage holds it until the copy's event */
+    return dev;
 }
 
 void wh_gpu_stats(wh_gpu_t *g, wh_gpu_stats_t *out) {

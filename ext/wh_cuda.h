@@ -65,6 +65,16 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err);
  * into b->buf on the host and it goes as one copy; *refused says so (and
  * the stage's staged_why why). */
 wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_err_t *err);
+/* Copies a ring slot's batch (held: a buffer from wh_ring_claim or
+ * wh_ring_local) to a device buffer in one copy straight from the slot
+ * file's mapping, registered once per process and mapping (again when the
+ * slot grows to a new file; the old registration goes once no batch over it
+ * is left). held is kept until the copy's event, so the slot goes back to
+ * its worker only after its copy (*direct says it went so). Where
+ * registration is refused (staged_why says why), or held is no slot's (heap
+ * memory), the bytes are copied into page-locked memory first
+ * (host_copy_bytes); after a refusal every later slot goes that way. */
+wh_buf_t *wh_gpu_copy_slot(wh_gpu_t *g, wh_buf_t *held, bool *direct, wh_err_t *err);
 /* Records why batches are staged (shown by wh_gpu_stats). */
 void wh_gpu_set_staged(wh_gpu_t *g, const char *why);
 /* Whether the loaded runtime can register memory in place. */

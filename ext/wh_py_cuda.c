@@ -188,12 +188,54 @@ out:
     return res;
 }
 
+/* copy_slot(mem): a ring batch (mem: the uint8 Array that Ring.claim or
+ * Ring.local gave) as one uint8 device Array of its bytes, copied straight
+ * from the registered slot; the slot is held until the copy's event.
+ * Returns (device Array, direct): direct is False where the batch went
+ * staged (a refused registration: stats()["staged_why"] says why; or heap
+ * memory, no slot). */
+static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *mem) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    if (!wh__stage_ok(self)) return NULL;
+    if (!PyObject_TypeCheck(mem, S->array))
+        return PyErr_Format(PyExc_TypeError, "copy_slot() takes a wirehead Array, got %s",
+                            Py_TYPE(mem)->tp_name);
+    wh_array_obj_t *a = (wh_array_obj_t *)mem;
+    if (a->offset != 0 || a->buf->device_type != 1)
+        return PyErr_Format(S->value, "copy_slot(): not a whole host batch buffer");
+    wh_buf_t *held = a->buf;
+    wh_err_t err = {0};
+    wh_buf_t *dev = NULL;
+    bool direct = false;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    if (self->g)
+        dev = wh_gpu_copy_slot(self->g, held, &direct, &err);
+    else
+        wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS if (!dev) return wh_py_raise(S, &err);
+    int64_t n = (int64_t)dev->size;
+    PyObject *arr = wh_array_new(S->array, dev, 0, WH_DT_U8, 1, &n);
+    wh_buf_unref(dev);
+    if (!arr) return NULL;
+    return Py_BuildValue("(NO)", arr, direct ? Py_True : Py_False);
+}
+
 static PyObject *wh__stage_stats(wh__pystage_t *self, PyObject *unused) {
     (void)unused;
     if (!wh__stage_ok(self)) return NULL;
     PyObject *d = PyDict_New();
     if (d && wh_py_gpu_stats_into(d, self->g) < 0) Py_CLEAR(d);
     return d;
+}
+
+static PyObject *wh__stage_poll(wh__pystage_t *self, PyObject *unused) {
+    (void)unused;
+    if (!wh__stage_ok(self)) return NULL;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    if (self->g) wh_gpu_poll(self->g);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 static PyObject *wh__stage_close(wh__pystage_t *self, PyObject *unused) {
@@ -205,6 +247,10 @@ static PyObject *wh__stage_close(wh__pystage_t *self, PyObject *unused) {
 static PyMethodDef wh__stage_methods[] = {
     {"copy", (PyCFunction)wh__stage_copy, METH_O,
      "copy([(ptr, nbytes, dtype, shape), ...]) -> device Arrays (pinned ring, async copy)"},
+    {"copy_slot", (PyCFunction)wh__stage_copy_slot, METH_O,
+     "copy_slot(mem) -> (device Array, direct): a ring batch straight from its registered slot"},
+    {"poll", (PyCFunction)wh__stage_poll, METH_NOARGS,
+     "let go of the host buffers (ring slots) whose copies completed"},
     {"stats", (PyCFunction)wh__stage_stats, METH_NOARGS, "copy counters"},
     {"close", (PyCFunction)wh__stage_close, METH_NOARGS, "free the stage (exports stay valid)"},
     {NULL, NULL, 0, NULL},

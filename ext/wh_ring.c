@@ -663,6 +663,13 @@ bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t 
     return ok;
 }
 
+wh_buf_t *wh_ring_slot_map(wh_buf_t *held) {
+    if (!held || held->release != wh__held_release) return NULL;
+    wh__held_t *h = (wh__held_t *)held;
+    wh_buf_ref(&h->map->buf);
+    return &h->map->buf;
+}
+
 /* ---- a worker's fill ---- */
 
 typedef struct {

@@ -162,6 +162,12 @@ bool wh_ring_claim(wh_ring_t *r, int j, int64_t ver, int64_t seq, int64_t wpid, 
 /* In-process iteration: slot j, already taken by this process, as such a
  * buffer. */
 bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t *err);
+/* The mapping of the slot file under held (a buffer from wh_ring_claim or
+ * wh_ring_local): a new reference to a buffer over the whole mapping, which
+ * stays mapped while referenced (a slot grown since keeps its old mapping
+ * until then); NULL when held is no slot's. A GPU stage registers it once
+ * and copies from it directly. */
+wh_buf_t *wh_ring_slot_map(wh_buf_t *held);
 
 /* Worker: reads a batch (wh_batch_fill; rq->mem is set here) into a slot of
  * r, taken once the first sample gives the batch's size, waiting up to

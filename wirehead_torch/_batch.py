@@ -292,7 +292,9 @@ class BatchRing:
         more = batch.extras if extras else ()
         if batch.slot is None:
             mem, batch.mem = batch.mem, None
-            return _ring.tensors(mem, batch.fields, more, self.form)
+            if in_worker:
+                return _ring.tensors(mem, batch.fields, more, self.form)
+            return _ring.batch_of(mem, batch.fields, more, self.form, self.token)
         if in_worker:
             return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
                                      batch.seal, batch.size)

@@ -178,8 +178,9 @@ class WorkerRing:
                          self.pid, fields, extras, form, seal, size)
 
     def local(self, j, fields, extras, size, form="dict"):
-        """In-process iteration: the batch as tensors, no handle."""
-        return tensors(self.c.local(j, size), fields, extras, form)
+        """In-process iteration: the batch as tensors (a SlotBatch while a
+        device iteration runs), no handle."""
+        return batch_of(self.c.local(j, size), fields, extras, form, self.token)
 
     def close(self):
         self.c.unlock()
@@ -207,6 +208,42 @@ class RingBatch:
 
 # main process: (main pid, token, worker) -> _C.Ring
 _MAIN = {}
+# token -> device iterations running now (direct): batches stay SlotBatch
+_DIRECT = {}
+
+
+def direct(token, on):
+    """A device iteration of token's batches starts (on) or ends: meanwhile
+    claimed batches arrive as SlotBatch, to be copied from their slot."""
+    n = _DIRECT.get(token, 0) + (1 if on else -1)
+    if n > 0:
+        _DIRECT[token] = n
+    else:
+        _DIRECT.pop(token, None)
+
+
+class SlotBatch:
+    """A batch still in its slot (mem: the claimed slot's uint8 Array, or
+    heap memory), for a device iteration to copy straight from the slot.
+    take() hands mem over once: whoever still refers to this object (a
+    reader's suspended frame) no longer holds the slot."""
+
+    __slots__ = ("mem", "fields", "extras", "form")
+
+    def __init__(self, mem, fields, extras, form):
+        self.mem, self.fields, self.extras, self.form = mem, fields, extras, form
+
+    def take(self):
+        mem, self.mem = self.mem, None
+        return mem
+
+
+def batch_of(mem, fields, extras, form, token):
+    """The batch over mem: tensors, or a SlotBatch while a device iteration
+    of token runs."""
+    if token in _DIRECT:
+        return SlotBatch(mem, tuple(fields), tuple(extras), form)
+    return tensors(mem, fields, extras, form)
 # token -> how its batches are checked at hand-over (hand_over_checks)
 _CHECK = {}
 
@@ -225,16 +262,17 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
     # over it dies. The seal's table: every row of every field, then the extras
     rows = sum(f.shape[0] for f in fields) + 1
     check = _CHECK.get(token, _C.RING_CHECK_SLOT)
-    return tensors(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form)
+    return batch_of(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form,
+                    token)
 
 
-def tensors(mem, fields, extras, form="dict"):
-    """The batch's tensors over mem (a uint8 Array: a claimed slot, or
-    heap memory when no slot was free); a slot goes back when the last of
-    them dies. extras: (name, offset, dtype, rows) read from the batch's
-    tail, as small tensors of their own."""
+def tensors(mem, fields, extras, form="dict", from_dlpack=None):
+    """The batch's tensors over mem (a uint8 Array: a claimed slot, heap
+    memory when no slot was free, or the batch's copy on a device); a slot
+    goes back when the last of them dies. extras: (name, offset, dtype,
+    rows) read from the batch's tail, as small tensors of their own."""
     import torch
-    base = torch.from_dlpack(mem)
+    base = (from_dlpack or torch.from_dlpack)(mem)
     out = {}
     for f in fields:
         t = base[f.offset:f.offset + f.nbytes].view(getattr(torch, f.dtype)).view(f.shape)

@@ -1,7 +1,11 @@
-"""GPU-direct helpers: batches to a CUDA device through page-locked memory
-and an async copy on a side stream (the C stage of ext/wh_cuda.c), for
-code that keeps a torch DataLoader. WireheadLoader(device="cuda") uses the
-same stage without this module's Python loop."""
+"""GPU-direct helpers: batches to a CUDA device with an async copy on a
+side stream (the C stage of ext/wh_cuda.c), for code that keeps a
+DataLoader: a wirehead_torch.DataLoader's batches straight from their
+registered ring slots, any other batches through page-locked memory.
+WireheadLoader(device="cuda") uses the same stage without this module's
+Python loop."""
+import warnings
+
 import torch
 import torch.utils.data
 
@@ -81,17 +85,92 @@ def stage_batch(stage, batch, from_dlpack=None):
     return _rebuild(batch, iter(moved))
 
 
+class ToDevice:
+    """What to_device returns: an iterator of the batches on the device,
+    with stats(): the stage's counters (copies, h2d_bytes, copy_s,
+    host_copy_bytes, staged_why, registrations, ...) plus path
+    ("registered": every batch copied straight from its registered ring
+    slot; "staged": through page-locked memory) and the batches of each."""
+
+    def __init__(self, batches, device, from_dlpack, stage=None, said=None):
+        refuse_in_worker("wirehead_torch.to_device")
+        self._own = stage is None
+        self._stage = stage or _C.CudaStage(device=device_index(device))
+        self._counts = {"registered": 0, "staged": 0}
+        # {"said": True} once the fallback was said: shared by the
+        # iterations over one stage (a DataLoader's), said once for them all
+        self._said = {} if said is None else said
+        self._closed = False
+        self._last = {}
+        self._gen = self._run(batches, device, from_dlpack)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._gen)
+
+    def close(self):
+        self._gen.close()
+
+    def _run(self, batches, device, from_dlpack):
+        from ._ring import SlotBatch, tensors
+        slots = getattr(batches, "_slot_batches", None)
+        source = iter(slots() if slots is not None else batches)
+        try:
+            while True:
+                # slots whose copies completed go back to their workers
+                # before the next batch is asked for
+                self._stage.poll()
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    break
+                if not isinstance(batch, SlotBatch):
+                    self._counts["staged"] += 1
+                    yield stage_batch(self._stage, batch, from_dlpack)
+                    continue
+                fields, extras, form = batch.fields, batch.extras, batch.form
+                arr, direct = self._stage.copy_slot(batch.take())
+                del batch  # the stage holds the slot until its copy completed
+                self._counts["registered" if direct else "staged"] += 1
+                if not direct and not self._said.get("said"):
+                    self._say(device)
+                yield tensors(arr, fields, extras, form, from_dlpack)
+        finally:
+            self._last = self.stats()
+            if self._own:
+                self._closed = True
+                self._stage.close()
+
+    def _say(self, device):
+        why = self._stage.stats()["staged_why"]
+        if why:
+            self._said["said"] = True  # once: the reason does not change
+            warnings.warn(f"to_device(wirehead_torch.DataLoader, {str(device)!r}): batches are "
+                          f"staged through page-locked memory (a host copy), not copied "
+                          f"straight from their ring slots: {why}", RuntimeWarning,
+                          stacklevel=3)
+
+    def stats(self):
+        if self._closed:  # the counters as the iteration ended
+            return dict(self._last)
+        st = self._stage.stats()
+        st["path"] = "staged" if self._counts["staged"] or not self._counts["registered"] \
+            else "registered"
+        st["batches_registered"] = self._counts["registered"]
+        st["batches_staged"] = self._counts["staged"]
+        return st
+
+
 def to_device(batches, device="cuda", from_dlpack=None):
-    """Yields each batch of `batches` (e.g. a torch DataLoader without
-    pin_memory) on `device`: copied once into a page-locked ring buffer,
-    then cudaMemcpyAsync on a side stream; the current stream waits on the
-    copy's event (no host synchronize), so the next batch's copy overlaps
-    this one's compute. A ring buffer is reused only after its copy
-    completed, device memory only after the work queued on it is done."""
-    refuse_in_worker("wirehead_torch.to_device")
-    stage = _C.CudaStage(device=device_index(device))
-    try:
-        for batch in batches:
-            yield stage_batch(stage, batch, from_dlpack)
-    finally:
-        stage.close()
+    """Yields each batch of `batches` on `device`; the current stream
+    waits on each copy's event (no host synchronize), so the next batch's
+    copy overlaps this one's compute. A wirehead_torch.DataLoader's batches
+    are copied straight from their ring slots (registered in place with
+    cudaHostRegister once per slot file), each slot held until its copy
+    completed; any other iterable of tensors (e.g. a torch DataLoader
+    without pin_memory) is copied once into a page-locked buffer first
+    ("staged"). Device memory is reused only after the work queued on it is
+    done. The iterator's stats() says which path ran (docs/gpu.md)."""
+    return ToDevice(batches, device, from_dlpack)

@@ -89,7 +89,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
-                 seed=0, ring=True, **kwargs):
+                 seed=0, ring=True, device=None, **kwargs):
         what = "wirehead_torch.DataLoader"
         if isinstance(dataset, WireheadIterableDataset):
             kind = "iterable"
@@ -120,6 +120,10 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"them; the plan's order and resume need in_order=True")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"{what}: shuffle must be True, False or None, got {shuffle!r}")
+        if device is not None and pin_memory:
+            raise ValueError(f"{what}: device= copies each batch straight from its ring slot "
+                             f"to the device; pin_memory=True would copy it into page-locked "
+                             f"memory first: pass one of them")
         ds = dataset._private_copy()
         self._kind = kind
         self._ring = bool(ring)
@@ -157,6 +161,16 @@ class DataLoader(torch.utils.data.DataLoader):
         self._batch = batch_size
         self._workers = num_workers
         self._drop_last = bool(drop_last)
+        self._device = None
+        self._stages = {}  # device index -> CudaStage: slot registrations kept across epochs
+        self._said = {}  # the staged fallback was said (once per DataLoader)
+        if device is not None:
+            import torch as _t
+            self._device = _t.device(device) if not isinstance(device, int) else \
+                _t.device("cuda", device)
+            if self._device.type != "cuda":
+                raise ValueError(f"{what}: device= takes a CUDA device ('cuda', 'cuda:1', "
+                                 f"an index); got {device!r}")
 
     # --- set-up ------------------------------------------------------------
     def _setup_iterable(self, ds, B, K, shuffle, drop_last):
@@ -226,6 +240,45 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._plan_sampler.plan()
 
     def __iter__(self):
+        if self._device is not None:
+            return self._to_device(self._device)
+        return self._host_iter()
+
+    def _to_device(self, device):
+        """This DataLoader's batches on device (to_device): each one copied
+        straight from its ring slot by a stage kept for the DataLoader's
+        life, so each slot file is registered once."""
+        from .cuda import ToDevice, device_index, refuse_in_worker
+        refuse_in_worker(self._what)
+        index = device_index(device)
+        stage = self._stages.get(index)
+        if stage is None:
+            stage = self._stages[index] = _C.CudaStage(device=index)
+        self._last_to_device = ToDevice(self, device, None, stage, self._said)
+        return self._last_to_device
+
+    def device_stats(self):
+        """With device=: the stats() of the running (or last) iteration's
+        copies: path, host_copy_bytes, staged_why, ... (docs/gpu.md)."""
+        it = getattr(self, "_last_to_device", None)
+        if it is None:
+            raise RuntimeError(f"{self._what}: device_stats() needs device= and an iteration")
+        return it.stats()
+
+    def _slot_batches(self):
+        """The batches as to_device takes them: with the ring, each one
+        still in its slot (a SlotBatch, claimed, not yet tensors)."""
+        from . import _ring
+        token = self.dataset._batch_ring.token if self._ring else None
+        if token is not None:
+            _ring.direct(token, True)
+        try:
+            yield from self._host_iter()
+        finally:
+            if token is not None:
+                _ring.direct(token, False)
+
+    def _host_iter(self):
         resume = self._resume
         self._resume = None
         epoch = resume["epoch"] if resume else self._epoch

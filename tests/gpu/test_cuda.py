@@ -818,3 +818,150 @@ def test_device_out_of_memory_names_the_bytes(fake, shm_cfg):
     finally:
         fake.lib.fake_set_device_limit(-1)
     assert fake.violations() == []
+
+
+# ---- wirehead_torch.DataLoader: DMA straight from the ring's slot files ----
+
+def ring_loader(cfg, workers=2, slots=4, batch=2, **kw):
+    ds = wt.WireheadIterableDataset(config=cfg, fields=["id", "data"], shuffle=False,
+                                    ring_slots=slots)
+    return wt.DataLoader(ds, batch_size=batch, num_workers=workers, **kw)
+
+
+def ring_counters(batches):
+    out = []
+    for b in batches:
+        for i, d, pad in zip(b["id"].numpy(), b["data"].numpy(), np.asarray(b["is_pad"])):
+            if not pad:
+                out.append(whlib.check_sample(i, d)[1])
+    return sorted(out)
+
+
+def test_dataloader_batches_copied_straight_from_their_slots(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    fake.lib.fake_set_copy_delay_us(2000)  # the copy engine reads the slot late
+    before = fake.counter("registers")
+    dl = ring_loader(cfg, workers=2, batch=2, device="cuda:0")
+    for epoch in range(2):
+        batches = list(dl)
+        assert len(batches) == len(dl) and ring_counters(batches) == list(range(N))
+        assert all(b["data"].shape == (2, BIG) for b in batches)
+        st = dl.device_stats()
+        assert st["path"] == "registered" and st["host_copy_bytes"] == 0
+        assert st["batches_registered"] == len(batches) and not st["staged_why"]
+        if epoch == 0:
+            registered = fake.counter("registers") - before
+            assert 1 <= registered <= 2 * 4  # each slot file once: 2 workers, 4 slots
+    assert fake.counter("registers") - before == registered  # not again in epoch 1
+    # one copy per batch, from the registered slot; nothing from pageable memory
+    assert fake.counter("registered_copies") == 2 * len(batches)
+    assert fake.counter("pageable_copies") == 0 and fake.counter("host_syncs") == 0
+    assert fake.violations() == []
+    # to_device of a wt.DataLoader takes the same path, with its own stats
+    it = wt.to_device(ring_loader(cfg, workers=1), "cuda")
+    assert ring_counters(list(it)) == list(range(N))
+    assert it.stats()["path"] == "registered" and it.stats()["host_copy_bytes"] == 0
+    del batches, dl
+    fake.lib.fake_drain_all()
+    import gc
+    gc.collect()
+    assert fake.lib.fake_registered_bytes() == 0  # every slot unregistered with its stage
+
+
+class LateConsumer:
+    """from_dlpack whose reads of the device bytes queue on its own stream
+    and run only when the copies do (the fake holds them): the tensors are
+    filled later, and a pending copy keeps its slot meanwhile."""
+
+    def __init__(self, fake):
+        self.fake, self.stream, self.caps = fake, fake.new_stream(), []
+
+    def __call__(self, arr):
+        import torch
+        cap = arr.__dlpack__(stream=self.stream)
+        ptr, _, _, _, shape = tensor_of(cap)
+        dt = getattr(torch, "uint8" if arr.dtype == "bool" else arr.dtype)
+        n = int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+        op, out = self.fake.read(self.stream, ptr, n)
+        self.caps.append((cap, out))
+        t = torch.frombuffer(out, dtype=dt).reshape(shape)
+        return t.view(torch.bool) if arr.dtype == "bool" else t
+
+
+def held_epoch(fake, dl, early=False):
+    """An epoch of dl through to_device with every copy held; early: give
+    each slot back to its worker as soon as its copy is queued (what holding
+    the slot prevents). (batches, stats) once the copies ran."""
+    from wirehead_torch import _ring
+    late = LateConsumer(fake)
+    fake.lib.fake_hold_copies(1)
+    it = wt.to_device(dl, "cuda", from_dlpack=late)
+    batches = []
+    for _ in range(len(dl)):  # not to the end: closing the stage waits for the copies
+        b = next(it)
+        batches.append({k: b[k] for k in ("id", "data")})
+        if early:
+            for ring in _ring._MAIN.values():
+                for j in range(2):
+                    ring.give_back(j)
+    st = it.stats()
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    assert next(it, None) is None
+    for b in batches:  # N = 10 samples in batches of 2: no padding
+        b["is_pad"] = [False] * len(b["id"])
+    return batches, st
+
+
+def test_dataloader_slot_held_until_its_copy_completed(fake, consumer, shm_cfg, caplog):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    # given back early, the worker refills a slot under its pending copy:
+    # the fake sees the bytes change before the copy ran
+    batches, _ = held_epoch(fake, ring_loader(cfg, workers=1, slots=2), early=True)
+    assert any("changed before the copy ran" in v for v in fake.violations())
+    fake.lib.fake_reset()
+    # held: the worker finds both slots taken and sends the rest of the
+    # epoch outside the ring (staged) until the copies complete
+    with caplog.at_level("WARNING", logger="wirehead_torch"):
+        batches, st = held_epoch(fake, ring_loader(cfg, workers=1, slots=2))
+    assert ring_counters(batches) == list(range(N))
+    assert st["batches_registered"] == 2 and st["batches_staged"] == len(batches) - 2
+    assert st["path"] == "staged" and not st["staged_why"]  # no slot free, not refused
+    assert fake.violations() == []
+    # the copies completed: the slots went back, the next epoch uses them again
+    dl = ring_loader(cfg, workers=1, slots=2, device="cuda")
+    got = [b["data"] for b in dl]
+    assert len(got) == 5 and dl.device_stats()["path"] == "registered"
+
+
+def test_dataloader_slot_registered_again_after_it_grows(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = ring_loader(cfg, workers=0, slots=1, batch=1, device="cuda")
+    before = (fake.counter("registers"), fake.counter("unregisters"))
+    assert ring_counters(list(dl)) == list(range(N))
+    assert fake.counter("registers") == before[0] + 1  # one slot, one file
+    dl.dataset.batch_size = 3  # larger batches: the slot grows to a new file
+    dl._batch = 3
+    got = list(dl)
+    assert ring_counters(got) == list(range(N))
+    assert fake.counter("registers") == before[0] + 2
+    assert fake.counter("unregisters") == before[1] + 1  # the old file's, once unused
+    assert dl.device_stats()["path"] == "registered" and fake.violations() == []
+
+
+@pytest.mark.parametrize("env, says", [("FAKECUDA_REGISTER_LIMIT", "RLIMIT_MEMLOCK"),
+                                       ("FAKECUDA_NO_REGISTER", "not supported")])
+def test_dataloader_refused_registration_falls_back_once(fake, consumer, shm_cfg, monkeypatch,
+                                                         env, says):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    monkeypatch.setenv(env, "1")
+    dl = ring_loader(cfg, workers=2, device="cuda")
+    with pytest.warns(RuntimeWarning, match=says) as record:
+        for _ in range(2):
+            batches = list(dl)
+    assert len([w for w in record if "staged" in str(w.message)]) == 1
+    assert ring_counters(batches) == list(range(N))
+    st = dl.device_stats()
+    assert st["path"] == "staged" and says in st["staged_why"]
+    assert st["host_copy_bytes"] >= N * 4 * BIG
+    assert fake.violations() == []
