@@ -78,29 +78,41 @@ def batch_bytes(b):
                if k in ("input", "label"))
 
 
-def epoch_rate(batches, dev):
-    """GB/s of one epoch of `batches` (an iterator of dicts) into device memory."""
+RATE_MIN_S = 0.5  # epochs back to back until this long: a steady rate, not one epoch's start
+
+
+def epoch_rate(make, dev):
+    """GB/s into device memory of whole epochs of make() (an iterator of
+    dicts per epoch), run back to back for at least RATE_MIN_S, as a trainer
+    reads the current generation epoch after epoch."""
     torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
     n = 0
-    for b in batches:
-        n += batch_bytes(b)
-        assert b["input"].device.type == "cuda"
-    torch.cuda.current_stream(dev).synchronize()
-    return n / (time.perf_counter() - t0) / 1e9
+    while True:
+        for b in make():
+            n += batch_bytes(b)
+            assert b["input"].device.type == "cuda"
+        torch.cuda.current_stream(dev).synchronize()
+        if time.perf_counter() - t0 >= RATE_MIN_S:
+            return n / (time.perf_counter() - t0) / 1e9, n
 
 
 def pinned_rate(nbatches, nbytes, dev):
+    """GB/s of batch-sized cudaMemcpyAsync from page-locked memory, epochs of
+    nbatches back to back for RATE_MIN_S, as epoch_rate measures readers."""
     src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     side = torch.cuda.Stream(dev)
     torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    with torch.cuda.stream(side):
-        for _ in range(nbatches):
-            dst.copy_(src, non_blocking=True)
-    side.synchronize()
-    return nbatches * nbytes / (time.perf_counter() - t0) / 1e9
+    t0, n = time.perf_counter(), 0
+    while True:
+        with torch.cuda.stream(side):
+            for _ in range(nbatches):
+                dst.copy_(src, non_blocking=True)
+        side.synchronize()
+        n += nbatches * nbytes
+        if time.perf_counter() - t0 >= RATE_MIN_S:
+            return n / (time.perf_counter() - t0) / 1e9
 
 
 def dl_pin(cfg, batch, dev):
@@ -265,16 +277,17 @@ def main():
         nbytes = per * a.batch
         rates = {k: [] for k in ["pinned copy", *readers]}
         for k, make in readers.items():  # warm-up: workers, pools, rings
-            epoch_rate(make(), dev)
+            epoch_rate(make, dev)
         cpu = {k: 0.0 for k in readers}
         moved = {k: 0 for k in readers}
         for _ in range(a.reps):
             rates["pinned copy"].append(pinned_rate(nb, nbytes, dev))
             for k, make in readers.items():
                 c0 = cpu_seconds()
-                rates[k].append(epoch_rate(make(), dev))
+                rate, n = epoch_rate(make, dev)
+                rates[k].append(rate)
                 cpu[k] += cpu_seconds() - c0
-                moved[k] += nb * nbytes
+                moved[k] += n
         med = {k: statistics.median(v) for k, v in rates.items()}
         ceiling = resident_ceiling(readers["WireheadLoader"], a.steps, dev)
         steps = {k: data_wait(make, a.steps, dev)[1] for k, make in readers.items()}
