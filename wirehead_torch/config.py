@@ -86,6 +86,11 @@ _SHM_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# characters MongoDB refuses in a database name on Linux (its docs:
+# "Restrictions on Database Names")
+_MONGO_DB_BAD = '/\\. "$\0'
+
+
 def parse_bytes(value, key="BYTE_BUDGET", where="config"):
     """``1048576``, ``"64MiB"``, ``"1.5GB"`` -> bytes (int)."""
     if isinstance(value, bool):
@@ -157,6 +162,14 @@ def _store(v, key, where):
     if v.startswith("mongodb://") or v.startswith("mongodb+srv://"):
         if v.endswith("://"):
             raise ConfigError(f"{where}: {key} {v!r} names no MongoDB host")
+        rest = v.split("://", 1)[1].split("?", 1)[0]
+        db = rest.split("/", 1)[1] if "/" in rest else ""
+        bad = sorted(set(db) & set(_MONGO_DB_BAD))
+        if bad or len(db.encode()) > 63:
+            why = (f"may not contain {', '.join(repr(c) for c in bad)}" if bad
+                   else "is longer than 63 bytes")
+            raise ConfigError(f"{where}: {key} {shown!r}: the MongoDB database name {db!r} {why} "
+                              f"(MongoDB refuses / \\ . \" $ and spaces in database names)")
         return v
     raise ConfigError(f"{where}: {key} must start with shm:// or mongodb://, got {shown!r}")
 

@@ -415,3 +415,19 @@ def test_unknown_key_warning_names_the_callers_line_and_the_key_meant():
     assert str(w[0].message) == ("config=: unknown config keys are ignored: 'READTIMEOUT' (did "
                                  "you mean 'READ_TIMEOUT'?), 'swap_cap' (did you mean "
                                  "'SWAP_CAP'?), 'zzz'")
+
+
+@pytest.mark.parametrize("uri,bad", [("mongodb://127.0.0.1:27017/my.db", "'.'"),
+                                     ("mongodb://127.0.0.1:27017/my db", "' '"),
+                                     ("mongodb://h/a$b?retryWrites=false", "'$'"),
+                                     ("mongodb://h/" + "d" * 64, "longer than 63 bytes")])
+def test_mongodb_database_name_mongodb_refuses_is_a_config_error(uri, bad):
+    with pytest.raises(wt.ConfigError) as e:
+        wt.config.get_config(config={"STORE": uri, "SWAP_CAP": 2, "SAMPLE": ["a"]})
+    assert "STORE" in str(e.value) and "database name" in str(e.value) and bad in str(e.value)
+
+
+def test_mongodb_uri_with_options_and_credentials_is_accepted():
+    for uri in ("mongodb://h/ok_db?x=1", "mongodb://u:p@h1,h2/db", "mongodb://h"):
+        assert wt.config.get_config(config={"STORE": uri, "SWAP_CAP": 2,
+                                            "SAMPLE": ["a"]})["STORE"] == uri
