@@ -283,9 +283,13 @@ class WireheadRelay:
                     continue
                 if info is not None:
                     n += 1
+                    # the first copy is said always: the log shows the relay works
                     self._say(f"generation {info['label']}: {info['samples']} samples, "
-                              f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s",
-                              every=True)
+                              f"{info['bytes'] / 2**20:.1f} MiB in {info['pull_s']:.3f}s"
+                              + ("" if n > 1 or self.verbose else
+                                 " (the first; then a summary every "
+                                 f"{self.summary_every:.0f}s, --verbose for each)"),
+                              every=n > 1 or self.quiet)
                     if max_generations is not None and n >= max_generations:
                         break
                     self._summarize()

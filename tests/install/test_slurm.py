@@ -151,7 +151,7 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
     # nodes x generation bytes, whatever the ranks and workers on a node
     pulled = {}  # generation -> [MiB pulled by each relay that copied it]
     for line in relay.splitlines():
-        m = re.search(r"generation (\d+): \d+ samples, ([\d.]+) MiB in", line)
+        m = re.search(r"generation #(\d+): \d+ samples, ([\d.]+) MiB in", line)
         if m:
             pulled.setdefault(int(m.group(1)), []).append(float(m.group(2)))
     assert pulled and all(len(v) <= 3 for v in pulled.values()), pulled
