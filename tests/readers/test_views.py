@@ -184,7 +184,7 @@ def test_killed_readers_pins_are_pruned_and_generation_goes_on(shm_cfg, caplog):
                         if "sealing waits for reader pid" in r.getMessage())
             victim = next(r for r in readers if f"pid {r.pid} " in line)
             gen_held = next(g for g, (_, pid) in pinned.items() if pid == victim.pid)
-            assert f"generation {gen_held}" in line
+            assert f"generation {wt.gen_label(gen_held, st.status())}" in line  # as #N
             victim.send_signal(signal.SIGKILL)
             victim.wait(30)
             t.join(60)
