@@ -685,13 +685,7 @@ def test_registered_path_copies_from_the_store_without_host_copies(fake, consume
 
 def corrupt_big(cfg, tag, counter):
     """Flips one data bit in the middle of sample(tag, counter, BIG) in cfg's segment."""
-    needle = whlib.sample(tag, counter, BIG)[1][BIG // 2:BIG // 2 + 16].tobytes()
-    with open(f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}", "r+b") as f:
-        blob = f.read()
-        at = blob.find(needle)
-        assert at > 0, "sample not found in the segment"
-        f.seek(at + 8)
-        f.write(bytes([blob[at + 8] ^ 0x01]))
+    whlib.flip_bit_after(cfg, whlib.sample(tag, counter, BIG)[1][BIG // 2:BIG // 2 + 16].tobytes())
 
 
 def test_registered_path_checks_each_sample_once_per_generation(fake, consumer, shm_cfg):

@@ -240,8 +240,13 @@ def read_generation(store, gen, swap_cap):
 
 def corrupt_shm_sample(cfg, tag, counter):
     """Flips one data bit of sample(tag, counter) inside cfg's shm segment."""
+    flip_bit_after(cfg, sample(tag, counter)[1].tobytes()[:64])
+
+
+def flip_bit_after(cfg, needle):
+    """Flips one bit 8 bytes into the first place needle stands in cfg's
+    shm segment (a sample's data: its checksum no longer holds)."""
     path = f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}"
-    needle = sample(tag, counter)[1].tobytes()[:64]
     with open(path, "r+b") as f:
         blob = f.read()
         at = blob.find(needle)

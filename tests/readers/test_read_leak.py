@@ -47,13 +47,7 @@ def corrupt(cfg, counter):
     """Flips one data bit of sample(1, counter, FLOATS) in cfg's segment."""
     # mid-sample: the first floats round to the previous sample's last ones
     data = whlib.sample(1, counter, FLOATS)[1]
-    needle = data[FLOATS // 2:FLOATS // 2 + 16].tobytes()
-    with open(f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}", "r+b") as f:
-        blob = f.read()
-        at = blob.find(needle)
-        assert at > 0, "sample not found in the segment"
-        f.seek(at + 8)
-        f.write(bytes([blob[at + 8] ^ 0x01]))
+    whlib.flip_bit_after(cfg, data[FLOATS // 2:FLOATS // 2 + 16].tobytes())
 
 
 def flat(read_round):
