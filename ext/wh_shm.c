@@ -295,7 +295,8 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '-' || c == '_' || c == '.'))
             return wh_err_set(err, WH_E_INVALID,
-                              "shm store name '%s': use only letters, digits, '-', '_', '.'", name);
+                              "shm store name '%s': use only ASCII letters, digits, '-', '_', '.'",
+                              name);
     }
     snprintf(out, cap, "/wirehead.%s", name);
     return true;

@@ -154,10 +154,10 @@ def _store(v, key, where):
         name = v[len("shm://"):]
         if not name:
             raise ConfigError(f"{where}: {key} {v!r} names no store: write shm://NAME "
-                              f"(1..{_SHM_NAME_MAX} letters, digits, '-', '_', '.')")
+                              f"(1..{_SHM_NAME_MAX} ASCII letters, digits, '-', '_', '.')")
         if len(name) > _SHM_NAME_MAX or not _SHM_NAME.fullmatch(name):
             raise ConfigError(f"{where}: {key} {v!r}: the shm store name {name!r} must be "
-                              f"1..{_SHM_NAME_MAX} letters, digits, '-', '_', '.'")
+                              f"1..{_SHM_NAME_MAX} ASCII letters, digits, '-', '_', '.'")
         return v
     if v.startswith("mongodb://") or v.startswith("mongodb+srv://"):
         if v.endswith("://"):

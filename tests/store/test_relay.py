@@ -622,3 +622,24 @@ def test_a_segment_of_another_layout_is_refused(relay_cfg):
         f.write((size - 208).to_bytes(8, "little"))
     with pytest.raises(wt.SchemaMismatchError, match=f"{size - 208}-byte header"):
         whlib.open_store(plain)
+
+
+def test_clean_says_it_removes_the_nodes_copy_too(relay_cfg):
+    """`wirehead-torch clean` of a config with LOCAL_CACHE removes MongoDB's
+    collections and this node's copy, and says both."""
+    cfg, path = relay_cfg()
+    src = whlib.open_store(cfg)
+    _feed(src, 1)
+    relay = wt.WireheadRelay(config=cfg, quiet=True)
+    assert relay.run(max_generations=1) == 1
+    relay.close()
+    src.close()
+    local = cfg["LOCAL_CACHE"]
+    assert os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")
+    r = subprocess.run([sys.executable, "-m", "wirehead_torch.apps.cli", "clean", "--config",
+                        str(path)], env=whlib.env_for_child(), capture_output=True, text=True,
+                       timeout=120)
+    first = r.stdout.splitlines()[0]
+    assert r.returncode == 0 and first.startswith("removed store mongodb://"), r.stdout + r.stderr
+    assert first.endswith(f"and this node's copy {local}"), first
+    assert not os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")

@@ -204,6 +204,9 @@ def _cmd_clean(args):
         what = f"this node's copy {local_cache_uri(cfg) if cfg['LOCAL_CACHE'] else ''}"
     else:
         what = f"store {redact(cfg['STORE'])}"
+        if cfg["LOCAL_CACHE"]:  # clean removes this node's copy with it
+            from ..config import local_cache_uri
+            what += f" and this node's copy {local_cache_uri(cfg)}"
     if clean(config_path=args.config, local_only=args.local_only):
         print(f"removed {what}")
     else:
