@@ -1365,6 +1365,9 @@ typedef struct {
     wh__map_t *map;
     int slot;
     uint64_t gen;
+    /* in wh__held, so a forked child pins it; not a GPU copy's view, which
+     * only the parent's loader threads ever use */
+    bool listed;
 } wh__view_t;
 
 /* This process's live views per (segment, area, generation): what a forked
@@ -1468,7 +1471,7 @@ static void wh__view_release(wh_buf_t *b) {
     wh_guard_ensure(); /* dropping the pin writes the segment, also at exit */
     pthread_mutex_lock(&wh__pin_mu);
     wh__pin_drop(v->map->rw, v->slot, v->gen, getpid());
-    wh__held_drop(v->map, v->slot, v->gen);
+    if (v->listed) wh__held_drop(v->map, v->slot, v->gen);
     pthread_mutex_unlock(&wh__pin_mu);
     wh__map_unref(v->map);
     free(v);
@@ -1608,7 +1611,8 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
                         (int)s->pid, (unsigned long long)other, (unsigned long long)gen);
     if (ok) ok = wh__pin_add(sl, s->pid, 1, err);
     if (locked) wh__unlock(&sl->lock);
-    if (ok && !wh__held_add(s->map, slot, gen)) {
+    v->listed = !st->dma_views;
+    if (ok && v->listed && !wh__held_add(s->map, slot, gen)) {
         wh__pin_drop(h, slot, gen, s->pid);
         ok = wh_err_set(err, WH_E_SYS, "out of memory");
     }
@@ -1641,7 +1645,7 @@ static bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **
     if (!ok) {
         pthread_mutex_lock(&wh__pin_mu);
         wh__pin_drop(h, slot, gen, s->pid);
-        wh__held_drop(s->map, slot, gen);
+        if (v->listed) wh__held_drop(s->map, slot, gen);
         pthread_mutex_unlock(&wh__pin_mu);
         free(v);
         return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);

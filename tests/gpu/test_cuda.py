@@ -717,6 +717,37 @@ def test_registered_path_checks_each_sample_once_per_generation(fake, consumer, 
     loader.close()
 
 
+def test_a_fork_does_not_pin_the_loaders_in_flight_views(fake, consumer, shm_cfg):
+    """A child forked while WireheadLoader(device) holds store views for its
+    copies (a DataLoader's workers, say) does not pin their generations for
+    its life: only the loader's threads use those views."""
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               fields=["data"])
+    it = iter(loader)
+    try:
+        next(it)  # the batches prefetched after it hold their rows' views
+        before = {a["generation"]: a["pinners"] for a in wt.status(cfg)["areas"]}
+        assert any(before.values())  # the loader pins its generation
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child only waits
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        os.close(r)
+        try:
+            after = {a["generation"]: a["pinners"] for a in wt.status(cfg)["areas"]}
+            assert after == before, (before, after)
+        finally:
+            os.close(w)
+            os.waitpid(pid, 0)
+    finally:
+        del it
+        loader.close()
+    assert fake.violations() == []
+
+
 def test_small_rows_are_gathered_and_counted(fake, consumer, shm_cfg):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     loader = wt.WireheadLoader(config=cfg, batch_size=5, device="cuda", shuffle=False)
