@@ -16,6 +16,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "asan: also run against the ASan+UBSan build")
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     config.addinivalue_line("markers", "lightning: needs Lightning (the torch 2.x lane)")
+    config.addinivalue_line("markers", "shrink100: 100 rounds of a cut file per reader kind "
+                            "(C-level, so run in the first lane only)")
 
 
 def _config_factory(store_uri, **defaults):
