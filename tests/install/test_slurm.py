@@ -161,22 +161,17 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
     assert "one relay per node" in train and "train: done (0)" in train
     check_ranks(run_dir, 3, swap_cap)
     import wirehead_torch as wt
-    old = os.environ.get("SLURMD_NODENAME")
-    try:
-        from wirehead_torch.config import local_cache_uri
-        for node in ("n1", "n2", "n3"):  # each node's copy is named for it
-            os.environ["SLURMD_NODENAME"] = node
-            c = {"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"],
-                 "LOCAL_CACHE": "auto"}
-            wt.clean(c)
-            lock = f"/dev/shm/wirehead-relay.{local_cache_uri(c)[6:]}.lock"
-            if os.path.exists(lock):  # the step's end may SIGKILL a relay
-                os.unlink(lock)
-    finally:
-        if old is None:
-            os.environ.pop("SLURMD_NODENAME", None)
-        else:
-            os.environ["SLURMD_NODENAME"] = old
+    from wirehead_torch.relay import _files
+    wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
+    # each node's copy and its relay's files, by the names the relays said
+    # (the step's end may SIGKILL a relay before it removes its lock)
+    for line in fills:
+        local = "shm://" + line.split("shm://", 1)[1].split()[0]
+        wt.clean({"STORE": local, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
+        for path in _files(local):
+            if os.path.exists(path):
+                os.unlink(path)
+        assert not os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")
 
 
 STAND_IN_MONGOD = """#!{python}
