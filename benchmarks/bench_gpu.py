@@ -13,9 +13,10 @@ Sizes used for the published figures: --side 96 (3.5 MB), 160 (16 MB),
 
 Per reader:
   GB/s, vs pinned   batch bytes landed in device tensors (median over --reps
-                    epochs, the readers' epochs interleaved), over a pinned
-                    cudaMemcpyAsync of the same bytes measured in the same
-                    run (the link's ceiling in this process)
+                    repetitions, readers interleaved, each repetition epochs
+                    back to back for RATE_MIN_S), over batch-sized pinned
+                    cudaMemcpyAsync measured the same way in the same run
+                    (the link's ceiling in this process)
   steps/s, vs ceil  a three-Conv3d net trained for --steps steps on the
                     reader's batches, over the same net on one batch kept
                     resident on the device (the ceiling: no data movement)

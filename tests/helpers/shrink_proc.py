@@ -11,9 +11,11 @@ Usage: shrink_proc.py KIND MODE ROUNDS SEED [MONGODB_URI]
 KIND: map-copy, map-view, iterable, iterable-view, loader, ring (in
 process), workers (wt.DataLoader, one worker), params, relay (its local
 copy is cut; needs MONGODB_URI).
-The parent prints one JSON line: {"rounds", "signals": [...], "bad": [...],
-"errors": n, "clean": n} (errors: rounds whose reader raised; clean: rounds
-whose reads all ended before the cut). Exit 0 always: the test judges."""
+The parent prints one JSON line: {"rounds", "signals": [[round, signal]],
+"bad": [[round, code]], "exits": {code: rounds}}; a child's code is 0 when
+its reader raised the expected error, 10 when every read ended before the
+cut reached it, 3 for wrong data, 4 for an unexpected error. Exit 0 always:
+the test judges."""
 import gc
 import itertools
 import json
