@@ -2,7 +2,7 @@
 same bytes interleaved with it repetition by repetition.
 
     .venv/bin/python benchmarks/bench_loader.py [--mib 8 64] [--reps 5] [--busy 0 2]
-        [--json FILE] [--only TEXT ...]
+        [--json FILE] [--only TEXT ...] [--cache-fit]
 
 A sample is one float32 field of MIB MiB ('input', shape (MIB, 512, 512))
 and a 16-byte uint8 'label'. One generation is filled once and no manager
@@ -13,6 +13,8 @@ included.
 The baseline, memcpy+touch: each sample's bytes copied from the store's own
 memory (a view, checked once before timing) into a warm, reused buffer, and
 that buffer touched: the least a reader that hands out copies can do.
+The store holds at least twice the last-level cache's bytes (SWAP_CAP
+rounded up to whole batches; --cache-fit: the earlier 8 or 32 samples).
 One repetition of a reader = one epoch of SWAP_CAP samples through it, with
 a baseline epoch right before it; its ratio is its GB/s over that epoch's.
 Reported per reader: the median over --reps repetitions of GB/s and of that
@@ -25,6 +27,9 @@ while the readers run; each value given is one pass over every reader
 (--busy 0 2: quiet, then with two).
 
 Readers:
+  memcpy+touch, 4 batch buffers in turn
+                      the baseline's work, but into batches of a ring of 4, touched
+                      a batch at a time: what handing over batches costs by itself
   Store.read_into     the read policy into a warm, reused buffer (copy + XXH3 in one pass)
   WireheadLoader      2 C threads assemble batches into a ring of buffers
   Store.read          the read policy's plain read into a new buffer per sample
@@ -112,6 +117,28 @@ class Memcpy:
             for dst, src in zip(self.bufs, v):
                 np.copyto(dst, src)
             touch(*self.bufs)
+        return self.n
+
+
+class MemcpyBatches(Memcpy):
+    """The baseline's copy and touch, but into batches taken in turn from a
+    ring of 4 batch buffers, as the loaders hand them over: the memory a batch
+    lands in is no longer the buffer the last sample just warmed."""
+    name = "memcpy+touch, 4 batch buffers in turn"
+
+    def __init__(self, cfg, mib, batch):
+        self.batch = batch
+        self.ring = [[np.ones((batch, mib, 512, 512), np.float32), np.ones((batch, 16), np.uint8)]
+                     for _ in range(4)]
+        super().__init__(cfg, mib)
+
+    def epoch(self):
+        for b0 in range(0, self.n, self.batch):
+            bufs = self.ring[(b0 // self.batch) % len(self.ring)]
+            for row, v in enumerate(self.views[b0:b0 + self.batch]):
+                for dst, src in zip(bufs, v):
+                    np.copyto(dst[row], src)
+            touch(*bufs)
         return self.n
 
 
@@ -252,7 +279,8 @@ def run_size(mib, reps, swap_cap, batch, only=None):
                 lambda name: DL(name, wt.MongoTupleheadDataset(config=cfg, batches=True), None,
                                 sampler=batches),
         }
-        makers = [(Raw.name, lambda: Raw(cfg, mib)),
+        makers = [(MemcpyBatches.name, lambda: MemcpyBatches(cfg, mib, batch)),
+                  (Raw.name, lambda: Raw(cfg, mib)),
                   (Loader.name, lambda: Loader(cfg, batch)),
                   (StoreRead.name, lambda: StoreRead(cfg, mib)),
                   (MapStyle.name, lambda: MapStyle(cfg)),
@@ -284,6 +312,29 @@ def run_size(mib, reps, swap_cap, batch, only=None):
         wt.clean(cfg)
 
 
+def llc_bytes():
+    """The largest CPU cache of this machine (0 where sysfs does not say)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for idx in os.listdir(base) if os.path.isdir(base) else ():
+        try:
+            with open(f"{base}/{idx}/size") as f:
+                t = f.read().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+        best = max(best, int(t.rstrip("KMG") or 0) * mult)
+    return best
+
+
+def store_samples(mib, batch):
+    """Samples in the store: at least twice the last-level cache's bytes, as a
+    real store is; a store that fits there makes the baseline read from cache
+    while readers that write a ring evict it."""
+    n = max(8, -(-2 * llc_bytes() // (mib << 20)))
+    return -(-n // batch) * batch
+
+
 def busy_procs(n):
     """n processes spinning on a CPU each (ended by the caller, by pid)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
@@ -312,6 +363,9 @@ def main(argv=None):
                    help="only the readers whose name holds one of these texts")
     p.add_argument("--busy", type=int, nargs="+", default=[0], metavar="N",
                    help="competing busy processes; one pass per value (default: 0)")
+    p.add_argument("--cache-fit", action="store_true",
+                   help="the earlier sizing (8 samples of 32 MiB or more, else 32), "
+                        "which lets a small store sit in a large last-level cache")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     results = []
@@ -319,7 +373,11 @@ def main(argv=None):
         procs = busy_procs(busy)
         try:
             for mib in a.mib:
-                swap_cap, batch = (8, 2) if mib >= 32 else (32, 4)
+                batch = 2 if mib >= 32 else 4
+                if a.cache_fit:
+                    swap_cap = 8 if mib >= 32 else 32
+                else:
+                    swap_cap = store_samples(mib, batch)
                 res = run_size(mib, a.reps, swap_cap, batch, a.only)
                 res["busy"] = busy
                 results.append(res)
