@@ -64,6 +64,14 @@ static bool wh__mongo_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     o->generated = s.generated + o->write_fill;
     o->discarded = s.discarded;
     o->seals = s.seals;
+    /* the newest of: a discarded put, a put into the write or the read generation */
+    o->last_put_ns = s.last_put_ns;
+    const uint64_t gens[2] = {s.write_gen, s.read_gen};
+    for (int i = 0; i < 2; i++) {
+        uint64_t t = 0;
+        if (gens[i] && !wh__gen_last_put(m, gens[i], &t, err)) return false;
+        if (t > o->last_put_ns) o->last_put_ns = t;
+    }
     if (live) {
         o->leader_pid = pid;
         o->lease_left_s = (double)left / 1000.0;

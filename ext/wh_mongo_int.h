@@ -36,6 +36,7 @@
 typedef struct {
     uint64_t read_gen, write_gen, retiring;
     uint64_t seals, generated, discarded;
+    uint64_t last_put_ns; /* the newest discarded put (accepted ones: the counter's t) */
     int nhist;
     struct {
         uint64_t generation, time_ns, generated, discarded, seal_ns;
@@ -73,6 +74,8 @@ bool wh__merr(const wh__mongo_t *m, wh_err_t *err, const bson_error_t *e, const 
 uint64_t wh__rand64(void);
 mongoc_collection_t *wh__coll(wh__mongo_t *m, const char *name);
 mongoc_collection_t *wh__gen_coll(wh__mongo_t *m, uint64_t gen, bool manifests);
+/* When a put last claimed a position of gen (0: none did). */
+bool wh__gen_last_put(wh__mongo_t *m, uint64_t gen, uint64_t *t, wh_err_t *err);
 mongoc_collection_t *wh__state_coll(wh__mongo_t *m);
 bool wh__get_int(const bson_t *doc, const char *key, int64_t *out);
 uint64_t wh__get_u64_or0(const bson_t *doc, const char *key);

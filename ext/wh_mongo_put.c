@@ -97,7 +97,9 @@ static bool wh__insert_manifest(wh__mongo_t *m, mongoc_collection_t *mc, uint32_
 /* Next candidate position from the generation's counter (may be >= swap_cap). */
 static bool wh__claim(wh__mongo_t *m, mongoc_collection_t *c, uint64_t *pos, wh_err_t *err) {
     bson_t *q = BCON_NEW("_id", BCON_UTF8("ctr"));
-    bson_t *upd = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}");
+    /* t: when a generator last put here, for `status` */
+    bson_t *upd = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}", "$max", "{", "t",
+                           BCON_INT64((int64_t)wh_now_real_ns()), "}");
     mongoc_find_and_modify_opts_t *o = mongoc_find_and_modify_opts_new();
     mongoc_find_and_modify_opts_set_update(o, upd);
     mongoc_find_and_modify_opts_set_flags(o, MONGOC_FIND_AND_MODIFY_UPSERT |

@@ -75,6 +75,7 @@ static void wh__parse_state(const bson_t *doc, wh__state_t *s) {
     s->seals = wh__get_u64_or0(doc, "seals");
     s->generated = wh__get_u64_or0(doc, "generated");
     s->discarded = wh__get_u64_or0(doc, "discarded");
+    s->last_put_ns = wh__get_u64_or0(doc, "last_put");
     bson_iter_t it, arr;
     if (bson_iter_init_find(&it, doc, "history") && BSON_ITER_HOLDS_ARRAY(&it) &&
         bson_iter_recurse(&it, &arr)) {
@@ -157,7 +158,8 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh
 bool wh__inc_discarded(wh__mongo_t *m, wh_err_t *err) {
     mongoc_collection_t *c = wh__state_coll(m);
     bson_t *sel = BCON_NEW("_id", BCON_UTF8("state"));
-    bson_t *upd = BCON_NEW("$inc", "{", "discarded", BCON_INT64(1), "}");
+    bson_t *upd = BCON_NEW("$inc", "{", "discarded", BCON_INT64(1), "}", "$max", "{", "last_put",
+                           BCON_INT64((int64_t)wh_now_real_ns()), "}");
     bson_error_t e;
     bool ok = mongoc_collection_update_one(c, sel, upd, NULL, NULL, &e);
     if (!ok) wh__merr(m, err, &e, "count a discarded sample");
@@ -184,18 +186,25 @@ static bool wh__count_manifests(wh__mongo_t *m, uint64_t gen, uint64_t *n, wh_er
     return true;
 }
 
-/* Value of the position counter of gen (0 when it does not exist yet). */
-static bool wh__counter(wh__mongo_t *m, uint64_t gen, uint64_t *n, wh_err_t *err) {
+/* Value of the position counter of gen (0 when it does not exist yet) and
+ * when a put last claimed a position from it (t; 0 when none did). */
+static bool wh__counter_t(wh__mongo_t *m, uint64_t gen, uint64_t *n, uint64_t *t, wh_err_t *err) {
     mongoc_collection_t *c = wh__gen_coll(m, gen, false);
     bson_t *filter = BCON_NEW("_id", BCON_UTF8("ctr"));
     bson_t doc = BSON_INITIALIZER;
     bool found = false;
     bool ok = wh__find_one(m, c, filter, &doc, &found, "read position counter", err);
     *n = found ? wh__get_u64_or0(&doc, "n") : 0;
+    if (t) *t = found ? wh__get_u64_or0(&doc, "t") : 0;
     bson_destroy(&doc);
     bson_destroy(filter);
     mongoc_collection_destroy(c);
     return ok;
+}
+
+bool wh__gen_last_put(wh__mongo_t *m, uint64_t gen, uint64_t *t, wh_err_t *err) {
+    uint64_t n = 0;
+    return wh__counter_t(m, gen, &n, t, err);
 }
 
 /* Full when every position has its manifest. The counter is read first so
@@ -203,7 +212,7 @@ static bool wh__counter(wh__mongo_t *m, uint64_t gen, uint64_t *n, wh_err_t *err
 bool wh__gen_full(wh__mongo_t *m, uint64_t gen, bool *full, uint64_t *fill, wh_err_t *err) {
     uint64_t ctr = 0, n = 0;
     *full = false;
-    if (!wh__counter(m, gen, &ctr, err)) return false;
+    if (!wh__counter_t(m, gen, &ctr, NULL, err)) return false;
     if (ctr < m->base.cfg.swap_cap && !fill) return true;
     if (!wh__count_manifests(m, gen, &n, err)) return false;
     *full = n >= m->base.cfg.swap_cap;

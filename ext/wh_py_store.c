@@ -708,15 +708,15 @@ static PyObject *wh__status_dict(const wh_status_t *s) {
         return NULL;
     }
     return Py_BuildValue(
-        "{sKsKsIsIsKsKsKsKsKsKsKsKsdsNsNsNssss}", "read_gen", (unsigned long long)s->read_gen,
+        "{sKsKsIsIsKsKsKsKsKsKsKsdsKsdsNsNsNssss}", "read_gen", (unsigned long long)s->read_gen,
         "write_gen", (unsigned long long)s->write_gen, "write_fill", s->write_fill, "swap_cap",
         s->swap_cap, "write_bytes", (unsigned long long)s->write_bytes, "byte_budget",
         (unsigned long long)s->byte_budget, "store_bytes", (unsigned long long)s->store_bytes,
         "creator_pid", (unsigned long long)s->creator_pid, "generated",
         (unsigned long long)s->generated, "discarded", (unsigned long long)s->discarded, "seals",
-        (unsigned long long)s->seals, "leader_pid", (unsigned long long)s->leader_pid,
-        "lease_left_s", s->lease_left_s, "history", hist, "areas", areas, "readers", readers,
-        "origin_id", s->origin_id, "origin", s->origin_name);
+        (unsigned long long)s->seals, "last_put", (double)s->last_put_ns / 1e9, "leader_pid",
+        (unsigned long long)s->leader_pid, "lease_left_s", s->lease_left_s, "history", hist,
+        "areas", areas, "readers", readers, "origin_id", s->origin_id, "origin", s->origin_name);
 }
 
 static PyObject *wh__store_status(wh__pystore_t *self, PyObject *unused) {

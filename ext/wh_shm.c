@@ -133,6 +133,7 @@ typedef struct {
      * "" in a plain store */
     char origin_id[WH_ORIGIN_ID_LEN];
     char origin_name[WH_ORIGIN_NAME_LEN];
+    uint64_t last_put_ns; /* atomic: CLOCK_REALTIME of the newest put, accepted or not */
 } wh__hdr_t;
 
 /* The segment's mappings, shared by the handle and every live view, so a
@@ -204,6 +205,11 @@ typedef struct {
 static const wh_store_ops_t wh__shm_ops;
 
 static uint64_t wh__ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+/* `status` tells a store whose generators stopped by this time. */
+static void wh__put_seen(wh__hdr_t *h) {
+    __atomic_store_n(&h->last_put_ns, wh_now_real_ns(), __ATOMIC_RELAXED);
+}
 static void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 /* Pin drops run from a view's deleter, which has no store at hand. */
@@ -1003,6 +1009,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
         if (genp) *genp = gen;
         if (__atomic_load_n(&sl->count, __ATOMIC_ACQUIRE) >= s->swap_cap) {
             __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+            wh__put_seen(h);
             *status = WH_PUT_DISCARDED;
             return true;
         }
@@ -1018,6 +1025,7 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
         if (sl->count >= s->swap_cap) {
             wh__unlock(&sl->lock);
             __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+            wh__put_seen(h);
             *status = WH_PUT_DISCARDED;
             return true;
         }
@@ -1071,9 +1079,11 @@ static bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned w
         e->size = size;
         __atomic_store_n(&sl->count, sl->count + 1, __ATOMIC_RELEASE); /* commit point */
         __atomic_fetch_add(&h->generated, 1, __ATOMIC_RELAXED);
+        wh__put_seen(h);
         *status = WH_PUT_ACCEPTED;
     } else if (ok) {
         __atomic_fetch_add(&h->discarded, 1, __ATOMIC_RELAXED);
+        wh__put_seen(h);
         *status = WH_PUT_DISCARDED;
     }
     wh__unlock(&sl->lock);
@@ -1715,6 +1725,7 @@ static bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
     o->generated = __atomic_load_n(&h->generated, __ATOMIC_RELAXED);
     o->discarded = __atomic_load_n(&h->discarded, __ATOMIC_RELAXED);
     o->seals = __atomic_load_n(&h->seals, __ATOMIC_RELAXED);
+    o->last_put_ns = __atomic_load_n(&h->last_put_ns, __ATOMIC_RELAXED);
     uint64_t now = wh_now_real_ns();
     if (h->leader_token && wh__pid_alive(h->leader_pid) && h->lease_expiry_ns >= now &&
         !wh__lease_forged(h, now)) {

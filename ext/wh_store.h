@@ -70,6 +70,7 @@ typedef struct {
     uint64_t generated;   /* total accepted */
     uint64_t discarded;   /* total surplus */
     uint64_t seals;       /* total seals */
+    uint64_t last_put_ns; /* CLOCK_REALTIME of the newest put by any generator; 0: none yet */
     uint64_t leader_pid;  /* 0 if no live lease (shm: pid; mongo: 0/1) */
     double lease_left_s;
     int nareas; /* shm: generation areas, with their reader pins */

@@ -53,3 +53,34 @@ def test_cli_status_shows_readers(shm_cfg, tmp_path):
     line = next(x for x in r.stdout.splitlines() if x.startswith(f"  {os.getpid()}"))
     assert "reuse" in line and "samples/s" in line, r.stdout
     assert "readers          1; each sample of the read generation served" in r.stdout
+
+
+def test_status_says_when_generators_stopped(store_cfg):
+    """`status` tells a store nobody writes to from one being filled: the time
+    of the newest put, accepted or discarded, on both backends."""
+    import time
+
+    from wirehead_torch import _C
+    from wirehead_torch.apps.cli import GENERATOR_IDLE_S, _fmt_status
+    from wirehead_torch.config import resolve, store_kwargs
+    cfg = store_cfg(swap_cap=4, SELF_SEAL=False)
+    _C.Store(**store_kwargs(resolve(cfg))).close()  # the store, with nothing put
+    st = wt.status(config=cfg)
+    assert st["last_put"] == 0
+    assert "generators       none has put a sample yet\n" in _fmt_status(st)
+    t0 = time.time()
+    _fill(cfg, 2)  # accepted
+    st = wt.status(config=cfg)
+    assert t0 - 1 <= st["last_put"] <= time.time() + 1, st["last_put"]
+    line = next(x for x in _fmt_status(st).splitlines() if x.startswith("generators"))
+    assert line.startswith("generators       active: last put "), line
+    # the same store a while later, as `status` would print it then
+    later = _fmt_status(st, now=st["last_put"] + GENERATOR_IDLE_S + 5)
+    assert "generators       none active: last put " in later and "(1 min ago)" in later
+    # a put the full write generation discards counts too
+    _fill(cfg, 2)
+    full = wt.status(config=cfg)
+    assert full["write_fill"] == 4 and full["discarded"] == 0
+    _fill(cfg, 1)
+    st = wt.status(config=cfg)
+    assert st["discarded"] == 1 and st["last_put"] > full["last_put"]

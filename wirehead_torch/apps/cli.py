@@ -42,6 +42,7 @@ def _fmt_status(st, now=None):
            if st["byte_budget"] else ")"),
         f"generated        {st['generated']} accepted, {st['discarded']} surplus discarded, "
         f"{st['seals']} swaps",
+        "generators       " + _fmt_generators(st.get("last_put") or 0, now),
         "manager          " + (f"pid {st['leader_pid']} (lease {st['lease_left_s']:.1f}s left)"
                                if st['leader_pid'] else "none holds the lease"),
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
@@ -73,6 +74,18 @@ def _fmt_status(st, now=None):
                          f"generation {gen_label(h['generation'], st)} generated={h['generated']} "
                          f"discarded={h['discarded']} seal={h['seal_s'] * 1e3:.3f}ms")
     return "\n".join(lines)
+
+
+# A put in the last minute: a generator is at work (a slow one makes a
+# sample every few seconds).
+GENERATOR_IDLE_S = 60
+
+
+def _fmt_generators(last_put, now):
+    if not last_put:
+        return "none has put a sample yet"
+    state = "active" if now - last_put <= GENERATOR_IDLE_S else "none active"
+    return f"{state}: last put {human_time(last_put, now)}"
 
 
 def _fmt_local(loc, st):
