@@ -91,7 +91,7 @@ int wh_py_store_call(wh_py_state_t *S, PyObject *store,
                      wh_err_t *err);
 
 /* The GPU stage's counters merged into dict d (wh_py_cuda.c). */
-int wh_py_gpu_stats_into(PyObject *d, wh_gpu_t *g);
+int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *st);
 
 /* Runs expr with the GIL released and the handle's mutex (self->mu) held.
  * handle is the field (st or ld) checked under the mutex: a close() from

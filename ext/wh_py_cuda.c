@@ -19,10 +19,9 @@ static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
                          wh_cuda_runtime_version());
 }
 
-int wh_py_gpu_stats_into(PyObject *d, wh_gpu_t *g) {
-    wh_gpu_stats_t st;
-    Py_BEGIN_ALLOW_THREADS wh_gpu_stats(g, &st);
-    Py_END_ALLOW_THREADS PyObject *x = Py_BuildValue(
+int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *sp) {
+    const wh_gpu_stats_t st = *sp;
+    PyObject *x = Py_BuildValue(
         "{sKsKsdsKsdsKsIsIsKsKsKss}", "copies", (unsigned long long)st.copies, "h2d_bytes",
         (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
         (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
@@ -224,8 +223,19 @@ static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *mem) {
 static PyObject *wh__stage_stats(wh__pystage_t *self, PyObject *unused) {
     (void)unused;
     if (!wh__stage_ok(self)) return NULL;
+    wh_gpu_stats_t st;
+    bool open;
+    /* under the lock: a close in another thread frees the stage */
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+    open = self->g != NULL;
+    if (open) wh_gpu_stats(self->g, &st);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS if (!open) {
+        wh__stage_ok(self); /* sets "closed" */
+        return NULL;
+    }
     PyObject *d = PyDict_New();
-    if (d && wh_py_gpu_stats_into(d, self->g) < 0) Py_CLEAR(d);
+    if (d && wh_py_gpu_stats_into(d, &st) < 0) Py_CLEAR(d);
     return d;
 }
 

@@ -245,8 +245,11 @@ static PyObject *wh__loader_next(wh__pyloader_t *self, PyObject *unused) {
     return res;
 }
 
-static bool wh__loader_stats_locked(wh_loader_t *ld, wh_loader_stats_t *st, uint64_t *sizes) {
+/* Under the handle's lock: a close in another thread frees the GPU stage. */
+static bool wh__loader_stats_locked(wh_loader_t *ld, wh_gpu_t *gpu, wh_loader_stats_t *st,
+                                    wh_gpu_stats_t *gst, uint64_t *sizes) {
     wh_loader_stats(ld, st);
+    if (gpu) wh_gpu_stats(gpu, gst);
     sizes[0] = wh_loader_batches(ld);
     sizes[1] = wh_loader_items(ld);
     sizes[2] = wh_loader_generation(ld);
@@ -262,7 +265,10 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     uint64_t sz[3] = {0, 0, 0};
     wh_err_t err = {0};
     bool ok;
-    WH_PY_CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, &st, sz));
+    wh_gpu_stats_t gst;
+    memset(&gst, 0, sizeof gst);
+    bool gpu = self->gpu != NULL;
+    WH_PY_CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, self->gpu, &st, &gst, sz));
     if (!ok) return wh_py_raise(S, &err);
     PyObject *d = Py_BuildValue(
         "{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0], "items_per_epoch",
@@ -270,8 +276,8 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
         (unsigned long long)st.items, "corrupt", (unsigned long long)st.corrupt, "gone",
         (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9, "ring", st.ring,
         "generation", (unsigned long long)sz[2], "last_skip", st.last_skip);
-    if (d && self->gpu && wh_py_gpu_stats_into(d, self->gpu) < 0) Py_CLEAR(d);
-    if (d && self->gpu) { /* which path the batches took, and the host copies */
+    if (d && gpu && wh_py_gpu_stats_into(d, &gst) < 0) Py_CLEAR(d);
+    if (d && gpu) { /* which path the batches took, and the host copies */
         PyObject *x = PyLong_FromUnsignedLongLong(st.host_bytes);
         PyObject *hc = x ? PyDict_GetItemString(d, "host_copy_bytes") : NULL;
         PyObject *sum = hc ? PyNumber_Add(hc, x) : NULL;

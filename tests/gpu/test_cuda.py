@@ -1030,3 +1030,34 @@ def test_dataloader_refused_registration_falls_back_once(fake, consumer, shm_cfg
     assert st["path"] == "staged" and says in st["staged_why"]
     assert st["host_copy_bytes"] >= N * 4 * BIG
     assert fake.violations() == []
+
+
+def test_stats_while_another_thread_closes(fake, consumer, shm_cfg):
+    """info() reads the GPU stage's figures under the loader's lock: a close
+    in another thread (which frees the stage) either waits for it or makes
+    it say the handle was closed, never a read of freed memory (the
+    sanitizer lane runs this too)."""
+    import threading
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False)
+    for _ in range(20):
+        next(iter(loader))
+        ld = loader._loader()  # the C handle: the Python object would open a new one
+        got, errors = [], []
+
+        def poll():
+            while True:
+                try:
+                    got.append(ld.info()["copies"])
+                except ValueError as e:
+                    errors.append(str(e))
+                    return
+
+        t = threading.Thread(target=poll)
+        t.start()
+        while not got and t.is_alive():  # the poller runs info() before the close
+            t.join(0.001)
+        loader.close()
+        t.join(10)
+        assert not t.is_alive() and got and min(got) >= 1
+        assert len(errors) == 1 and "closed" in errors[0], errors
