@@ -1045,7 +1045,7 @@ def test_stats_while_another_thread_closes(fake, consumer, shm_cfg):
         ld = loader._loader()  # the C handle: the Python object would open a new one
         got, errors = [], []
 
-        def poll():
+        def poll(ld=ld, got=got, errors=errors):
             while True:
                 try:
                     got.append(ld.info()["copies"])
