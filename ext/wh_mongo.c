@@ -101,6 +101,7 @@ static void wh__mongo_destroy(wh_store_t *st) {
     }
     free(m->buf);
     free(m->seen);
+    for (int i = 0; i < WH_MAX_FIELDS; i++) wh_field_hash_free(m->hashes[i]);
     free(m);
 }
 

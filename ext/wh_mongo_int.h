@@ -59,6 +59,7 @@ typedef struct {
     uint64_t buf_cap;
     unsigned char *seen; /* chunk bitmap for reads, reused */
     uint64_t seen_cap;
+    wh_field_hash_t *hashes[WH_MAX_FIELDS]; /* reads' running checksums, made on first use */
     char host[64];
     uint64_t beats;        /* heartbeats sent by this handle */
     uint64_t pv_hint;      /* newest params version this handle has heard of */

@@ -40,17 +40,47 @@ static bool wh__corrupt(uint64_t gen, uint32_t pos, wh_err_t *err, const char *f
                       pos, what);
 }
 
+/* Fields checked as their chunks are copied in (docs/guarantees.md, "One
+ * pass per byte"): done[i] bytes of field i hashed so far, in order; a field
+ * whose chunks come out of order is hashed after the copy instead. */
+typedef struct {
+    wh_field_hash_t **h; /* per field, NULL: not checked while copying */
+    uint64_t done[WH_MAX_FIELDS];
+    bool in_order[WH_MAX_FIELDS];
+} wh__checks_t;
+
 /* Copies one chunk's bytes (sample offsets [start, start+len)) into the
- * field buffers it overlaps. */
+ * field buffers it overlaps, hashing them on the way where c says so. */
 static void wh__scatter(const wh_sample_meta_t *meta, void *const *dst, uint64_t start,
-                        const uint8_t *src, uint64_t len) {
+                        const uint8_t *src, uint64_t len, wh__checks_t *c) {
     uint64_t end = start + len;
     for (int i = 0; i < meta->nfields; i++) {
         const wh_field_meta_t *f = &meta->f[i];
         if (!dst[i] || !f->nbytes) continue;
         uint64_t a = f->offset > start ? f->offset : start;
         uint64_t b = f->offset + f->nbytes < end ? f->offset + f->nbytes : end;
-        if (a < b) memcpy((char *)dst[i] + (a - f->offset), src + (a - start), b - a);
+        if (a >= b) continue;
+        char *to = (char *)dst[i] + (a - f->offset);
+        if (c && c->in_order[i] && c->done[i] == a - f->offset) {
+            wh_field_hash_copy(c->h[i], to, src + (a - start), b - a);
+            c->done[i] += b - a;
+        } else {
+            if (c) c->in_order[i] = false;
+            memcpy(to, src + (a - start), b - a);
+        }
+    }
+}
+
+/* In raw mode, the chunk's bytes outside every field (alignment padding). */
+static void wh__gaps(const wh_sample_meta_t *meta, char *base, uint64_t start, const uint8_t *src,
+                     uint64_t len) {
+    uint64_t from = start, end = start + len;
+    for (int i = 0; i <= meta->nfields && from < end; i++) {
+        uint64_t to = i < meta->nfields ? meta->f[i].offset : end;
+        if (to > end) to = end;
+        if (to > from) memcpy(base + from, src + (from - start), to - from);
+        if (i < meta->nfields && meta->f[i].offset + meta->f[i].nbytes > from)
+            from = meta->f[i].offset + meta->f[i].nbytes;
     }
 }
 
@@ -205,6 +235,15 @@ static bool wh__read_impl(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn
     bool any = raw != NULL;
     for (int i = 0; i < meta.nfields; i++) any |= dst[i] != NULL && meta.f[i].nbytes > 0;
 
+    const bool verify = raw || st->cfg.verify_reads;
+    wh__checks_t checks = {.h = m->hashes};
+    for (int i = 0; verify && i < meta.nfields; i++) {
+        if (!dst[i] || !meta.f[i].nbytes) continue;
+        if (!m->hashes[i] && !(m->hashes[i] = wh_field_hash_new()))
+            return wh_err_set(err, WH_E_SYS, "out of memory");
+        wh_field_hash_reset(m->hashes[i]);
+        checks.in_order[i] = true;
+    }
     if (any && nchunks) {
         if (!wh__grow(&m->seen, &m->seen_cap, nchunks, err)) return false;
         memset(m->seen, 0, nchunks);
@@ -230,10 +269,8 @@ static bool wh__read_impl(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn
             uint64_t off = (uint64_t)dc * cb;
             m->seen[dc] = 1;
             got++;
-            if (raw)
-                memcpy(base + meta.header_size + off, bytes, blen);
-            else
-                wh__scatter(&meta, dst, meta.header_size + off, bytes, blen);
+            wh__scatter(&meta, dst, meta.header_size + off, bytes, blen, verify ? &checks : NULL);
+            if (raw) wh__gaps(&meta, base, meta.header_size + off, bytes, blen);
         }
         bson_error_t e;
         bool cerr = !bad && mongoc_cursor_error(cur, &e);
@@ -264,7 +301,12 @@ static bool wh__read_impl(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn
     }
     for (int i = 0; i < meta.nfields; i++) {
         if (!dst[i]) continue;
-        if ((raw || st->cfg.verify_reads) && !wh_sample_verify(schema, &meta, i, dst[i], err))
+        bool intact = true;
+        if (verify && checks.in_order[i] && checks.done[i] == meta.f[i].nbytes)
+            intact = wh_field_hash_check(m->hashes[i], schema, &meta, i, err);
+        else if (verify) /* chunks out of order: a second pass */
+            intact = wh_sample_verify(schema, &meta, i, dst[i], err);
+        if (!intact)
             return wh_err_prefix(err, "generation %llu position %u", (unsigned long long)gen, pos);
         wh_count_out(meta.f[i].nbytes);
     }

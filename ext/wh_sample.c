@@ -331,6 +331,31 @@ bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i,
     return true;
 }
 
+struct wh_field_hash {
+    XXH3_state_t h;
+};
+
+wh_field_hash_t *wh_field_hash_new(void) {
+    /* XXH3_state_t wants 64-byte alignment (WH_ALIGN) */
+    return aligned_alloc(WH_ALIGN, WH_ALIGN_UP(sizeof(wh_field_hash_t)));
+}
+
+void wh_field_hash_free(wh_field_hash_t *h) { free(h); }
+
+void wh_field_hash_reset(wh_field_hash_t *h) { XXH3_64bits_reset(&h->h); }
+
+void wh_field_hash_copy(wh_field_hash_t *h, void *dst, const void *src, uint64_t n) {
+    uint64_t done = 0, no_fault = 0;
+    wh__copy_hash(dst, src, n, &h->h, &done, &no_fault);
+}
+
+bool wh_field_hash_check(wh_field_hash_t *h, const wh_schema_t *s, const wh_sample_meta_t *meta,
+                         int i, wh_err_t *err) {
+    if (XXH3_64bits_digest(&h->h) != meta->f[i].checksum)
+        return wh_err_set(err, WH_E_CORRUPT, "field '%s': checksum mismatch", s->names[i]);
+    return true;
+}
+
 bool wh_sample_copy_field(const void *buf, const wh_schema_t *s, const wh_sample_meta_t *meta,
                           int i, void *dst, bool verify, wh_err_t *err) {
     const wh_field_meta_t *f = &meta->f[i];

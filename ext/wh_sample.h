@@ -86,6 +86,18 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
 bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, const void *data,
                       wh_err_t *err);
 
+/* A field's checksum computed while its bytes are copied in, in order: one
+ * pass over the bytes where a copy and then wh_sample_verify would be two.
+ * wh_field_hash_copy takes the field's next n bytes; _check compares the
+ * digest of all of them with the descriptor (WH_E_CORRUPT naming the field). */
+typedef struct wh_field_hash wh_field_hash_t;
+wh_field_hash_t *wh_field_hash_new(void); /* NULL: out of memory */
+void wh_field_hash_free(wh_field_hash_t *h);
+void wh_field_hash_reset(wh_field_hash_t *h);
+void wh_field_hash_copy(wh_field_hash_t *h, void *dst, const void *src, uint64_t n);
+bool wh_field_hash_check(wh_field_hash_t *h, const wh_schema_t *s, const wh_sample_meta_t *meta,
+                         int i, wh_err_t *err);
+
 /* Copies field i of the encoded sample in buf into dst (meta->f[i].nbytes
  * bytes), checking the checksum when verify is set; counts the copy. On a
  * checksum error dst holds garbage and WH_E_CORRUPT is returned. */
