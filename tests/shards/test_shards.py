@@ -551,7 +551,8 @@ def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeyp
                              quiet=True)
     assert g.run() == 4
     g.close()
-    real = shards._ShardWriter._write
+    from wirehead_torch._shard_export import _ShardWriter
+    real = _ShardWriter._write
 
     def failing(self, data):
         # one sample per shard (2 KiB): the third sample's second member fails
@@ -559,7 +560,7 @@ def test_write_error_mid_sample_drops_only_that_shard(shm_cfg, tmp_path, monkeyp
                 len(self._entry["members"]) == 1:
             raise OSError(28, "No space left on device")
         return real(self, data)
-    monkeypatch.setattr(shards._ShardWriter, "_write", failing)
+    monkeypatch.setattr(_ShardWriter, "_write", failing)
     out = tmp_path / "full"
     with pytest.raises(OSError, match="No space"):
         wt.export_shards(str(out), config=cfg, shard_size="2KiB")

@@ -1,0 +1,397 @@
+"""Export: sealed generations into tar shards and their index.json
+(docs/shards.md), written beside a lock so two exports never share a
+directory."""
+import fcntl
+import json
+import os
+import signal
+import stat
+import time
+
+from . import _C, _files
+from ._reader import wait_for_generation
+from ._shard_format import (
+    _BLOCK,
+    _END,
+    _LOCK_NAME,
+    _WAIT_NOTE_EVERY,
+    INDEX_FORMAT,
+    INDEX_NAME,
+    ShardError,
+    _bytes_of,
+    log,
+    npy_header,
+    tar_header,
+)
+from ._store import GenLabels, ProcessStore, StopFlag, gen_label
+from .config import get_config, parse_bytes
+
+
+class _ShardWriter:
+    """Writes shards DIR/PREFIX-NNNNNN.tar, each to a temporary name, fsynced
+    and renamed when complete; index.json is rewritten (atomically) after
+    every shard, so a killed export leaves complete shards and their index."""
+
+    def __init__(self, out, shard_size, fields, prefix="shards"):
+        self.out = out
+        self.shard_size = shard_size
+        self.prefix = prefix
+        self.index = {"format": INDEX_FORMAT, "version": 1, "fields": list(fields),
+                      "schema": None, "samples": 0, "generations": [], "checksum": "xxh3-64",
+                      "shards": []}
+        self._f = None
+        self._tmp = None
+        self._entry = None
+        self._hash = None
+        self._partial = False
+        self._mtime = int(time.time())
+        self._index_id = None  # (dev, ino) of the index.json this export put in place
+
+    def _open(self):
+        n = len(self.index["shards"])
+        name = f"{self.prefix}-{n:06d}.tar"
+        self._tmp = os.path.join(self.out, f".{name}.tmp")
+        self._f = open(_files.create(self._tmp, ShardError), "wb", buffering=0)
+        self._hash = _C.Xxh3()
+        self._entry = {"name": name, "bytes": 0, "samples": 0, "xxh3": None, "members": {}}
+
+    def _write(self, data):
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self._entry["bytes"] += view.nbytes
+        while view:
+            n = self._f.write(view)
+            view = view[n:]
+
+    def add(self, gen, pos, arrays):
+        """One sample: arrays are (dtype name, shape, C-contiguous buffer)
+        in SAMPLE order."""
+        size = sum(_BLOCK + len(npy_header(d, s)) + b.nbytes + (-b.nbytes) % _BLOCK
+                   for d, s, b in arrays)  # npy headers are 64-aligned: padding is the data's
+        if self._f is not None and self._entry["samples"] and \
+                self._entry["bytes"] + size + len(_END) > self.shard_size:
+            self.close_shard()
+        if self._f is None:
+            self._open()
+        key = f"g{gen:020d}-p{pos:05d}"
+        self._partial = True  # until the sample's last member is written
+        for field, (dtype, shape, buf) in zip(self.index["fields"], arrays):
+            name = f"{key}.{field}.npy"
+            head = npy_header(dtype, shape)
+            data = memoryview(buf).cast("B")
+            total = len(head) + data.nbytes
+            member_hash = _C.Xxh3()
+            member_hash.update(head)
+            member_hash.update(data)
+            self._write(tar_header(name, total, self._mtime) + head)
+            self._write(data)
+            pad = -total % _BLOCK
+            if pad:
+                self._write(b"\0" * pad)
+            self._entry["members"][name] = member_hash.hexdigest()
+        self._partial = False
+        self._note_schema(arrays)
+        self._entry["samples"] += 1
+        self.index["samples"] += 1
+        if not self.index["generations"] or self.index["generations"][-1] != gen:
+            self.index["generations"].append(gen)
+
+    def _note_schema(self, arrays):
+        seen = [{"dtype": d, "shape": list(s)} for d, s, _ in arrays]
+        if self.index["schema"] is None:
+            self.index["schema"] = dict(zip(self.index["fields"], seen))
+            return
+        for field, now in zip(self.index["fields"], seen):
+            had = self.index["schema"][field]
+            if had["dtype"] != now["dtype"]:
+                had["dtype"] = None  # varies between samples
+            if had["shape"] is not None and had["shape"] != now["shape"]:
+                had["shape"] = None
+
+    def close_shard(self):
+        if self._f is None:
+            return
+        self._write(_END)
+        os.fsync(self._f.fileno())
+        f, self._f = self._f, None
+        self._entry["xxh3"] = self._hash.hexdigest()
+        final = os.path.join(self.out, self._entry["name"])
+        try:  # never over a file or link another process put at the name
+            _files.put_in_place(f.fileno(), self._tmp, final, ShardError)
+        except BaseException:
+            self.index["samples"] -= self._entry["samples"]
+            raise
+        finally:
+            f.close()
+        self.index["shards"].append(self._entry)
+        self._write_index()
+
+    def _write_index(self):
+        # the first one never replaces a file; later ones only the one put here before
+        self._index_id = _files.write_file(
+            os.path.join(self.out, INDEX_NAME), json.dumps(self.index, indent=1).encode(),
+            ShardError, replaces=self._index_id, sync=True,
+            tmp=os.path.join(self.out, f".{INDEX_NAME}.tmp"))
+        fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def finish(self):
+        """Completes the shard being written; one holding part of a sample
+        (an error in the middle of writing it: a full disk) is dropped
+        instead, so every shard on disk holds whole samples only."""
+        if self._partial:
+            self._partial = False
+            self.abandon()
+        self.close_shard()
+
+    def abandon(self):
+        if self._f is not None:
+            self.index["samples"] -= self._entry["samples"]
+            mine = _files.identity(self._f.fileno())
+            self._f.close()
+            self._f = None
+            _files.remove_own(self._tmp, mine)
+
+
+def _prepare_out(out, prefix):
+    """Makes out (when missing) and takes its export lock; returns (lock
+    fd, whether out was made here). A directory holding an export is
+    refused; the leftovers of a dead exporter (no lock held) are removed
+    either way, so a killed export leaves only whole shards behind."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ShardError(f"--out {out} is a file, not a directory; give an empty or new "
+                         f"directory")
+    made = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    fd = _lock_file(os.path.join(out, _LOCK_NAME))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ShardError(f"{out}: another export is writing there now") from None
+    try:
+        names = sorted(os.listdir(out))
+        removed = []
+        for name in names:  # a dead export's unfinished shard or index: nobody holds the lock
+            if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
+                    name == f".{INDEX_NAME}.tmp":
+                path = os.path.join(out, name)
+                if not stat.S_ISREG(os.lstat(path).st_mode):  # no export makes a link
+                    raise ShardError(f"{path}: {_files.there(path)} is there, not an "
+                                     f"export's leftover; refusing to write through or over "
+                                     f"it (remove it)")
+                os.unlink(path)
+                removed.append(name)
+        held = [n for n in names if n == INDEX_NAME or
+                (n.startswith(prefix + "-") and n.endswith(".tar"))]
+        if held:
+            first = next((n for n in held if n != INDEX_NAME), held[0])
+            raise ShardError(f"{out} holds an export already ({first}"
+                             + (f" and {len(held) - 1} more" if len(held) > 1 else "")
+                             + (f"; removed a dead export's leftovers {removed}" if removed
+                                else "")
+                             + "): give an empty or new --out directory, or remove that "
+                               "export first")
+    except BaseException:
+        _release_out(out, fd, False)
+        raise
+    return fd, made
+
+
+def _lock_file(path):
+    """The export lock's fd: made exclusively, or a killed export's lock
+    file taken over when it is a plain file of this user's (one name, not
+    a link); anything else at the name is refused naming it."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o644)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    if fd is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+    raise ShardError(f"{path}: {_files.there(path)} is there that no export of this user "
+                     f"made; refusing to lock through it (remove it)")
+
+
+def _release_out(out, fd, made, wrote=True):
+    """Drops the export lock; a directory this export made and wrote
+    nothing into is removed again."""
+    _files.remove_own(os.path.join(out, _LOCK_NAME), _files.identity(fd))
+    os.close(fd)
+    if made and not wrote:
+        try:
+            os.rmdir(out)
+        except OSError:
+            pass
+
+
+def export_shards(out, config_path=None, config=None, *, generations=None, samples=None,
+                  shard_size="1GiB", timeout=None, prefix="shards", quiet=True,
+                  on_signal="raise"):
+    """Writes sealed generations of the store as tar shards into directory
+    out (docs/shards.md); returns the index (a dict, also out/index.json).
+
+    Starts at the newest sealed generation, exports every position of it
+    through the store's verified read path, then waits (up to ``timeout``,
+    default READ_TIMEOUT) for the next newer one, until ``generations``
+    whole generations (default 1) or exactly ``samples`` samples are
+    written. A sample is held in memory one at a time.
+
+    SIGINT/SIGTERM end the export early: with generations= after finishing
+    the generation being written, with samples= after the current sample;
+    the shard being written is completed and index.json says
+    ``"complete": false`` and which generation, if any, is in the shards
+    only in part. Then
+    on_signal="raise" (default) raises KeyboardInterrupt (SIGINT) or
+    SystemExit(143) (SIGTERM); on_signal="return" returns the index (the
+    command line does this and exits 130 or 143)."""
+    if on_signal not in ("raise", "return"):
+        raise ValueError(f"on_signal must be 'raise' or 'return', got {on_signal!r}")
+    cfg = get_config(config_path, config)
+    if generations is not None and samples is not None:
+        raise ValueError("give generations= or samples=, not both")
+    for what, v in (("generations", generations), ("samples", samples)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    if generations is None and samples is None:
+        generations = 1
+    try:
+        limit = parse_bytes(shard_size, key="shard_size", where="export")
+    except ValueError:
+        raise ValueError(f"shard_size must be a byte count like 1073741824 or '1GiB', got "
+                         f"{shard_size!r}") from None
+    if limit < _BLOCK * 4:
+        raise ValueError(f"shard_size {shard_size!r} is too small (at least 2 KiB)")
+    fields = list(cfg["SAMPLE"])
+    for f in fields:
+        if "/" in f or not f.isprintable():
+            raise ShardError(f"SAMPLE field {f!r} cannot name a tar member (a '/' or an "
+                             f"unprintable character)")
+    timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout:g}")
+    lock, made = _prepare_out(out, prefix)
+    w = None
+    try:
+        store_handle = ProcessStore(cfg)  # opened as the readers open it
+        w = _ShardWriter(out, limit, fields, prefix)
+        return _export(w, store_handle, cfg, out, generations, samples, timeout, quiet,
+                       on_signal)
+    finally:
+        _release_out(out, lock, made, wrote=w is not None and bool(w.index["shards"]))
+
+
+def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):
+    say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
+    label = GenLabels(store_handle)  # #N as status says; shard names keep the full ids
+    done_gens = moved = corrupt = 0
+    last = 0
+    whole = []  # generations written whole
+    signum = None
+    try:
+        with StopFlag() as stop:
+            store = store_handle.get()
+            swap_cap = store.swap_cap
+            while not stop:
+                gen = wait_for_generation(store, cfg, timeout, last, stop=stop,
+                                          who="wirehead export", note_every=_WAIT_NOTE_EVERY,
+                                          longer="timeout= (--timeout) or READ_TIMEOUT")
+                if gen is None:
+                    break
+                pos = 0
+                told = False
+                # a signal during --generations finishes the generation (sealed: no
+                # waiting), so the shards hold whole generations; a second one stops
+                while pos < swap_cap and (not stop or (generations is not None and pos)):
+                    if stop and not told:
+                        told = True
+                        say(f"{signal.Signals(stop.signum).name}: finishing generation "
+                            f"{label(gen)} "
+                            f"({swap_cap - pos} positions left); a second signal stops now")
+                    try:
+                        got = store.read_sample(gen, pos, None, timeout, False)
+                    except _C.CorruptSampleError as e:
+                        corrupt += 1
+                        log.warning("wirehead export: generation %s position %d not exported: "
+                                    "%s", label(gen), pos, e)
+                        pos += 1
+                        continue
+                    if got.generation != gen:  # reclaimed under us: start over on the newer one
+                        moved += 1
+                        if stop:  # not a newer one, once stopped: this one stays partial
+                            break
+                        log.warning("wirehead export: generation %s was reclaimed after %d of "
+                                    "%d positions; going on with generation %s", label(gen),
+                                    pos, swap_cap, label(got.generation))
+                        gen, pos = got.generation, 0
+                        continue
+                    w.add(gen, got.position,
+                          [(a.dtype, a.shape, _bytes_of(a)) for a in got.arrays])
+                    del got
+                    pos += 1
+                    if samples is not None and w.index["samples"] >= samples:
+                        break
+                last = gen
+                if pos >= swap_cap:
+                    done_gens += 1
+                    whole.append(gen)
+                    say(f"generation {label(gen)} written ({w.index['samples']} samples so "
+                        f"far)")
+                if samples is not None and w.index["samples"] >= samples:
+                    break
+                if generations is not None and done_gens >= generations:
+                    break
+            signum = stop.signum if stop else None
+        w.finish()
+    except BaseException:
+        w.finish()  # the whole samples written so far stay
+        if w.index["shards"]:
+            w.index["complete"] = False
+            _note_whole(w.index, whole)
+            w._write_index()
+        raise
+    finally:
+        store_handle.close()
+    w.index["reclaimed_during_export"] = moved
+    w.index["corrupt_skipped"] = corrupt
+    w.index["complete"] = signum is None
+    _note_whole(w.index, whole)
+    if w.index["shards"]:  # else nothing is kept: the directory is removed if made here
+        w._write_index()
+    if signum is not None:
+        name = signal.Signals(signum).name
+        w.index["interrupted"] = name
+        part = w.index["partial_generations"]
+        if part:  # for the caller's message (not in index.json, which has the id)
+            w.index["partial_label"] = gen_label(part[0], label.seen)
+        say(f"interrupted by {name}: {w.index['samples']} samples of "
+            f"{len(w.index['whole_generations'])} whole generations"
+            + (f" and part of generation {w.index['partial_label']}" if part else "")
+            + f" in {len(w.index['shards'])} shards under {out} (index.json: complete false)")
+        if on_signal == "raise":
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        return w.index
+    say(f"{w.index['samples']} samples of {len(w.index['generations'])} generations in "
+        f"{len(w.index['shards'])} shards under {out}")
+    return w.index
+
+
+def _note_whole(index, whole):
+    """index's whole_generations and partial_generations: a generation in the
+    shards but not written whole (an interrupted or failed export, or
+    samples=N) is partial."""
+    index["whole_generations"] = [g for g in index["generations"] if g in whole]
+    index["partial_generations"] = [g for g in index["generations"] if g not in whole]
+
