@@ -29,10 +29,11 @@ def _symbols(obj):
 
 
 def graph(objdir):
-    """{file: [files whose functions it calls]} over ext/*.c."""
+    """{file: [files whose functions it calls]} over ext/*/*.c, each file
+    named by its folder (layer) and stem: "shm/wh_pfile"."""
     files = {}
-    for src in sorted(glob.glob(os.path.join(ROOT, "ext", "*.c"))):
-        name = os.path.basename(src)[:-2]
+    for src in sorted(glob.glob(os.path.join(ROOT, "ext", "*", "*.c"))):
+        name = os.path.relpath(src, os.path.join(ROOT, "ext"))[:-2]
         obj = os.path.join(objdir, name + ".o")
         if not os.path.exists(obj) or os.path.getmtime(obj) < os.path.getmtime(src):
             sys.exit(f"check_layers: {obj} is missing or older than {src}; build first "

@@ -1,4 +1,4 @@
-/* Private to the Python bindings (ext/wh_py_*.c): the module state and the
+/* Private to the Python bindings (ext/py/wh_py_*.c): the module state and the
  * helpers the binding files share. One file binds each type (Array, Store,
  * CudaStage, Loader, SharedMap, Ring, Xxh3) plus the plan functions; wh_py_module.c holds
  * the module definition and the exception types, wh_py_util.c the shared
