@@ -7,7 +7,7 @@ SHELL := /bin/bash
 PY     := .venv/bin/python
 PIP    := .venv/bin/pip
 EXT    := wirehead_torch/_C$(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null || echo .so)
-CSRC   := $(wildcard ext/*.c) $(wildcard ext/*.h) ext/sources.mk
+CSRC   := $(wildcard ext/*/*.c) $(wildcard ext/*/*.h) ext/sources.mk
 
 # building and running the package and its demo
 DEB_PKGS := python3 python3-dev python3-venv python3-numpy python3-yaml python3-torch \
@@ -224,7 +224,7 @@ test-wheel: wheel
 
 # Style kept by tools: the C tree matches .clang-format, the Python passes
 # ruff with the rules in pyproject.toml.
-CFORMAT_FILES = $(wildcard ext/*.c ext/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
+CFORMAT_FILES = $(wildcard ext/*/*.c ext/*/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
 lint: .venv/.test-stamp $(EXT)
 	clang-format --dry-run --Werror $(CFORMAT_FILES)
 	$(PY) tests/helpers/check_layers.py

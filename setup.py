@@ -69,7 +69,7 @@ extra_compile = ["-std=gnu11", "-Wall", "-Wextra", "-O2", "-fvisibility=hidden"]
 # libmongoc deprecation on a user's machine must not break pip install.
 if os.environ.get("WH_WERROR") == "1":
     extra_compile.append("-Werror")
-# The fault-injection points (ext/wh_fault.h) only in the project's test
+# The fault-injection points (ext/core/wh_fault.h) only in the project's test
 # builds (make exports WH_FAULTS=1); a user's install and the wheel lack them.
 if os.environ.get("WH_FAULTS") == "1":
     extra_compile.append("-DWH_FAULTS")
@@ -82,8 +82,10 @@ setup(
     ext_modules=[
         Extension(
             "wirehead_torch._C",
-            sources=sorted(glob.glob("ext/*.c")),
-            depends=sorted(glob.glob("ext/*.h")),
+            # one folder per layer (ext/*/README.md); files include each other by name
+            sources=sorted(glob.glob("ext/*/*.c")),
+            depends=sorted(glob.glob("ext/*/*.h")),
+            include_dirs=sorted(glob.glob("ext/*/")),
             extra_compile_args=_pkg("--cflags", modules) + extra_compile,
             extra_link_args=_pkg("--libs", modules) + ["-ldl", "-lpthread", "-lrt"] + extra_link,
         )

@@ -1,7 +1,7 @@
 """DataLoader glue of the shared-memory batch ring behind batches=True of
 WireheadIterableDataset and of the map-style readers (filled by _batch.py).
 
-The ring itself is C (ext/wh_ring.c, bound as _C.Ring and _C.ring_fill):
+The ring itself is C (ext/read/wh_ring.c, bound as _C.Ring and _C.ring_fill):
 slot files in /dev/shm, the control words that hand a slot from a worker
 to the DataLoader's main process and back, the fill of a slot (each sample
 read once, straight into its row, through the store's read policy, its XXH3

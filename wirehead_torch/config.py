@@ -735,7 +735,7 @@ def store_kwargs(cfg, create=True, local=False, check_origin=True):
     )
 
 
-# The shm segment's layout (the C store's, see ext/wh_shm.c): a header page
+# The shm segment's layout (the C store's, see ext/shm/wh_shm.c): a header page
 # run, then an index of SWAP_CAP entries per generation area, then the areas.
 _SHM_AREAS = 4
 _SHM_PAGE = 4096

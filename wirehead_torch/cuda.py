@@ -1,5 +1,5 @@
 """GPU-direct helpers: batches to a CUDA device with an async copy on a
-side stream (the C stage of ext/wh_cuda.c), for code that keeps a
+side stream (the C stage of ext/cuda/wh_cuda.c), for code that keeps a
 DataLoader: a wirehead_torch.DataLoader's batches straight from their
 registered ring slots, any other batches through page-locked memory.
 WireheadLoader(device="cuda") uses the same stage without this module's

@@ -1,4 +1,4 @@
-# C tests of the MongoDB store (ext/wh_mongo*.c) against the in-memory test
+# C tests of the MongoDB store (ext/mongo/*.c) against the in-memory test
 # server, plain and ASan+UBSan. The test starts the server itself (jars from
 # tests/mongo/fetch.sh) unless WH_MONGO_URI names one.
 # Use from the top-level Makefile with `include tests/c/mongo.mk`, or alone:

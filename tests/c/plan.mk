@@ -1,4 +1,4 @@
-# C property tests for the sample order (ext/wh_plan.c).
+# C property tests for the sample order (ext/core/wh_plan.c).
 # Use from the top-level Makefile with `include tests/c/plan.mk`, or alone:
 #   make -f tests/c/plan.mk ctest-plan
 include ext/sources.mk

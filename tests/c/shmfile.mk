@@ -1,11 +1,11 @@
-# C tests of the owner-checked shared-memory files (ext/wh_shmfile.c).
+# C tests of the owner-checked shared-memory files (ext/core/wh_shmfile.c).
 # Use from the top-level Makefile with `include tests/c/shmfile.mk`, or alone:
 #   make -f tests/c/shmfile.mk ctest-shmfile
 include ext/sources.mk
 SHMFILE_CC     ?= cc
 SHMFILE_CFLAGS := $(WH_CFLAGS) -O2
 SHMFILE_SAN    := $(WH_SAN)
-SHMFILE_SRCS   := tests/c/test_shmfile.c ext/wh_shmfile.c ext/wh.c
+SHMFILE_SRCS   := tests/c/test_shmfile.c ext/core/wh_shmfile.c ext/core/wh.c
 SHMFILE_DEPS   := $(SHMFILE_SRCS) $(WH_HDRS)
 
 .PHONY: ctest-shmfile

@@ -1,4 +1,4 @@
-/* C-level tests of the MongoDB store (ext/wh_mongo.c) against a real
+/* C-level tests of the MongoDB store (ext/mongo/wh_mongo.c) against a real
  * wire-protocol server.
  *
  * Uses WH_MONGO_URI (e.g. mongodb://127.0.0.1:27017) when set; otherwise
@@ -912,7 +912,7 @@ static void test_large_sample(void) {
     wh_store_clean(&c, &err);
 }
 
-/* The relay's mirror (ext/wh_relay.c): a sealed generation copied into an
+/* The relay's mirror (ext/read/wh_relay.c): a sealed generation copied into an
  * shm store reads back the same samples under the same number; a copier
  * that dies half way leaves the mirrored generation readable; a reclaimed
  * source generation and a second copier are refused with nothing changed. */

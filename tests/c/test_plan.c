@@ -1,4 +1,4 @@
-/* Property tests for the DDP/DataLoader sample order (ext/wh_plan.c).
+/* Property tests for the DDP/DataLoader sample order (ext/core/wh_plan.c).
  * Plain C; prints "N passed, N failed" and exits non-zero on any failure.
  * Each test case (one configuration of the grid, one permutation check...)
  * counts once; the first failures are printed with their configuration. */

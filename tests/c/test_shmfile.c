@@ -1,4 +1,4 @@
-/* ext/wh_shmfile.c: files in shared memory are made exclusively, and an
+/* ext/core/wh_shmfile.c: files in shared memory are made exclusively, and an
  * existing one is used only when it is ours, mode 0600, a regular file of
  * the size expected; whatever is refused is left exactly as it was. Runs in
  * a private directory under /dev/shm (the real file system). */

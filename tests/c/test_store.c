@@ -1,5 +1,5 @@
-/* C-level tests of the sample format (ext/wh_sample.c) and the embedded
- * shared-memory store (ext/wh_shm.c), driven without Python.
+/* C-level tests of the sample format (ext/core/wh_sample.c) and the embedded
+ * shared-memory store (ext/shm/wh_shm.c), driven without Python.
  *
  * Every store gets a unique name (shm://whctest-<pid>-<n>) and is removed
  * at the end of its test case, pass or fail; all of them again at exit and

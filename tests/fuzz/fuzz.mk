@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_sample fuzz_segment fuzz_mongo_docs
 include ext/sources.mk
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -Iext $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
+              $(WH_INC) $(shell pkg-config --cflags $(WH_PKGS) 2>/dev/null)
 
 build/fuzz/fuzz_sample: tests/fuzz/fuzz_sample.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
@@ -16,7 +16,7 @@ build/fuzz/fuzz_segment: tests/fuzz/fuzz_segment.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(WH_STORE_SRCS) $(WH_LIBS)
 # includes the files holding the static parsers, links the rest
-FUZZ_MONGO_OWN := ext/wh_mongo_state.c ext/wh_mongo_lease.c ext/wh_mongo_read.c
+FUZZ_MONGO_OWN := ext/mongo/wh_mongo_state.c ext/mongo/wh_mongo_lease.c ext/mongo/wh_mongo_read.c
 build/fuzz/fuzz_mongo_docs: tests/fuzz/fuzz_mongo_docs.c $(WH_STORE_SRCS) $(WH_HDRS)
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(filter-out $(FUZZ_MONGO_OWN),$(WH_STORE_SRCS)) $(WH_LIBS)

@@ -1,9 +1,9 @@
 /* libFuzzer: MongoDB documents a tampered database could hold, through the
  * pure parsers the store uses (state, schema, lease, manifest, chunk). The
  * first byte picks the parser; the rest is the BSON document. */
-#include "../../ext/wh_mongo_state.c"
-#include "../../ext/wh_mongo_lease.c"
-#include "../../ext/wh_mongo_read.c"
+#include "../../ext/mongo/wh_mongo_state.c"
+#include "../../ext/mongo/wh_mongo_lease.c"
+#include "../../ext/mongo/wh_mongo_read.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

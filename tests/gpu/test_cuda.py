@@ -1,4 +1,4 @@
-"""GPU-direct path (ext/wh_cuda.c) against a fake CUDA runtime built here
+"""GPU-direct path (ext/cuda/wh_cuda.c) against a fake CUDA runtime built here
 (tests/gpu/fakecuda/fakecuda.c): its streams run on their own threads, copies
 happen later (slowed or held), and it records violations, so a missing
 stream wait or an early slot reuse gives wrong bytes or a recorded

@@ -1,5 +1,5 @@
 /* A fake CUDA runtime for the tests (built by tests/gpu/test_cuda.py with cc):
- * the subset of libcudart that ext/wh_cuda.c uses, on host memory. Every
+ * the subset of libcudart that ext/cuda/wh_cuda.c uses, on host memory. Every
  * stream is a queue run by its own thread, so "async" copies really happen
  * later (optionally slowed, or held until released), events complete when
  * their stream reaches them, and stream waits block only that stream. It

@@ -1,4 +1,5 @@
-/* The parts of a store status both backends fill the same way. */
+/* The parts of a store status, and of a generation's params figures, both
+ * backends fill the same way. */
 #include <stdio.h>
 #include <string.h>
 
@@ -33,4 +34,14 @@ void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char 
     if (b->gen == r->generation) r->gen_reads += b->gen_reads;
     if (up > r->up_s) r->up_s = up;
     if (age < r->age_s) r->age_s = age;
+}
+
+void wh__gen_params_add(wh_gen_params_t *out, uint64_t v) {
+    if (!out->samples || v < out->min) out->min = v;
+    if (!out->samples || v > out->max) {
+        out->max = v;
+        out->at_max = 0;
+    }
+    out->at_max += v == out->max;
+    out->samples++;
 }

@@ -135,7 +135,7 @@ bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t 
 void wh_mongo_names_free(char **names);
 
 /* One more sample, made under params version v, in a generation's figures
- * (both backends' gen_params count with it; ext/wh_pfile.c). */
+ * (both backends' gen_params count with it; ext/store/wh_status.c). */
 void wh__gen_params_add(wh_gen_params_t *out, uint64_t v);
 
 #endif

@@ -1,6 +1,6 @@
-/* The shm backend's parameters side file (docs/params.md), and the count of
- * a generation's params versions both backends make. The store's params
- * calls over the backends are in wh_store.c.
+/* The shm backend's parameters side file (docs/params.md). The store's
+ * params calls over the backends are in wh_store.c; the count of a
+ * generation's params versions both backends make is in wh_status.c.
  *
  * The shm side file /dev/shm/wirehead-params.NAME (never a store's name:
  * those start "wirehead.") holds a header and two slots. A set, under the
@@ -27,16 +27,6 @@
 #include "wh_backend.h"
 #include "wh_guard.h"
 #include "wh_shmfile.h"
-
-void wh__gen_params_add(wh_gen_params_t *out, uint64_t v) {
-    if (!out->samples || v < out->min) out->min = v;
-    if (!out->samples || v > out->max) {
-        out->max = v;
-        out->at_max = 0;
-    }
-    out->at_max += v == out->max;
-    out->samples++;
-}
 
 #define WH__PF_MAGIC 0x314d524150484857ull /* "WHHPARM1" */
 #define WH__PF_READ_TRIES 1000

@@ -1,4 +1,4 @@
-/* Private to the Python bindings (ext/wh_py_*.c): the module state and the
+/* Private to the Python bindings (ext/py/wh_py_*.c): the module state and the
  * helpers the binding files share. One file binds each type (Array, Store,
  * CudaStage, Loader, SharedMap, Ring, Xxh3) plus the plan functions; wh_py_module.c holds
  * the module definition and the exception types, wh_py_util.c the shared
@@ -74,7 +74,7 @@ PyObject *wh_py_record(PyTypeObject *type, int n, ...);
 /* s as a str, or None when s is NULL. */
 PyObject *wh_py_str_or_none(const char *s);
 
-/* A store configuration from keyword arguments (wh_py_store.c). */
+/* A store configuration from keyword arguments (wh_py_store_fns.c). */
 typedef struct {
     wh_store_config_t cfg;
     PyObject *keep; /* owns the UTF-8 strings cfg points into */
@@ -110,6 +110,8 @@ int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *st);
 /* Each adds its file's types and functions to m (and their slots of S). */
 int wh_py_array_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_store_exec(PyObject *m, wh_py_state_t *S);
+/* the Store binding's records and module functions, from wh_py_store_exec */
+int wh_py_store_fns_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_cuda_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_loader_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_plan_exec(PyObject *m, wh_py_state_t *S);

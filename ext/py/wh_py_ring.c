@@ -399,7 +399,7 @@ static PyType_Slot wh__ring_slots[] = {
     {Py_tp_methods, wh__ring_methods},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "Ring(path, slots, worker, main_pid, label='?'): one region of the DataLoader "
-                "workers' batch ring (ext/wh_ring.h). worker=True takes the region's lock "
+                "workers' batch ring (ext/read/wh_ring.h). worker=True takes the region's lock "
                 "(BlockingIOError if another live process holds it) and reclaims the slots the "
                 "main process does not hold."},
     {0, NULL},

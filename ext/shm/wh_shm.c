@@ -1,0 +1,658 @@
+/* Embedded backend: four generation areas (slots) in one POSIX
+ * shared-memory segment. Each slot records the generation it holds; a seal
+ * picks the next write slot among those holding neither the write nor the
+ * read generation, and skips any a reader still pins (store-backed views).
+ *
+ * Concurrency: writers reserve bytes and commit positions under the slot's
+ * robust mutex (the commit point is the store of count, after the index
+ * entry); readers take no lock: they check the slot's generation before and
+ * after copying (a seqlock) and report WH_E_GONE if it changed. A slot is
+ * recycled only when no live writer still has a reservation in it and no
+ * live reader pins it. */
+
+/* This file: the segment (name, create, attach, layout checks, the
+ * process's shared maps), open, clean, and the vtable. */
+#define _GNU_SOURCE
+#include "wh_shm_int.h"
+
+static long wh__futex(int32_t *addr, int op, int32_t val, const struct timespec *ts) {
+    return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+/* Takes a segment lock, waiting at most wait_s: a holder stopped (SIGSTOP,
+ * a debugger, a suspended job) or a garbage owner that is alive must not
+ * hang every participant. A holder that died is replaced at once: the
+ * updates under these locks order their stores so that a kill after any of
+ * them leaves a state the next holder can use as it is (the seal, the hole
+ * and writer helpers), at worst losing some bytes until the area is reused. */
+bool wh__shm_lock(wh__lock_t *l, double wait_s, wh_err_t *err) {
+    const int32_t me = (int32_t)getpid();
+    const uint64_t deadline = wh_now_mono_ns() + (uint64_t)(wait_s * 1e9);
+    for (unsigned spins = 0;; spins++) {
+        int32_t cur = 0;
+        if (__atomic_compare_exchange_n(&l->owner, &cur, me, false, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            return true;
+        if (spins < 64) { /* held for microseconds: spin a little first */
+            sched_yield();
+            continue;
+        }
+        if (!wh__pid_alive(cur)) { /* a dead holder, or garbage: take it over */
+            if (__atomic_compare_exchange_n(&l->owner, &cur, me, false, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED))
+                return true;
+            continue;
+        }
+        if (wh_now_mono_ns() >= deadline)
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "shm store lock held by pid %d for more than %gs: that process "
+                              "is stopped (SIGSTOP, a debugger, a suspended job) or the segment "
+                              "is damaged",
+                              (int)cur, wait_s);
+        /* sleep until a release wakes us, re-checking the holder every 2 ms */
+        struct timespec ts = {0, 2000000};
+        __atomic_add_fetch(&l->waiters, 1, __ATOMIC_ACQ_REL);
+        wh__futex(&l->owner, FUTEX_WAIT, cur, &ts);
+        __atomic_sub_fetch(&l->waiters, 1, __ATOMIC_ACQ_REL);
+    }
+}
+
+void wh__shm_unlock(wh__lock_t *l) {
+    __atomic_store_n(&l->owner, 0, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&l->waiters, __ATOMIC_ACQUIRE)) wh__futex(&l->owner, FUTEX_WAKE, 1, NULL);
+}
+
+static uint64_t wh__page_up(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
+
+/* Liveness is judged by pid, so every participant must share one PID
+ * namespace; the namespace is recorded to refuse mixed ones clearly. */
+static uint64_t wh__pidns(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static void wh__geometry(wh__shm_t *s) {
+    s->swap_cap = s->hdr->swap_cap;
+    s->slot_bytes = s->hdr->slot_bytes;
+    s->index_off = s->hdr->index_off;
+    s->data_off = s->hdr->data_off;
+}
+
+/* Segment name from the store name: only characters safe in a file name. */
+static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 200)
+        return wh_err_set(err, WH_E_INVALID, "shm store name must be 1..200 characters");
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return wh_err_set(err, WH_E_INVALID,
+                              "shm store name '%s': use only ASCII letters, digits, '-', '_', '.'",
+                              name);
+    }
+    snprintf(out, cap, "/wirehead.%s", name);
+    return true;
+}
+
+/* Views point into a read-only mapping, so a write through one faults
+ * (SIGSEGV) instead of changing stored bytes. */
+static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
+    void *p = wh_guard_mmap(s->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return wh_err_set(err, WH_E_SYS, "shm mmap (read-only): %s", strerror(errno));
+    s->ro = p;
+    return true;
+}
+
+/* This process's maps, each listed while referenced. */
+pthread_mutex_t wh__shm_maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static wh__map_t *wh__maps;
+
+void wh__shm_map_unref(wh__map_t *m) {
+    if (!m) return;
+    pthread_mutex_lock(&wh__shm_maps_mu);
+    bool last = __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0;
+    if (last)
+        for (wh__map_t **mm = &wh__maps; *mm; mm = &(*mm)->next)
+            if (*mm == m) {
+                *mm = m->next;
+                break;
+            }
+    pthread_mutex_unlock(&wh__shm_maps_mu);
+    if (!last) return;
+    wh_guard_munmap(m->rw, m->len);
+    wh_guard_munmap((void *)m->ro, m->len);
+    for (int i = 0; i < WH__SLOTS; i++) free(m->memo[i]);
+    pthread_mutex_destroy(&m->memo_mu);
+    free(m);
+}
+
+/* Slot holding generation gen, or -1 (reclaimed, or not yet opened). */
+int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen) {
+    for (int i = 0; gen && i < WH__SLOTS; i++)
+        if (__atomic_load_n(&h->slots[i].gen, __ATOMIC_ACQUIRE) == gen) return i;
+    return -1;
+}
+
+static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_off,
+                       uint64_t *data_off, uint64_t *total, wh_err_t *err) {
+    uint64_t idx = wh__page_up(sizeof(wh__hdr_t)), idx_bytes, data_bytes, t;
+    if (!wh_mul_ok((uint64_t)swap_cap * WH__SLOTS, sizeof(wh__entry_t), &idx_bytes) ||
+        !wh_mul_ok(slot_bytes, WH__SLOTS, &data_bytes) ||
+        !wh_add_ok(idx + wh__page_up(idx_bytes), data_bytes, &t))
+        return wh_err_set(err, WH_E_INVALID, "shm store size overflows");
+    *index_off = idx;
+    *data_off = idx + wh__page_up(idx_bytes);
+    *total = t;
+    return true;
+}
+
+static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, data_off = 0, total = 0;
+    if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
+    /* Name the creator before the (possibly slow) fallocate, so openers
+     * keep waiting for a live creator instead of calling it stale. */
+    int64_t me = getpid();
+    if (ftruncate(fd, (off_t)wh__page_up(sizeof(wh__hdr_t))) != 0 ||
+        pwrite(fd, &me, sizeof me, offsetof(wh__hdr_t, creator_pid)) != (ssize_t)sizeof me)
+        return wh_err_set(err, WH_E_SYS, "shm store '%s': %s", s->shm_name + 10, strerror(errno));
+    int r = posix_fallocate(fd, 0, (off_t)total);
+    if (r != 0) {
+        struct statvfs vfs;
+        unsigned long long avail = 0;
+        if (statvfs("/dev/shm", &vfs) == 0) avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        char why[96] = "";
+        if (!c->byte_budget)
+            snprintf(why, sizeof why,
+                     ", BYTE_BUDGET auto: sized from the first sample for "
+                     "SWAP_CAP=%u",
+                     c->swap_cap);
+        return wh_err_set(
+            err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
+            "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu%s) "
+            "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
+            "enlarge /dev/shm (docker: --shm-size)",
+            s->shm_name + 10, (unsigned long long)total, (unsigned long long)budget, why, avail,
+            strerror(r));
+    }
+    void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+    wh__hdr_t *h = p;
+    s->hdr = h;
+    s->map_len = total;
+    if (!wh__map_ro(s, fd, err)) return false;
+    /* fallocate gave zeroed pages; fill in everything but the magic */
+    h->format_version = WH_FORMAT_VERSION;
+    h->hdr_size = sizeof(wh__hdr_t);
+    h->pidns = wh__pidns();
+    h->swap_cap = c->swap_cap;
+    h->schema_hash = c->schema.hash;
+    h->nfields = (uint32_t)c->schema.nfields;
+    memcpy(h->names, c->schema.names, sizeof h->names);
+    h->slot_bytes = slot_bytes;
+    h->total_bytes = total;
+    h->index_off = index_off;
+    h->data_off = data_off;
+    h->creator_pid = getpid();
+    h->created_ns = wh_now_real_ns();
+    memcpy(h->origin_id, s->origin_id, sizeof h->origin_id);
+    memcpy(h->origin_name, s->origin_name, sizeof h->origin_name);
+    bool ok = true; /* the locks start free: the segment is zero-filled */
+    if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
+    /* Generation ids start from the wall clock in nanoseconds, so they keep
+     * increasing even when the store is removed and created again (no store
+     * seals faster than once a nanosecond). */
+    uint64_t g0 = wh_now_real_ns();
+    h->slots[0].gen = g0;
+    h->write_gen = g0;
+    wh__geometry(s);
+    __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* A header string as printable ASCII, cut at its field's end: the
+ * segment's bytes may be anything. */
+void wh__shm_hdr_text(char *out, const char *in, size_t n) {
+    size_t i = 0;
+    for (; i + 1 < n && in[i]; i++)
+        out[i] = (unsigned char)in[i] >= 0x20 && (unsigned char)in[i] < 0x7f ? in[i] : '?';
+    out[i] = 0;
+}
+
+/* A node-local copy serves only configs of the store it mirrors: one
+ * LOCAL_CACHE name given to two stores must not hand one the other's
+ * samples, and a plain store is no copy. */
+static bool wh__origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err) {
+    char id[WH_ORIGIN_ID_LEN], name[WH_ORIGIN_NAME_LEN];
+    wh__shm_hdr_text(id, h->origin_id, sizeof id);
+    if (!strcmp(id, s->origin_id)) return true;
+    if (!id[0])
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
+                          "store, not a relay's copy of %s; give LOCAL_CACHE a name of its own "
+                          "(or auto), or remove that store (`wirehead-torch clean`)",
+                          s->shm_name + 10, s->origin_name);
+    wh__shm_hdr_text(name, h->origin_name, sizeof name);
+    return wh_err_set(err, WH_E_SCHEMA,
+                      "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s (this "
+                      "config's STORE); give one of them another LOCAL_CACHE name (or auto), or "
+                      "remove that copy once nothing uses it (`wirehead-torch clean "
+                      "--local-only`)",
+                      s->shm_name + 10, name, s->origin_name);
+}
+
+/* Waits (bounded) for the creator to finish; maps and checks the store. */
+static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    *stale = false;
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)WH__OPEN_WAIT_MS * 1000000ull;
+    uint64_t hard_deadline = deadline + 600ull * 1000000000ull;
+    struct stat sb;
+    wh__hdr_t *h = NULL;
+    for (;;) {
+        if (fstat(fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
+        if (sb.st_nlink == 0) { /* the creator gave up and unlinked it: open the name again */
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            *stale = false;
+            return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
+                              s->shm_name + 10);
+        }
+        /* another user's segment (or one others may write) could hand us
+         * hostile bytes while we read: refuse it before mapping */
+        if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_INVALID,
+                              "shm store '%s' belongs to uid %u with mode "
+                              "%03o; a store must be owned by this user (uid %u) with mode "
+                              "0600: remove it or use another name",
+                              s->shm_name + 10, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                              (unsigned)geteuid());
+        }
+        uint64_t magic = 0;
+        if (sb.st_size >= (off_t)sizeof magic &&
+            pread(fd, &magic, sizeof magic, 0) == (ssize_t)sizeof magic &&
+            magic == WH__SHM_MAGIC_V1) {
+            /* an older build's layout (3 areas, no reader pins): refuse it
+             * clearly rather than wait for it or take it for stale */
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_SCHEMA,
+                              "shm store '%s' has the segment layout of an "
+                              "older wirehead_torch (3 generation areas, no reader pins); this "
+                              "build uses 4 areas with reader pins: stop its users and remove it "
+                              "with `wirehead-torch clean`",
+                              s->shm_name + 10);
+        }
+        if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
+            if (!h) {
+                void *p =
+                    wh_guard_mmap(sizeof(wh__hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (p == MAP_FAILED)
+                    return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+                h = p;
+            }
+            if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == WH__SHM_MAGIC) break;
+        }
+        int64_t creator = h ? h->creator_pid : 0;
+        uint64_t now = wh_now_mono_ns();
+        /* a creator that died before finishing leaves a stale segment; a
+         * live one (reserving a large store) is waited for, up to a bound */
+        if (now > deadline && (!creator || !wh__pid_alive(creator))) {
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            *stale = true;
+            return false;
+        }
+        if (now > hard_deadline) {
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "shm store '%s' is still being created by pid %lld", s->shm_name + 10,
+                              (long long)creator);
+        }
+        wh_sleep_ms(1);
+    }
+    uint64_t index_off = 0, data_off = 0, total = 0;
+    bool ok = true;
+    uint64_t ns = wh__pidns();
+    if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
+        /* a header of another size: made by another build (older ones lack
+         * the node-local copy's source) */
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' has format version %u with a %llu-byte header, this "
+                        "build uses version %d with a %zu-byte one; stop its users and remove "
+                        "it with `wirehead-torch clean`",
+                        s->shm_name + 10, h->format_version, (unsigned long long)h->hdr_size,
+                        WH_FORMAT_VERSION, sizeof(wh__hdr_t));
+    } else if (h->pidns && ns && h->pidns != ns) {
+        ok = wh_err_set(err, WH_E_INVALID,
+                        "shm store '%s' was created in another PID namespace "
+                        "(another container?); every participant of an shm store must share "
+                        "one (docker: --pid=host or a shared --pid), or use a mongodb:// store",
+                        s->shm_name + 10);
+    } else if (h->schema_hash != c->schema.hash || h->nfields != (uint32_t)c->schema.nfields) {
+        char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
+        for (uint32_t i = 0; i < h->nfields && i < WH_MAX_FIELDS; i++) {
+            char nm[WH_MAX_NAME];
+            memcpy(nm, h->names[i], WH_MAX_NAME);
+            nm[WH_MAX_NAME - 1] = 0;
+            if (i) strcat(have, ", ");
+            strcat(have, nm);
+        }
+        char want[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
+        for (int i = 0; i < c->schema.nfields && i < WH_MAX_FIELDS; i++) {
+            if (i) strcat(want, ", ");
+            strcat(want, c->schema.names[i]);
+        }
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with SAMPLE [%s], the config's SAMPLE is "
+                        "[%s]; use another store name or `wirehead-torch clean`",
+                        s->shm_name + 10, have, want);
+    } else if (!c->no_create && c->byte_budget && h->slot_bytes != wh__page_up(c->byte_budget)) {
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with BYTE_BUDGET=%llu, "
+                        "config says %llu; the budget is fixed when the store is created: "
+                        "use the same value, or `wirehead-torch clean` and start again",
+                        s->shm_name + 10, (unsigned long long)h->slot_bytes,
+                        (unsigned long long)c->byte_budget);
+    } else if (h->swap_cap != c->swap_cap) {
+        ok = wh_err_set(err, WH_E_SCHEMA,
+                        "shm store '%s' was created with SWAP_CAP=%u, config "
+                        "says %u; use another store name or `wirehead-torch clean`",
+                        s->shm_name + 10, h->swap_cap, c->swap_cap);
+    } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
+               index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
+               (uint64_t)sb.st_size < total) {
+        ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
+                        s->shm_name + 10);
+    }
+    if (ok && s->origin_id[0]) ok = wh__origin_ok(s, h, err);
+    wh_guard_munmap(h, sizeof(wh__hdr_t));
+    if (!ok) return false;
+    void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
+    s->hdr = p;
+    s->map_len = total;
+    if (!wh__map_ro(s, fd, err)) return false;
+    wh__geometry(s);
+    return true;
+}
+
+static void wh__unmap_partial(wh__shm_t *s);
+
+/* Hands both mappings to a shared, counted owner (the handle's reference);
+ * where this process maps the same segment already, its maps are used and
+ * the new ones let go. */
+static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
+    pthread_once(&wh__shm_fork_once, wh__shm_fork_register); /* wh__shm_maps_mu across fork */
+    pthread_mutex_lock(&wh__shm_maps_mu);
+    for (wh__map_t *m = wh__maps; m; m = m->next)
+        if (m->dev == sb->st_dev && m->ino == sb->st_ino && m->len == s->map_len) {
+            __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED); /* listed: refs > 0 */
+            pthread_mutex_unlock(&wh__shm_maps_mu);
+            wh__unmap_partial(s);
+            s->hdr = m->rw;
+            s->ro = m->ro;
+            s->map = m;
+            return true;
+        }
+    wh__map_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        pthread_mutex_unlock(&wh__shm_maps_mu);
+        return wh_err_set(err, WH_E_SYS, "out of memory");
+    }
+    m->refs = 1;
+    pthread_mutex_init(&m->memo_mu, NULL);
+    m->rw = s->hdr;
+    m->ro = s->ro;
+    m->len = s->map_len;
+    m->dev = sb->st_dev;
+    m->ino = sb->st_ino;
+    m->next = wh__maps;
+    wh__maps = m;
+    pthread_mutex_unlock(&wh__shm_maps_mu);
+    s->map = m;
+    return true;
+}
+
+/* Unmaps what a failed create or attach left mapped (not shared yet). */
+static void wh__unmap_partial(wh__shm_t *s) {
+    wh_guard_munmap(s->hdr, s->map_len);
+    wh_guard_munmap((void *)s->ro, s->map_len);
+    s->hdr = NULL;
+    s->ro = NULL;
+}
+
+/* Attaches to the segment under the name, creating it with budget bytes
+ * per area when it does not exist and budget is not 0. WH_E_NOSTORE when
+ * it does not exist and budget is 0. */
+bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        /* made exclusively (never through a planted symlink), mode 0600 */
+        int fd = budget ? wh_shmfile_create(path, 0, err) : -EEXIST;
+        if (fd >= 0) {
+            if (!wh__create(s, fd, budget, err)) {
+                wh__unmap_partial(s);
+                close(fd);
+                shm_unlink(s->shm_name);
+                return false;
+            }
+            s->fd = fd;
+            s->created = true;
+            break;
+        }
+        if (fd != -EEXIST) return false; /* err says why */
+        /* something is there: used only if ours, mode 0600, a regular file */
+        fd = wh_shmfile_open(path, 0, err);
+        if (fd < 0) {
+            if (fd == -ENOENT && !budget)
+                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)", s->shm_name + 10,
+                                  path);
+            if (fd == -ENOENT) continue; /* removed meanwhile: create it */
+            return false;                /* refused or failed: err names the path and why */
+        }
+        bool stale;
+        wh_err_t e = {0};
+        if (wh__attach(s, fd, &stale, &e)) {
+            s->fd = fd;
+            s->created = false;
+            break;
+        }
+        wh__unmap_partial(s);
+        if (stale) {
+            /* half-created by a dead process: remove it, unless another
+             * opener already replaced it with a fresh one under the name */
+            char path[300];
+            struct stat mine, named;
+            snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+            if (fstat(fd, &mine) == 0 && stat(path, &named) == 0 && mine.st_ino == named.st_ino)
+                shm_unlink(s->shm_name);
+        }
+        close(fd);
+        if (!stale && e.code != WH_E_NOTFOUND) {
+            if (err) *err = e;
+            return false;
+        }
+    }
+    if (s->fd < 0)
+        return wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
+    struct stat sb;
+    bool ok = fstat(s->fd, &sb) == 0 ||
+              wh_err_set(err, WH_E_SYS, "shm store %s: fstat: %s", s->shm_name, strerror(errno));
+    if (!ok || !wh__share_maps(s, &sb, err)) {
+        wh__unmap_partial(s);
+        close(s->fd);
+        s->fd = -1;
+        return false;
+    }
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
+    s->checked_ns = wh_now_mono_ns();
+    return true;
+}
+
+/* Lets go of the segment (views keep their own reference to its maps). */
+static void wh__detach(wh__shm_t *s) {
+    wh__shm_map_unref(s->map);
+    if (s->fd >= 0) close(s->fd);
+    s->map = NULL;
+    s->hdr = NULL;
+    s->ro = NULL;
+    s->fd = -1;
+    s->created = false;
+}
+
+/* True when the store's name no longer names the segment this handle maps
+ * (`wirehead-torch clean` removed it, or it was created again). */
+static bool wh__replaced(const wh__shm_t *s) {
+    char path[300];
+    struct stat named;
+    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+    if (stat(path, &named) != 0) return errno == ENOENT;
+    return named.st_dev != s->dev || named.st_ino != s->ino;
+}
+
+/* BYTE_BUDGET auto: room for SWAP_CAP samples of this one's encoded size,
+ * a quarter more for samples that vary a little, and a MiB so tiny samples
+ * still fit. So the segment (4 areas) takes about 5 x SWAP_CAP x sample. */
+static uint64_t wh__auto_budget(const wh__shm_t *s, const wh_array_t *arr, int n) {
+    wh_sample_meta_t meta;
+    uint64_t per = 0, all = 0;
+    if (!wh_sample_plan(&s->base.cfg.schema, arr, n, &meta, NULL)) return 0;
+    if (!wh_mul_ok(meta.total_size + meta.total_size / 4, s->base.cfg.swap_cap, &per) ||
+        !wh_add_ok(per, 1u << 20, &all))
+        return 0;
+    return wh__page_up(all);
+}
+
+#define WH__RECHECK_NS 1000000000ull /* how often a handle checks its name */
+
+/* Every operation starts here: attaches a handle that is not attached
+ * (creating the segment on a put, or with a fixed BYTE_BUDGET) and, once a
+ * second, moves a handle whose segment was removed or replaced to the one
+ * under the name now. arr/n: the sample of a put (NULL otherwise).
+ * WH_E_NOSTORE when there is nothing to attach to. */
+bool wh__shm_ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    uint64_t now = wh_now_mono_ns();
+    if (s->hdr) {
+        if (now - s->checked_ns < WH__RECHECK_NS) return true;
+        s->checked_ns = now;
+        if (!wh__replaced(s)) return true;
+        wh__detach(s);
+    }
+    uint64_t budget = 0;
+    if (!c->no_create) {
+        budget = c->byte_budget;
+        if (!budget && arr) {
+            budget = wh__auto_budget(s, arr, n);
+            if (!budget) { /* a bad sample: let the put say why */
+                wh_sample_meta_t meta;
+                if (!wh_sample_plan(&c->schema, arr, n, &meta, err)) return false;
+                return wh_err_set(err, WH_E_TOOBIG,
+                                  "BYTE_BUDGET auto: SWAP_CAP=%u samples of "
+                                  "this size overflow",
+                                  c->swap_cap);
+            }
+        }
+    }
+    if (wh__shm_connect(s, budget, err)) return true;
+    if (err && err->code == WH_E_NOSTORE && !c->byte_budget && !c->no_create)
+        wh_err_set(err, WH_E_NOSTORE,
+                   "shm store '%s' does not exist yet: with BYTE_BUDGET auto "
+                   "the first generator's first sample creates it (start a generator, or set "
+                   "BYTE_BUDGET)",
+                   s->shm_name + 10);
+    return false;
+}
+
+wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
+    const char *name = cfg->uri + strlen("shm://");
+    if (cfg->byte_budget && cfg->byte_budget < 4096)
+        return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
+    wh__shm_t *s = calloc(1, sizeof *s);
+    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    s->base.ops = &wh__shm_ops;
+    s->base.cfg = *cfg;
+    s->pid = getpid();
+    s->fd = -1;
+    if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
+        s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
+    s->token |= 1;
+    if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
+    if (cfg->origin_id) {
+        if (!cfg->origin_id[0] || strlen(cfg->origin_id) >= sizeof s->origin_id) {
+            wh_err_set(err, WH_E_INVALID, "origin_id must be 1..%d characters",
+                       WH_ORIGIN_ID_LEN - 1);
+            goto fail;
+        }
+        wh__shm_hdr_text(s->origin_id, cfg->origin_id, sizeof s->origin_id);
+        wh__shm_hdr_text(s->origin_name, cfg->origin_name ? cfg->origin_name : "",
+                         sizeof s->origin_name);
+    }
+    wh_err_t e = {0};
+    if (wh__shm_ready(s, NULL, 0, &e)) return &s->base;
+    /* BYTE_BUDGET auto and no segment yet: every operation but a put sees
+     * an empty store until a generator's first put creates it */
+    if (e.code == WH_E_NOSTORE && !cfg->byte_budget && !cfg->no_create) return &s->base;
+    if (e.code == WH_E_NOSTORE && cfg->no_create)
+        wh_err_set(&e, WH_E_NOTFOUND, "no shm store '%s' (/dev/shm%s)", name, s->shm_name);
+    if (err) *err = e;
+fail:
+    free(s);
+    return NULL;
+}
+
+void wh_shm_layout(wh_shm_layout_t *l) {
+    l->hdr_lock = offsetof(wh__hdr_t, lock);
+    l->leader_pid = offsetof(wh__hdr_t, leader_pid);
+    l->leader_token = offsetof(wh__hdr_t, leader_token);
+    l->lease_expiry_ns = offsetof(wh__hdr_t, lease_expiry_ns);
+    l->lease_ns = offsetof(wh__hdr_t, lease_ns);
+    l->slots = offsetof(wh__hdr_t, slots);
+    l->slot_size = sizeof(wh__slot_t);
+    l->slot_lock = offsetof(wh__slot_t, lock);
+    l->slot_gen = offsetof(wh__slot_t, gen);
+    l->slot_used = offsetof(wh__slot_t, used);
+    l->slot_count = offsetof(wh__slot_t, count);
+    l->slot_nholes = offsetof(wh__slot_t, nholes);
+    l->slot_holes = offsetof(wh__slot_t, holes);
+    l->hdr_size = sizeof(wh__hdr_t);
+}
+
+bool wh_shm_clean(const char *name, wh_err_t *err) {
+    char n[256];
+    if (!wh__shm_name(name, n, sizeof n, err)) return false;
+    if (shm_unlink(n) != 0 && errno != ENOENT)
+        return wh_err_set(err, WH_E_SYS, "shm_unlink %s: %s", n, strerror(errno));
+    return true;
+}
+
+void wh__shm_destroy(wh_store_t *st) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    wh_guard_ensure(); /* at exit too: leaving the readers' table writes the segment */
+    if (getpid() == s->pid) wh__shm_beat_drop(s);
+    wh__shm_map_unref(s->map); /* unmapped once the last view is gone too */
+    if (s->fd >= 0) close(s->fd);
+    free(s);
+}
+
+const wh_store_ops_t wh__shm_ops = {
+    .scheme = "shm",
+    .put = wh__shm_put,
+    .lead = wh__shm_lead,
+    .resign = wh__shm_resign,
+    .seal = wh__shm_seal,
+    .current = wh__shm_current,
+    .read = wh__shm_read,
+    .status = wh__shm_status,
+    .view = wh__shm_view,
+    .beat = wh__shm_beat,
+    .beat_every_s = WH_READER_BEAT_S,
+    .read_held = wh__shm_read_held,
+    .params_set = wh_pfile_set,
+    .params_get = wh_pfile_get,
+    .params_version = wh_pfile_version,
+    .destroy = wh__shm_destroy,
+};

@@ -1,0 +1,245 @@
+/* Embedded backend: what its files share (wh_shm.c the segment, open,
+ * clean and the vtable; wh_shm_put.c areas and puts; wh_shm_seal.c the
+ * lease and the seal; wh_shm_view.c reads, views, pins and fork;
+ * wh_shm_status.c status, readers' heartbeats and the relay's mirror).
+ * Internal: included only by those files. */
+#ifndef WH_SHM_INT_H
+#define WH_SHM_INT_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wh_backend.h"
+#include "wh_fault.h"
+#include "wh_guard.h"
+#include "wh_shmfile.h"
+
+#define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
+#define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */
+#define WH__SLOTS 4
+#define WH__MAX_PINNERS 64 /* reader processes pinning one slot at a time */
+#define WH__MAX_WRITERS 256
+#define WH__HIST 16
+#define WH__OPEN_WAIT_MS 5000
+
+#define WH__MAX_HOLES 64
+
+/* A lock in the segment: the holder's pid, 0 when free. Not a pthread
+ * mutex: glibc aborts the process on some garbage in a robust mutex
+ * (found by fuzz_segment), and a segment's bytes may be hostile. */
+typedef struct {
+    int32_t owner;    /* atomic */
+    uint32_t waiters; /* atomic: sleepers to wake on release */
+} wh__lock_t;
+
+typedef struct {
+    int32_t pid; /* 0: free entry */
+    uint32_t pad;
+    uint64_t token;     /* this put's, so a pruned entry is never taken for ours */
+    uint64_t off, size; /* the bytes this put reserved */
+} wh__writer_t;
+
+typedef struct {
+    uint64_t off, size;
+} wh__hole_t;
+
+/* One reader process's pins on a slot: live views of its samples. */
+typedef struct {
+    int32_t pid; /* 0: free entry */
+    uint32_t count;
+} wh__pin_t;
+
+typedef struct {
+    wh__lock_t lock;
+    uint64_t gen;   /* atomic: generation this slot holds, 0 if none */
+    uint64_t used;  /* bytes reserved */
+    uint32_t count; /* atomic: committed positions */
+    uint32_t nwriters;
+    uint32_t nholes;
+    wh__writer_t writers[WH__MAX_WRITERS];
+    /* bytes reserved by puts that died or failed, reused by later puts so a
+     * dead generator cannot use up a tight budget */
+    wh__hole_t holes[WH__MAX_HOLES];
+    uint32_t npinners;
+    uint32_t pad;
+    wh__pin_t pins[WH__MAX_PINNERS];
+} wh__slot_t;
+
+typedef struct {
+    uint64_t off, size;
+} wh__entry_t;
+
+/* A reader handle's heartbeat; token 0: a free entry. Read by `status`
+ * only: a torn or forged entry shows wrong figures, never more. */
+typedef struct {
+    uint64_t token; /* atomic: claimed by compare-and-swap */
+    int64_t pid;
+    uint64_t gen, reads, gen_reads, start_ns, beat_ns;
+} wh__beat_t;
+
+#define WH__MAX_READERS 128
+
+typedef struct {
+    uint64_t magic; /* written last at creation (release) */
+    uint32_t format_version;
+    uint32_t swap_cap;
+    uint64_t hdr_size; /* sizeof(wh__hdr_t) of the creating build */
+    uint64_t pidns;    /* inode of the creator's PID namespace (0: unknown) */
+    uint64_t schema_hash;
+    uint32_t nfields;
+    uint32_t pad0;
+    char names[WH_MAX_FIELDS][WH_MAX_NAME];
+    uint64_t slot_bytes;  /* data bytes per generation area */
+    uint64_t total_bytes; /* whole segment */
+    uint64_t index_off, data_off;
+    int64_t creator_pid;
+    uint64_t created_ns;
+
+    wh__lock_t lock;                      /* lease, seal, history */
+    uint64_t read_gen;                    /* atomic */
+    uint64_t write_gen;                   /* atomic */
+    uint64_t generated, discarded, seals; /* atomic */
+    int64_t leader_pid;
+    uint64_t leader_token;
+    uint64_t lease_expiry_ns;
+    uint64_t lease_ns; /* the holder's LEASE_SECONDS: bounds how far ahead its expiry may be */
+    uint32_t hist_n, hist_next;
+    struct {
+        uint64_t generation, time_ns, generated, discarded, seal_ns;
+    } hist[WH__HIST];
+    wh__slot_t slots[WH__SLOTS];
+    wh__beat_t readers[WH__MAX_READERS];
+    /* a node-local copy's source (wh_store_config_t), set at creation:
+     * "" in a plain store */
+    char origin_id[WH_ORIGIN_ID_LEN];
+    char origin_name[WH_ORIGIN_NAME_LEN];
+    uint64_t last_put_ns; /* atomic: CLOCK_REALTIME of the newest put, accepted or not */
+} wh__hdr_t;
+
+/* The segment's mappings, shared by the handle and every live view, so a
+ * view outlives the handle that made it. */
+typedef struct wh__map {
+    uint64_t refs;  /* atomic */
+    void *rw;       /* the store's own read-write mapping */
+    const void *ro; /* the same segment mapped read-only: views point here */
+    size_t len;
+    /* the segment's file: handles of one process on one segment share one
+     * map (one mapping to register with a GPU runtime, not one per handle) */
+    dev_t dev;
+    ino_t ino;
+    struct wh__map *next;
+    /* the GPU path's positions verified in this process, per area and for
+     * the generation it held then (docs/gpu.md, "Checks") */
+    pthread_mutex_t memo_mu;
+    uint64_t memo_gen[WH__SLOTS];
+    uint8_t *memo[WH__SLOTS];
+} wh__map_t;
+
+typedef struct {
+    wh_store_t base;
+    char shm_name[256];
+    wh__hdr_t *hdr;
+    const char *ro; /* read-only mapping of the segment (views) */
+    wh__map_t *map;
+    size_t map_len;
+    uint64_t token;
+    uint64_t puts;
+    pid_t pid;
+    int fd; /* kept open: the segment's size is re-checked before its bytes are read */
+    /* hdr NULL: not attached (BYTE_BUDGET auto and no segment yet, or the
+     * segment was removed); wh__shm_ready attaches, and creates on a put */
+    uint64_t checked_ns; /* last check that the name still names our segment */
+    dev_t dev;
+    ino_t ino;
+    bool created; /* this handle created the segment it is attached to */
+    /* geometry, checked once at attach and never re-read from shared memory */
+    uint32_t swap_cap;
+    uint64_t slot_bytes, index_off, data_off;
+    uint64_t mirror_off, mirror_size; /* a relay's reservation for the next position */
+    /* the config's origin (a node-local copy's source), kept for every attach */
+    char origin_id[WH_ORIGIN_ID_LEN];
+    char origin_name[WH_ORIGIN_NAME_LEN];
+} wh__shm_t;
+
+extern const wh_store_ops_t wh__shm_ops;
+
+static inline uint64_t wh__ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+/* `status` tells a store whose generators stopped by this time. */
+static inline void wh__put_seen(wh__hdr_t *h) {
+    __atomic_store_n(&h->last_put_ns, wh_now_real_ns(), __ATOMIC_RELAXED);
+}
+static inline void wh__st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* Pin drops run from a view's deleter, which has no store at hand. */
+#define WH__PIN_LOCK_WAIT_S 10.0
+
+static inline bool wh__pid_alive(int64_t pid) {
+    if (pid <= 0 || pid > INT32_MAX) return false; /* no such pid: not 1 after a cast */
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+static inline wh__entry_t *wh__index(const wh__shm_t *s, int slot) {
+    return (wh__entry_t *)((char *)s->hdr + s->index_off) + (size_t)slot * s->swap_cap;
+}
+
+static inline char *wh__data(const wh__shm_t *s, int slot) {
+    return (char *)s->hdr + s->data_off + (size_t)slot * s->slot_bytes;
+}
+
+/* wh_shm.c */
+bool wh__shm_lock(wh__lock_t *l, double wait_s, wh_err_t *err);
+void wh__shm_unlock(wh__lock_t *l);
+int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen);
+void wh__shm_hdr_text(char *out, const char *in, size_t n);
+bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err);
+bool wh__shm_ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err);
+void wh__shm_map_unref(wh__map_t *m);
+extern pthread_mutex_t wh__shm_maps_mu;
+void wh__shm_destroy(wh_store_t *st);
+/* wh_shm_put.c */
+bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err);
+void wh__shm_prune_writers(wh__slot_t *sl);
+bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
+                 wh_put_status_t *ps, uint64_t *gen_out, wh_err_t *err);
+/* wh_shm_seal.c */
+bool wh__shm_lease_forged(const wh__hdr_t *h, uint64_t now);
+bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err);
+bool wh__shm_resign(wh_store_t *st, wh_err_t *err);
+void wh__shm_prune_pins(wh__slot_t *sl);
+bool wh__shm_take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
+                            wh_err_t *err);
+bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+/* wh_shm_view.c */
+bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);
+bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                  wh_sample_meta_t *meta, wh_err_t *err);
+bool wh__shm_pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err);
+extern pthread_once_t wh__shm_fork_once;
+void wh__shm_fork_register(void);
+bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
+                       wh_sample_meta_t *meta, wh_err_t *err);
+bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+                  wh_sample_meta_t *meta, wh_err_t *err);
+/* wh_shm_status.c */
+bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err);
+bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);
+void wh__shm_beat_drop(wh__shm_t *s);
+
+#endif
