@@ -2,7 +2,9 @@
  * helpers the binding files share. One file binds each type (Array, Store,
  * CudaStage, Loader, SharedMap, Ring, Xxh3) plus the plan functions; wh_py_module.c holds
  * the module definition and the exception types, wh_py_util.c the shared
- * helpers (the error mapping among them). Each
+ * helpers (the error mapping among them); the Store type's module level
+ * (config from keywords, module functions, result records) is in
+ * wh_py_store_fns.c. Each
  * binding file adds its types and functions to the module through its
  * wh_py_*_exec, called once from the module's exec slot. */
 #ifndef WH_PY_H
