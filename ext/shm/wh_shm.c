@@ -284,6 +284,16 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                               "with `wirehead-torch clean`",
                               s->shm_name + 10);
         }
+        /* a creator sets the size to 0, then to the header's pages, then to
+         * the whole: anything between 0 and the header was cut by someone */
+        if (sb.st_size > 0 && (uint64_t)sb.st_size < wh__page_up(sizeof(wh__hdr_t))) {
+            if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
+            return wh_err_set(err, WH_E_CORRUPT,
+                              "shm store '%s' (/dev/shm%s) is %lld bytes, less than its header "
+                              "(%llu): it was truncated; remove it with `wirehead-torch clean`",
+                              s->shm_name + 10, s->shm_name, (long long)sb.st_size,
+                              (unsigned long long)wh__page_up(sizeof(wh__hdr_t)));
+        }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
             if (!h) {
                 void *p =

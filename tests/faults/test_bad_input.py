@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming the problem and loses nothing stored."""
 import glob
+import os
 
 import numpy as np
 import pytest
@@ -82,6 +83,22 @@ def test_corrupted_bytes_are_detected(shm_cfg):
     raw = wt.MongoTupleheadDataset(config=dict(cfg, VERIFY_READS=False))[1]
     with pytest.raises(AssertionError):
         whlib.check_sample(*raw)
+
+
+def test_segment_cut_below_its_header_is_an_error_for_a_new_opener(shm_cfg):
+    """A segment cut shorter than its header (no creator ever leaves one so)
+    is an error naming the truncation for readers and generators that open
+    it afterwards, not a store taken for half-made and removed, nor a wait."""
+    cfg = shm_cfg(swap_cap=2)
+    filled(cfg)
+    path = f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}"
+    os.truncate(path, 4096)
+    with pytest.raises(wt.CorruptSampleError, match=r"is 4096 bytes, less than its header .*"
+                                                    r"truncated"):
+        wt.MongoheadDataset(config=cfg)[0]
+    with pytest.raises(wt.CorruptSampleError, match="truncated"):
+        wt.WireheadGenerator((whlib.sample(1, i) for i in range(1)), config=cfg).run()
+    assert os.path.getsize(path) == 4096  # left for the user to look at and clean
 
 
 def test_store_too_big_for_dev_shm_fails_at_creation(shm_cfg):

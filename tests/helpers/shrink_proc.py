@@ -14,7 +14,7 @@ copy is cut; needs MONGODB_URI).
 The parent prints one JSON line: {"rounds", "signals": [[round, signal]],
 "bad": [[round, code]], "exits": {code: rounds}}; a child's code is 0 when
 its reader raised the expected error, 10 when every read ended before the
-cut reached it, 3 for wrong data, 4 for an unexpected error. Exit 0 always:
+cut reached it (AFTER_CUT reads after the cut, or 2 s), 3 for wrong data, 4 for an unexpected error. Exit 0 always:
 the test judges."""
 import gc
 import itertools
@@ -34,6 +34,7 @@ import whlib
 SWAP_CAP = 4
 N = 1 << 18  # float32 values per sample: 1 MiB, so a cut lands inside copies
 MODES = ("caught", "del", "views")
+AFTER_CUT = 4 * SWAP_CAP  # items read after the cut before a round ends without an error
 
 
 def fill(cfg):
@@ -141,6 +142,7 @@ def child(kind, mode, cfg, rng):
     t.start()
     code = 10  # no error: every read ended before the cut reached it
     deadline = time.monotonic() + 2
+    after_cut = 0
     try:
         for item in it:
             if kind != "params":
@@ -149,7 +151,10 @@ def child(kind, mode, cfg, rng):
                 if mode == "views" and len(held) < 4:
                     held.append((ident, data))
             got += 1
-            if time.monotonic() > deadline:
+            # every sample read again after the cut (twice, past what a ring
+            # had filled before it) reaches what the cut did to it
+            after_cut += not t.is_alive()
+            if after_cut > AFTER_CUT or time.monotonic() > deadline:
                 break
     except AssertionError as e:
         code = 3
