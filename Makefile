@@ -170,7 +170,7 @@ test-installed: .venv-inst/.stamp mongo-jars
 	mkdir -p build/installed-run
 	cd build/installed-run && $(CURDIR)/$(INST_PY) -c 'import wirehead_torch, sys; \
 	  f = wirehead_torch.__file__; print("testing", f); sys.exit("site-packages" not in f)'
-	cd build/installed-run && $(CURDIR)/$(INST_PY) -m pytest -q -p no:cacheprovider \
+	cd build/installed-run && $(CURDIR)/$(INST_PY) -m pytest -q -p no:cacheprovider -m 'not once' \
 	  --rootdir=$(CURDIR) -c $(CURDIR)/pyproject.toml $(addprefix $(CURDIR)/,$(INST_TESTS))
 
 # The suite again against torch 2.x and Lightning from PyPI, in a venv of
@@ -198,8 +198,9 @@ test-torch2: .deps/debian-test.stamp $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
 	$(call setuptools_77,$(T2_PY))
 	$(T2_PY) -m pip install -q --no-build-isolation --no-deps -e . -e ./compat
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
-	# the 100-round shrink tests exercise C only: the first lane runs them
-	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs -m 'not shrink100' $(PYTEST_ARGS)
+	# the 100-round shrink tests and those marked once exercise C or the
+	# Makefile only: the first lane runs them
+	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs -m 'not shrink100 and not once' $(PYTEST_ARGS)
 
 # A manylinux wheel with libmongoc, libbson and libxxhash bundled
 # (auditwheel repair), for machines where those packages cannot be installed.

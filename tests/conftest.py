@@ -18,6 +18,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "lightning: needs Lightning (the torch 2.x lane)")
     config.addinivalue_line("markers", "shrink100: 100 rounds of a cut file per reader kind "
                             "(C-level, so run in the first lane only)")
+    config.addinivalue_line("markers", "once: exercises only what the other lanes do not change "
+                            "(the C store and relay, the Makefile), so run in the first lane "
+                            "only")
 
 
 def _config_factory(store_uri, **defaults):

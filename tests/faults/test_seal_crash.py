@@ -14,6 +14,8 @@ import random
 import signal
 import time
 
+import pytest
+
 import wirehead_torch as wt
 
 import whlib
@@ -161,6 +163,7 @@ def _read_all(cfg, secs, out_fd):
         os._exit(0)
 
 
+@pytest.mark.once
 def test_random_kill_soak(shm_cfg):
     secs = float(os.environ.get("WIREHEAD_SEAL_SOAK_S", "20"))
     cfg = shm_cfg(swap_cap=CAP, budget="64KiB", SELF_SEAL=True)

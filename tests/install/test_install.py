@@ -377,6 +377,7 @@ print("ok")
 
 # ---- `make install` on a fresh clone: only what the package needs ----
 
+@pytest.mark.once
 def test_make_install_in_a_fresh_clone_needs_no_test_toolchain(tmp_path):
     """`make install` (what `make demo` runs first) in a fresh clone makes its
     own venv without the test toolchain's packages, and the package imports

@@ -242,6 +242,7 @@ def test_generation_reclaimed_mid_copy_is_abandoned_for_the_newest(relay_cfg):
         src.close()
 
 
+@pytest.mark.once
 def test_relay_killed_at_random_instants(relay_cfg):
     """SIGKILL at 20 random instants, mostly mid-copy, while a reader reads
     through the tier and generators keep sealing in MongoDB."""
@@ -294,6 +295,7 @@ def test_relay_killed_at_random_instants(relay_cfg):
             whlib.stop(f)
 
 
+@pytest.mark.once
 def test_mongodb_restarted_mid_pull(tmp_path):
     """The server goes away right after a seal (the relay pulling it) and
     comes back empty: the local copy stays readable throughout, the relay
