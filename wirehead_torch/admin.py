@@ -2,6 +2,7 @@
 import logging
 import os
 import re
+import time
 
 from . import _C
 from ._store import ProcessStore
@@ -26,8 +27,11 @@ def status(config=None, config_path=None):
     st["store"] = redact(cfg["STORE"])
     hist = st["history"]
     rate = None
-    if len(hist) >= 2 and hist[-1]["time"] > hist[0]["time"]:
-        rate = (hist[-1]["generated"] - hist[0]["generated"]) / (hist[-1]["time"] - hist[0]["time"])
+    # accepted samples per second from the oldest swap listed until now (not
+    # until the newest swap): it falls once generators stop
+    now = time.time()
+    if hist and now > hist[0]["time"]:
+        rate = max(0, st["generated"] - hist[0]["generated"]) / (now - hist[0]["time"])
     st["samples_per_s"] = rate
     # how many times, on average, readers have been served each sample of
     # the read generation: with the params version, what SWAP_CAP is tuned by

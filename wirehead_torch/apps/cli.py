@@ -44,8 +44,9 @@ def _fmt_status(st, now=None):
         f"{st['seals']} swaps",
         "generators       " + _fmt_generators(st.get("last_put") or 0, now),
         "manager          " + (f"pid {st['leader_pid']} (lease {st['lease_left_s']:.1f}s left)"
-                               if st['leader_pid'] else "none holds the lease"),
-        "rate             " + (f"{st['samples_per_s']:.1f} samples/s"
+                               if st['leader_pid'] else "none running (no process holds the lease)"),
+        "rate             " + (f"{st['samples_per_s']:.1f} samples/s (since the oldest swap "
+                               f"listed below)"
                                if st['samples_per_s'] is not None else "-"),
         "params           " + _fmt_params(st),
     ]
@@ -76,16 +77,18 @@ def _fmt_status(st, now=None):
     return "\n".join(lines)
 
 
-# A put in the last minute: a generator is at work (a slow one makes a
-# sample every few seconds).
+# Past a minute without a put, status says none is putting (a slow
+# generator makes a sample every few seconds).
 GENERATOR_IDLE_S = 60
 
 
 def _fmt_generators(last_put, now):
     if not last_put:
         return "none has put a sample yet"
-    state = "active" if now - last_put <= GENERATOR_IDLE_S else "none active"
-    return f"{state}: last put {human_time(last_put, now)}"
+    when = f"last put {human_time(last_put, now)}"
+    if now - last_put <= GENERATOR_IDLE_S:
+        return when
+    return f"none in the last {GENERATOR_IDLE_S} s: {when}"
 
 
 def _fmt_local(loc, st):
