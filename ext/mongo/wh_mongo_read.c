@@ -40,8 +40,8 @@ static bool wh__corrupt(uint64_t gen, uint32_t pos, wh_err_t *err, const char *f
                       pos, what);
 }
 
-/* Fields checked as their chunks are copied in (docs/guarantees.md, "One
- * pass per byte"): done[i] bytes of field i hashed so far, in order; a field
+/* Fields checked as their chunks are copied in (docs/guarantees.md, "Ring
+ * batches"): done[i] bytes of field i hashed so far, in order; a field
  * whose chunks come out of order is hashed after the copy instead. */
 typedef struct {
     wh_field_hash_t **h; /* per field, NULL: not checked while copying */
