@@ -44,7 +44,8 @@ def _fmt_status(st, now=None):
         f"{st['seals']} swaps",
         "generators       " + _fmt_generators(st.get("last_put") or 0, now),
         "manager          " + (f"pid {st['leader_pid']} (lease {st['lease_left_s']:.1f}s left)"
-                               if st['leader_pid'] else "none running (no process holds the lease)"),
+                               if st['leader_pid']
+                               else "none running (no process holds the lease)"),
         "rate             " + (f"{st['samples_per_s']:.1f} samples/s (since the oldest swap "
                                f"listed below)"
                                if st['samples_per_s'] is not None else "-"),
