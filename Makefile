@@ -198,9 +198,12 @@ test-torch2: .deps/debian-test.stamp $(TORCH2_VENV)/.stamp $(EXT) mongo-jars
 	$(call setuptools_77,$(T2_PY))
 	$(T2_PY) -m pip install -q --no-build-isolation --no-deps -e . -e ./compat
 	$(T2_PY) -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'
-	# the 100-round shrink tests and those marked once exercise C or the
-	# Makefile only: the first lane runs them
-	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs -m 'not shrink100 and not once' $(PYTEST_ARGS)
+	# What torch touches: readers, DDP, GPU, shards, compat, faults, the docs'
+	# blocks and the SLURM jobs. The first lane alone runs the store protocol
+	# and the command line (tests/store, tests/cli: C through numpy), the
+	# 100-round shrink tests and those marked once (C or the Makefile only).
+	PYTHONPATH=$(CURDIR):$(CURDIR)/compat $(T2_PY) -m pytest -q -rs -m 'not shrink100 and not once' \
+	  --ignore=tests/store --ignore=tests/cli $(PYTEST_ARGS)
 
 # A manylinux wheel with libmongoc, libbson and libxxhash bundled
 # (auditwheel repair), for machines where those packages cannot be installed.
