@@ -324,11 +324,17 @@ bool wh_sample_decode_meta(const void *buf, uint64_t len, const wh_schema_t *s, 
     return true;
 }
 
-bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, const void *data,
-                      wh_err_t *err) {
-    if (XXH3_64bits(data, meta->f[i].nbytes) != meta->f[i].checksum)
+/* The one check of a field's bytes' XXH3 against its descriptor. */
+static bool wh__sum_ok(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, uint64_t sum,
+                       wh_err_t *err) {
+    if (sum != meta->f[i].checksum)
         return wh_err_set(err, WH_E_CORRUPT, "field '%s': checksum mismatch", s->names[i]);
     return true;
+}
+
+bool wh_sample_verify(const wh_schema_t *s, const wh_sample_meta_t *meta, int i, const void *data,
+                      wh_err_t *err) {
+    return wh__sum_ok(s, meta, i, XXH3_64bits(data, meta->f[i].nbytes), err);
 }
 
 struct wh_field_hash {
@@ -351,9 +357,7 @@ void wh_field_hash_copy(wh_field_hash_t *h, void *dst, const void *src, uint64_t
 
 bool wh_field_hash_check(wh_field_hash_t *h, const wh_schema_t *s, const wh_sample_meta_t *meta,
                          int i, wh_err_t *err) {
-    if (XXH3_64bits_digest(&h->h) != meta->f[i].checksum)
-        return wh_err_set(err, WH_E_CORRUPT, "field '%s': checksum mismatch", s->names[i]);
-    return true;
+    return wh__sum_ok(s, meta, i, XXH3_64bits_digest(&h->h), err);
 }
 
 bool wh_sample_copy_field(const void *buf, const wh_schema_t *s, const wh_sample_meta_t *meta,
@@ -369,9 +373,7 @@ bool wh_sample_copy_field(const void *buf, const wh_schema_t *s, const wh_sample
     uint64_t done = 0, no_fault = 0;
     XXH3_64bits_reset(&h);
     wh__copy_hash(dst, src, f->nbytes, &h, &done, &no_fault);
-    if (XXH3_64bits_digest(&h) != f->checksum)
-        return wh_err_set(err, WH_E_CORRUPT, "field '%s': checksum mismatch", s->names[i]);
-    return true;
+    return wh__sum_ok(s, meta, i, XXH3_64bits_digest(&h), err);
 }
 
 bool wh_field_meta_same(const wh_field_meta_t *a, const wh_field_meta_t *b) {
