@@ -374,43 +374,61 @@ static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
     return d;
 }
 
+/* The parts of a direct batch in its laid-out order: the runs between the
+ * direct fields from host (which leaves those fields out, wh_batch_host_off),
+ * each direct row from the store (row true); put(ctx, at, src, len, row)
+ * places one at offset at, and stops the walk by returning nonzero. */
+typedef int (*wh__put_fn)(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
+
+static int wh__batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh__put_fn put,
+                           void *ctx) {
+    uint64_t at = 0, hat = 0; /* the next run's offset in the batch and in host */
+    int rc = 0;
+    for (int f = 0; f < WH_MAX_FIELDS && !rc; f++) {
+        if (!(b->direct & (1u << f))) continue;
+        uint64_t nb = b->meta[f].nbytes;
+        if (b->off[f] > at) {
+            rc = put(ctx, at, h + hat, b->off[f] - at, false);
+            hat += b->off[f] - at;
+        }
+        for (uint32_t i = 0; i < b->n && !rc; i++)
+            rc = put(ctx, b->off[f] + i * nb, b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb, true);
+        at = b->off[f] + WH_ALIGN_UP(b->n * nb);
+    }
+    if (!rc && size > at) rc = put(ctx, at, h + hat, size - at, false);
+    return rc;
+}
+
+typedef struct {
+    wh_gpu_t *g;
+    char *dev;
+} wh__issue_t;
+
+static int wh__issue_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
+    (void)row;
+    wh__issue_t *c = ctx;
+    c->g->stats.copies++;
+    return wh_cudart.MemcpyAsync(c->dev + at, src, len, WH_CUDA_MEMCPY_H2D, c->g->stream);
+}
+
 /* The copies of one batch on the stage's stream (device entered): the
  * direct fields row by row from the store, everything between them from
  * host in one copy per run; b NULL: host[0, size) in one copy. */
 static int wh__issue(wh_gpu_t *g, char *dev, const wh_buf_t *host, size_t size,
                      const wh_batch_t *b) {
-    const char *h = host->data;
     if (!b || !b->direct) {
         g->stats.copies++;
-        return wh_cudart.MemcpyAsync(dev, h, size, WH_CUDA_MEMCPY_H2D, g->stream);
+        return wh_cudart.MemcpyAsync(dev, host->data, size, WH_CUDA_MEMCPY_H2D, g->stream);
     }
-    uint64_t at = 0;
-    int rc = WH_CUDA_SUCCESS;
-    for (int f = 0; f < WH_MAX_FIELDS && rc == WH_CUDA_SUCCESS; f++) {
-        if (!(b->direct & (1u << f))) continue;
-        uint64_t nb = b->meta[f].nbytes;
-        if (b->off[f] > at) {
-            rc = wh_cudart.MemcpyAsync(dev + at, h + at, b->off[f] - at, WH_CUDA_MEMCPY_H2D,
-                                       g->stream);
-            g->stats.copies++;
-        }
-        for (uint32_t i = 0; i < b->n && rc == WH_CUDA_SUCCESS; i++, g->stats.copies++)
-            rc = wh_cudart.MemcpyAsync(dev + b->off[f] + i * nb,
-                                       b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb,
-                                       WH_CUDA_MEMCPY_H2D, g->stream);
-        at = b->off[f] + b->n * nb;
-    }
-    if (rc == WH_CUDA_SUCCESS && size > at) {
-        rc = wh_cudart.MemcpyAsync(dev + at, h + at, size - at, WH_CUDA_MEMCPY_H2D, g->stream);
-        g->stats.copies++;
-    }
-    return rc;
+    wh__issue_t c = {g, dev};
+    return wh__batch_parts(b, host->data, size, wh__issue_put, &c);
 }
 
 static wh_buf_t *wh__copy(wh_gpu_t *g, wh_buf_t *host, size_t size, const wh_batch_t *b,
                           wh_err_t *err) {
-    if (size > host->size)
-        return wh_err_set(err, WH_E_INVALID, "copy of %zu bytes from a %zu-byte buffer", size,
+    size_t from = b && b->direct ? b->hsize : size;
+    if (from > host->size)
+        return wh_err_set(err, WH_E_INVALID, "copy of %zu bytes from a %zu-byte buffer", from,
                           host->size),
                NULL;
     wh_gpu_poll(g);
@@ -526,6 +544,18 @@ static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
     return ok;
 }
 
+typedef struct {
+    char *to;
+    uint64_t rows; /* the rows' bytes: sample bytes copied on the host */
+} wh__gather_t;
+
+static int wh__gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
+    wh__gather_t *c = ctx;
+    memcpy(c->to + at, src, len);
+    if (row) c->rows += len;
+    return 0;
+}
+
 wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_err_t *err) {
     *refused = false;
     if (!b->direct) return wh__copy(g, b->buf, b->buf->size, NULL, err);
@@ -542,21 +572,19 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
             *refused = true;
             wh_gpu_set_staged(g, e.message);
         }
-        uint64_t moved = 0;
-        for (int f = 0; f < WH_MAX_FIELDS; f++) {
-            if (!(b->direct & (1u << f))) continue;
-            uint64_t nb = b->meta[f].nbytes;
-            for (uint32_t i = 0; i < b->n; i++)
-                memcpy((char *)b->buf->data + b->off[f] + i * nb,
-                       b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb);
-            moved += b->n * nb;
-        }
+        /* the batch whole in page-locked memory: its host part and its rows */
+        wh_buf_t *h = wh_gpu_pinned(g, b->size, err);
+        if (!h) return NULL;
+        wh__gather_t c = {h->data, 0};
+        wh__batch_parts(b, b->buf->data, b->size, wh__gather_put, &c);
         pthread_mutex_lock(&g->mu);
-        g->stats.host_copy_bytes += moved;
+        g->stats.host_copy_bytes += c.rows;
         pthread_mutex_unlock(&g->mu);
-        return wh__copy(g, b->buf, b->buf->size, NULL, err);
+        wh_buf_t *dev = wh__copy(g, h, b->size, NULL, err);
+        wh_buf_unref(h); /* the stage holds it until the copy's event */
+        return dev;
     }
-    return wh__copy(g, b->buf, b->buf->size, b, err);
+    return wh__copy(g, b->buf, b->size, b, err);
 }
 
 /* Lets go of slot mappings only this stage's registration still holds: the
@@ -772,7 +800,7 @@ bool wh_gpu_feed_next(wh_gpu_feed_t *f, unsigned wait_ms, wh_batch_t *out, bool 
         }
         if (!b.buf) break;
         bool pad = false;
-        const char *flags = (const char *)b.buf->data + b.pad_off;
+        const char *flags = (const char *)b.buf->data + wh_batch_host_off(&b, b.pad_off);
         for (uint32_t i = 0; i < b.n; i++) pad |= flags[i] != 0;
         bool refused = false;
         wh_buf_t *dev = wh_gpu_copy_batch(f->g, &b, &refused, err);

@@ -271,11 +271,12 @@ static PyObject *wh__loader_info(wh__pyloader_t *self, PyObject *unused) {
     WH_PY_CALL(self, ld, ok, &err, wh__loader_stats_locked(self->ld, self->gpu, &st, &gst, sz));
     if (!ok) return wh_py_raise(S, &err);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsdsIsKss}", "batches_per_epoch", (unsigned long long)sz[0], "items_per_epoch",
-        (unsigned long long)sz[1], "batches", (unsigned long long)st.batches, "items",
-        (unsigned long long)st.items, "corrupt", (unsigned long long)st.corrupt, "gone",
+        "{sKsKsKsKsKsKsdsIsKsKss}", "batches_per_epoch", (unsigned long long)sz[0],
+        "items_per_epoch", (unsigned long long)sz[1], "batches", (unsigned long long)st.batches,
+        "items", (unsigned long long)st.items, "corrupt", (unsigned long long)st.corrupt, "gone",
         (unsigned long long)st.gone, "wait_s", (double)st.wait_ns / 1e9, "ring", st.ring,
-        "generation", (unsigned long long)sz[2], "last_skip", st.last_skip);
+        "ring_bytes", (unsigned long long)st.ring_bytes, "generation", (unsigned long long)sz[2],
+        "last_skip", st.last_skip);
     if (d && gpu && wh_py_gpu_stats_into(d, &gst) < 0) Py_CLEAR(d);
     if (d && gpu) { /* which path the batches took, and the host copies */
         PyObject *x = PyLong_FromUnsignedLongLong(st.host_bytes);

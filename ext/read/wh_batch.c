@@ -23,7 +23,16 @@ bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint3
     b->pos_off = b->gen_off + WH_ALIGN_UP(8 * (uint64_t)n);
     b->pv_off = b->pos_off + WH_ALIGN_UP(8 * (uint64_t)n);
     b->size = b->pv_off + WH_ALIGN_UP(8 * (uint64_t)n);
+    b->hsize = wh_batch_host_off(b, b->size);
     return true;
+}
+
+uint64_t wh_batch_host_off(const wh_batch_t *b, uint64_t off) {
+    uint64_t skip = 0;
+    for (int f = 0; f < b->nfields; f++)
+        if ((b->direct & (1u << f)) && b->off[f] < off)
+            skip += WH_ALIGN_UP(b->meta[f].nbytes * b->n);
+    return off - skip;
 }
 
 void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
@@ -78,7 +87,8 @@ static bool wh__bdest(void *ctx, const wh_sample_meta_t *m, void **dst, wh_err_t
         }
     }
     for (int f = 0; f < m->nfields; f++)
-        if (want & (1u << f)) dst[f] = c->data + b->off[f] + (uint64_t)c->i * m->f[f].nbytes;
+        if ((want & (1u << f)) && !(b->direct & (1u << f)))
+            dst[f] = c->data + wh_batch_host_off(b, b->off[f]) + (uint64_t)c->i * m->f[f].nbytes;
     return true;
 }
 
@@ -163,13 +173,15 @@ static bool wh__fill_value(char *p, int dtype, uint64_t count, int64_t vi, doubl
 /* pad='ignore': the padding rows' label fields hold the ignore value. */
 static void wh__fill_ignore(const wh_batch_fill_t *rq, const wh_batch_t *b, char *base) {
     uint32_t fields = rq->ignore_fields & rq->want;
+    uint64_t pad_off = wh_batch_host_off(b, b->pad_off);
     for (uint32_t i = 0; fields && i < b->n; i++) {
-        if (!base[b->pad_off + i]) continue;
+        if (!base[pad_off + i]) continue;
         for (int f = 0; f < WH_MAX_FIELDS; f++) {
             if (!(fields & (1u << f))) continue;
             const wh_field_meta_t *m = &b->meta[f];
             size_t size = wh_dtype_size(m->dtype);
-            char *p = base + b->off[f] + (uint64_t)i * m->nbytes;
+            char *p =
+                base + wh_batch_host_off(b, b->off[f]) + (uint64_t)i * m->nbytes; /* never direct */
             if (!size ||
                 !wh__fill_value(p, m->dtype, m->nbytes / size, rq->ignore_int, rq->ignore_float))
                 continue;
@@ -187,14 +199,16 @@ static bool wh__view_row(const wh_batch_fill_t *rq, wh__bfill_t *c, wh_read_at_t
     wh_buf_t *v = NULL;
     if (!wh_store_view_sample(rq->st, at, rq->timeout_s, rq->stop, &v, meta, err)) return false;
     rq->views[i] = v;
-    void *dst[WH_MAX_FIELDS] = {0};
-    if (!wh__bdest(c, meta, dst, err)) return false;
     wh_batch_t *b = c->b;
-    if (i == 0)
+    if (i == 0) { /* before the layout: the memory leaves these fields out */
+        b->direct = 0;
         for (int f = 0; f < meta->nfields; f++)
             if ((rq->want & (1u << f)) && !(rq->ignore_fields & (1u << f)) &&
                 meta->f[f].nbytes >= rq->direct_min)
                 b->direct |= 1u << f;
+    }
+    void *dst[WH_MAX_FIELDS] = {0};
+    if (!wh__bdest(c, meta, dst, err)) return false;
     for (int f = 0; f < meta->nfields; f++) {
         if (!(rq->want & (1u << f))) continue;
         const char *from = (const char *)v->data + meta->f[f].offset;
@@ -245,11 +259,11 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
         }
         gen = at.gen;
         char *base = c.data;
-        base[b->pad_off + i] = pad || at.pad;
+        base[wh_batch_host_off(b, b->pad_off) + i] = pad || at.pad;
         int64_t g64 = (int64_t)gen, p64 = at.pos, v64 = (int64_t)meta.params_version;
-        memcpy(base + b->gen_off + 8 * (uint64_t)i, &g64, 8);
-        memcpy(base + b->pos_off + 8 * (uint64_t)i, &p64, 8);
-        memcpy(base + b->pv_off + 8 * (uint64_t)i, &v64, 8);
+        memcpy(base + wh_batch_host_off(b, b->gen_off) + 8 * (uint64_t)i, &g64, 8);
+        memcpy(base + wh_batch_host_off(b, b->pos_off) + 8 * (uint64_t)i, &p64, 8);
+        memcpy(base + wh_batch_host_off(b, b->pv_off) + 8 * (uint64_t)i, &v64, 8);
         if (rq->sums)
             for (int f = 0; f < meta.nfields; f++)
                 rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] =

@@ -22,7 +22,8 @@ typedef struct {
     uint64_t pad_off, gen_off, pos_off;  /* uint8[n], int64[n], int64[n] */
     uint64_t pv_off;                     /* int64[n]: each sample's params version */
     uint64_t size;                       /* bytes the batch fills */
-    int nfields;                         /* fields of the samples (meta[0..nfields)) */
+    uint64_t hsize; /* bytes of buf it fills: size less the direct fields' blocks */
+    int nfields;    /* fields of the samples (meta[0..nfields)) */
     /* the registered path (wh_batch_fill_t.views): with bit f of direct
      * set, row i's field f is not in buf but at src[i * WH_MAX_FIELDS + f],
      * inside the store view views[i], which buf's holder keeps */
@@ -34,6 +35,11 @@ typedef struct {
 /* Lays out b for n rows of samples like m (the wanted fields only). */
 bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
                      wh_err_t *err);
+
+/* Where offset off of the laid-out batch is in buf: buf leaves out the
+ * direct fields' blocks (they stay in the store), so its page-locked
+ * memory is only what the host writes. */
+uint64_t wh_batch_host_off(const wh_batch_t *b, uint64_t off);
 
 /* What one fill reads and where its memory comes from. */
 typedef struct {

@@ -177,16 +177,18 @@ static void wh__plan_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
 static void *wh__slot_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh__lslot_t *s = ctx;
     wh_loader_t *ld = s->ld;
-    if (b->size > s->cap) {
+    if (b->hsize > s->cap) {
         if (s->buf.data) ld->cfg.alloc.free(ld->cfg.alloc.ctx, s->buf.data, s->cap);
-        s->buf.data = ld->cfg.alloc.alloc(ld->cfg.alloc.ctx, b->size);
-        s->cap = s->buf.data ? b->size : 0;
+        s->buf.data = ld->cfg.alloc.alloc(ld->cfg.alloc.ctx, b->hsize);
+        uint64_t had = s->cap;
+        s->cap = s->buf.data ? b->hsize : 0;
+        __atomic_fetch_add(&ld->stats.ring_bytes, s->cap - had, __ATOMIC_RELAXED);
         if (!s->buf.data)
             return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch buffer",
-                              (unsigned long long)b->size),
+                              (unsigned long long)b->hsize),
                    NULL;
     }
-    s->buf.size = b->size;
+    s->buf.size = b->hsize;
     return s->buf.data;
 }
 
@@ -450,6 +452,7 @@ void wh_loader_stats(wh_loader_t *ld, wh_loader_stats_t *out) {
     out->items = __atomic_load_n(&ld->stats.items, __ATOMIC_RELAXED);
     out->gone = __atomic_load_n(&ld->stats.gone, __ATOMIC_RELAXED);
     out->host_bytes = __atomic_load_n(&ld->stats.host_bytes, __ATOMIC_RELAXED);
+    out->ring_bytes = __atomic_load_n(&ld->stats.ring_bytes, __ATOMIC_RELAXED);
     out->direct = __atomic_load_n(&ld->direct, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&ld->mu);
 }

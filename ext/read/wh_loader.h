@@ -55,6 +55,9 @@ typedef struct {
     uint64_t gone;    /* reads retried on a newer generation */
     uint64_t wait_ns; /* time the consumer waited for a batch */
     uint32_t ring;    /* ring buffers allocated */
+    /* bytes those buffers hold (page-locked for a device): on the
+     * registered path, without the fields left in the store */
+    uint64_t ring_bytes;
     char last_skip[WH_ERR_LEN];
     /* sample bytes copied on the host */
     uint64_t host_bytes;

@@ -756,6 +756,28 @@ def test_small_rows_are_gathered_and_counted(fake, consumer, shm_cfg):
     # the 16-byte ids go with the batch buffer; the 256 KiB rows from the store
     assert st["path"] == "registered" and st["host_copy_bytes"] == 16 * N
     assert fake.counter("registered_copies") == N and fake.violations() == []
+    # the page-locked ring holds what the host writes (ids and the four
+    # per-row columns, 64-byte aligned), not the rows left in the store
+    per_slot = 128 + 64 + 3 * 64
+    assert 0 < st["ring_bytes"] <= st["ring"] * per_slot, st
+    loader.close()
+
+
+def test_refused_after_registered_batches_keeps_every_row(fake, consumer, shm_cfg, monkeypatch):
+    """Batches filled for the registered path (their page-locked part
+    without the large rows) are staged whole when registration is then
+    refused: every row with its id, padding flags included."""
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    monkeypatch.setenv("FAKECUDA_REGISTER_LIMIT", "1")
+    loader = wt.WireheadLoader(config=cfg, batch_size=5, device="cuda", shuffle=False)
+    with pytest.warns(RuntimeWarning, match="RLIMIT_MEMLOCK"):
+        batches = list(loader)
+    assert check_batches(batches) == set(range(N))
+    pads = np.concatenate([b["is_pad"].numpy() for b in batches])
+    assert pads.sum() == len(pads) - N and not pads[:N].any()
+    st = loader.stats()
+    assert st["path"] == "staged" and st["host_copy_bytes"] >= 4 * BIG * N
+    assert fake.violations() == []
     loader.close()
 
 
