@@ -159,15 +159,12 @@ static void wh__held_drop(wh__map_t *map, int slot, uint64_t gen) {
         }
 }
 
-/* Generation of another slot this pid pins, or 0. */
-static uint64_t wh__pinned_elsewhere(wh__hdr_t *h, int slot, pid_t pid) {
-    for (int i = 0; i < WH__SLOTS; i++) {
-        if (i == slot) continue;
-        for (int j = 0; j < WH__MAX_PINNERS; j++)
-            if (__atomic_load_n(&h->slots[i].pins[j].pid, __ATOMIC_RELAXED) == pid &&
-                __atomic_load_n(&h->slots[i].pins[j].count, __ATOMIC_RELAXED))
-                return wh__ld(&h->slots[i].gen);
-    }
+/* Generation of another area of map this process holds listed views of, or
+ * 0 (pin_mu held). Only those count: a GPU copy's pins and another thread's
+ * pin for the length of one read are not the caller's to drop. */
+static uint64_t wh__held_elsewhere(const wh__map_t *map, int slot) {
+    for (size_t i = 0; i < wh__nheld; i++)
+        if (wh__held[i].map == map && wh__held[i].slot != slot) return wh__held[i].gen;
     return 0;
 }
 
@@ -352,7 +349,7 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
     pthread_mutex_lock(&wh__pin_mu);
     bool locked = wh__shm_lock(&sl->lock, st->cfg.lease_s, err), ok = locked;
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
-    uint64_t other = ok && !st->dma_views ? wh__pinned_elsewhere(h, slot, s->pid) : 0;
+    uint64_t other = ok && !st->dma_views ? wh__held_elsewhere(s->map, slot) : 0;
     if (ok && other)
         ok = wh_err_set(err, WH_E_PINNED,
                         "this process (pid %d) still holds views of generation "

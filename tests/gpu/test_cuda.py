@@ -4,6 +4,7 @@ happen later (slowed or held), and it records violations, so a missing
 stream wait or an early slot reuse gives wrong bytes or a recorded
 violation. No GPU is needed; the tests that need one say "GPU" when
 skipped."""
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -717,16 +718,27 @@ def test_registered_path_checks_each_sample_once_per_generation(fake, consumer, 
     loader.close()
 
 
+@contextlib.contextmanager
+def loader_holding_views(cfg):
+    """A WireheadLoader(device) one batch into an epoch: the batches it
+    prefetched after that one hold their rows' store views (their pins)."""
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
+                               fields=["data"])
+    it = iter(loader)
+    try:
+        next(it)
+        yield loader
+    finally:
+        del it
+        loader.close()
+
+
 def test_a_fork_does_not_pin_the_loaders_in_flight_views(fake, consumer, shm_cfg):
     """A child forked while WireheadLoader(device) holds store views for its
     copies (a DataLoader's workers, say) does not pin their generations for
     its life: only the loader's threads use those views."""
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
-    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda", shuffle=False,
-                               fields=["data"])
-    it = iter(loader)
-    try:
-        next(it)  # the batches prefetched after it hold their rows' views
+    with loader_holding_views(cfg):
         before = {a["generation"]: a["pinners"] for a in wt.status(cfg)["areas"]}
         assert any(before.values())  # the loader pins its generation
         r, w = os.pipe()
@@ -742,9 +754,27 @@ def test_a_fork_does_not_pin_the_loaders_in_flight_views(fake, consumer, shm_cfg
         finally:
             os.close(w)
             os.waitpid(pid, 0)
-    finally:
-        del it
-        loader.close()
+    assert fake.violations() == []
+
+
+def test_device_loaders_pins_do_not_refuse_this_processs_views(fake, consumer, shm_cfg):
+    """The one-generation-per-process rule for views (docs/copies.md) counts
+    the views the caller holds, not the pins WireheadLoader(device) keeps for
+    its copies: with the loader holding generation A, a view of a newer
+    generation B in the same process is made, not refused."""
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    with loader_holding_views(cfg):
+        old = [a["generation"] for a in wt.status(cfg)["areas"] if a["pinners"]]
+        assert old, wt.status(cfg)["areas"]  # the loader's, this process's only
+        wt.WireheadGenerator((whlib.sample(6, i, BIG) for i in range(N)), config=cfg).run()
+        assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+        st = whlib.open_store(cfg)
+        new = st.current()
+        assert new not in old
+        g, p, pad, arrays, _ = st.view_sample(new, 3, None, 10.0, False)
+        ids, data = (np.from_dlpack(a) for a in arrays)
+        assert (g, p, pad) == (new, 3, False) and whlib.check_sample(ids, data) == (6, 3)
+        del arrays, ids, data
     assert fake.violations() == []
 
 
