@@ -488,8 +488,11 @@ void wh_gpu_set_staged(wh_gpu_t *g, const char *why) {
     pthread_mutex_unlock(&g->mu);
 }
 
-/* The registrations b's rows need, taken before its copies are queued;
- * those the stage used before and b does not are dropped. */
+/* The registrations b's rows need, taken before its copies are queued.
+ * One the stage used before and b does not is kept while the mapping is in
+ * use (the loader's threads move to a segment made again one by one, so
+ * batches alternate between the two for a while) and dropped once only the
+ * registration holds it, or when the stage needs the room. */
 static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
     void *want[WH__MAX_MAPS];
     const void *base[WH__MAX_MAPS];
@@ -536,7 +539,11 @@ static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
     for (int j = 0; j < g->nmaps; j++) {
         int k = 0;
         while (k < nkeep && keep[k] != g->maps[j]) k++;
-        if (k == nkeep) gone[ngone++] = g->maps[j];
+        if (k < nkeep) continue;
+        if (ok && nkeep < WH__MAX_MAPS && wh_store_map_in_use(g->maps[j]))
+            keep[nkeep++] = g->maps[j];
+        else
+            gone[ngone++] = g->maps[j];
     }
     memcpy(g->maps, keep, (size_t)nkeep * sizeof *keep);
     g->nmaps = nkeep;

@@ -422,3 +422,7 @@ void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len) {
 }
 
 void wh_store_map_unref(void *map) { wh__shm_map_unref(map); }
+
+bool wh_store_map_in_use(void *map) {
+    return __atomic_load_n(&((wh__map_t *)map)->refs, __ATOMIC_ACQUIRE) > 1;
+}

@@ -881,17 +881,15 @@ def test_registered_again_after_the_store_is_made_again(fake, shm_cfg):
     try:
         assert counters_of(got) == [0, 1, 2, 3]
         assert np.frombuffer(got[0][0].raw, np.int64)[0] == 6
-        # the new segment registered, the old mapping unregistered (a handle
-        # that maps the new segment while the generator filling it still has
-        # it open may register it once more: counted, and let go below)
-        assert fake.counter("registers") >= before[0] + 2
-        assert fake.counter("unregisters") >= before[1] + 1
+        # the new segment registered once, while the loader's threads moved
+        # to it one by one (batches from both segments alternate meanwhile)
+        assert fake.counter("registers") == before[0] + 2
         assert fake.violations() == []
     finally:
         loader.close()
     fake.lib.fake_drain_all()
     assert fake.lib.fake_registered_bytes() == 0  # every registration let go
-    assert fake.counter("registers") - before[0] == fake.counter("unregisters") - before[1]
+    assert fake.counter("unregisters") == before[1] + 2
 
 
 @pytest.mark.parametrize("env, says", [("FAKECUDA_REGISTER_LIMIT", "RLIMIT_MEMLOCK"),
