@@ -269,7 +269,13 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
             e.code == WH_E_UNAVAIL) {
             at->gone++;
             lost++;
-            if (!wh_store_wait_gen(st, at->gen, timeout_s, stop, &at->gen, err)) {
+            /* Not sealed where this handle looked: newer than its segment's
+             * newest, as when the segment was made again and the handle has
+             * yet to move. Its newest, even the asked one once it has moved,
+             * is then what to read, not a wait for a generation other than
+             * the asked one that may never come. */
+            uint64_t other_than = e.code == WH_E_NOTFOUND && lost <= 2 ? 0 : at->gen;
+            if (!wh_store_wait_gen(st, other_than, timeout_s, stop, &at->gen, err)) {
                 if (err && err->code == WH_E_TIMEOUT)
                     wh_err_prefix(err, "position %u (%s)", at->pos, e.message);
                 return false;
