@@ -33,7 +33,7 @@ static bool wh__check_schema(const wh__mongo_t *m, const bson_t *doc, wh_err_t *
     if (ver != WH_FORMAT_VERSION)
         return wh_err_set(err, WH_E_SCHEMA,
                           "collection prefix '%s' at %s has format version %lld, this build "
-                          "uses %d; remove it with `wirehead-torch clean`",
+                          "uses %d; remove it with `wirehead-torch clean` or wt.clean(config)",
                           m->prefix, m->where, (long long)ver, WH_FORMAT_VERSION);
     if ((uint64_t)hash != cfg->schema.hash) {
         char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
@@ -55,14 +55,14 @@ static bool wh__check_schema(const wh__mongo_t *m, const bson_t *doc, wh_err_t *
         return wh_err_set(err, WH_E_SCHEMA,
                           "collection prefix '%s' at %s was created with SAMPLE [%s], the "
                           "config's SAMPLE is [%s]; use another COLLECTION_PREFIX (or "
-                          "WRITE_COLLECTION), or `wirehead-torch clean`",
+                          "WRITE_COLLECTION), or `wirehead-torch clean` or wt.clean(config)",
                           m->prefix, m->where, have, want);
     }
     if ((uint64_t)cap != cfg->swap_cap)
         return wh_err_set(err, WH_E_SCHEMA,
                           "collection prefix '%s' at %s was created with SWAP_CAP=%lld, config "
                           "says %u; use another COLLECTION_PREFIX (or WRITE_COLLECTION), or "
-                          "`wirehead-torch clean`",
+                          "`wirehead-torch clean` or wt.clean(config)",
                           m->prefix, m->where, (long long)cap, cfg->swap_cap);
     return true;
 }

@@ -152,7 +152,8 @@ static bool wh__pf_ready(wh_store_t *st, bool create, bool *absent, wh_err_t *er
         return false;
     }
     return wh_err_set(err, WH_E_TIMEOUT,
-                      "%s stays shorter than a params file: remove it (`wirehead-torch clean`)",
+                      "%s stays shorter than a params file: remove it (`wirehead-torch clean` or "
+                      "wt.clean(config))",
                       path);
 }
 

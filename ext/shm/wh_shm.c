@@ -229,11 +229,12 @@ static bool wh__origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err)
     wh__shm_hdr_text(id, h->origin_id, sizeof id);
     if (!strcmp(id, s->origin_id)) return true;
     if (!id[0])
-        return wh_err_set(err, WH_E_SCHEMA,
-                          "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
-                          "store, not a relay's copy of %s; give LOCAL_CACHE a name of its own "
-                          "(or auto), or remove that store (`wirehead-torch clean`)",
-                          s->shm_name + 10, s->origin_name);
+        return wh_err_set(
+            err, WH_E_SCHEMA,
+            "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
+            "store, not a relay's copy of %s; give LOCAL_CACHE a name of its own "
+            "(or auto), or remove that store (`wirehead-torch clean` or wt.clean(config))",
+            s->shm_name + 10, s->origin_name);
     wh__shm_hdr_text(name, h->origin_name, sizeof name);
     return wh_err_set(err, WH_E_SCHEMA,
                       "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s (this "
@@ -281,7 +282,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                               "shm store '%s' has the segment layout of an "
                               "older wirehead_torch (3 generation areas, no reader pins); this "
                               "build uses 4 areas with reader pins: stop its users and remove it "
-                              "with `wirehead-torch clean`",
+                              "with `wirehead-torch clean` or wt.clean(config)",
                               s->shm_name + 10);
         }
         /* a creator sets the size to 0, then to the header's pages, then to
@@ -290,7 +291,8 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_CORRUPT,
                               "shm store '%s' (/dev/shm%s) is %lld bytes, less than its header "
-                              "(%llu): it was truncated; remove it with `wirehead-torch clean`",
+                              "(%llu): it was truncated; remove it with `wirehead-torch clean` or "
+                              "wt.clean(config)",
                               s->shm_name + 10, s->shm_name, (long long)sb.st_size,
                               (unsigned long long)wh__page_up(sizeof(wh__hdr_t)));
         }
@@ -330,7 +332,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_SCHEMA,
                         "shm store '%s' has format version %u with a %llu-byte header, this "
                         "build uses version %d with a %zu-byte one; stop its users and remove "
-                        "it with `wirehead-torch clean`",
+                        "it with `wirehead-torch clean` or wt.clean(config)",
                         s->shm_name + 10, h->format_version, (unsigned long long)h->hdr_size,
                         WH_FORMAT_VERSION, sizeof(wh__hdr_t));
     } else if (h->pidns && ns && h->pidns != ns) {
@@ -353,22 +355,25 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             if (i) strcat(want, ", ");
             strcat(want, c->schema.names[i]);
         }
-        ok = wh_err_set(err, WH_E_SCHEMA,
-                        "shm store '%s' was created with SAMPLE [%s], the config's SAMPLE is "
-                        "[%s]; use another store name or `wirehead-torch clean`",
-                        s->shm_name + 10, have, want);
+        ok =
+            wh_err_set(err, WH_E_SCHEMA,
+                       "shm store '%s' was created with SAMPLE [%s], the config's SAMPLE is "
+                       "[%s]; use another store name or `wirehead-torch clean` or wt.clean(config)",
+                       s->shm_name + 10, have, want);
     } else if (!c->no_create && c->byte_budget && h->slot_bytes != wh__page_up(c->byte_budget)) {
-        ok = wh_err_set(err, WH_E_SCHEMA,
-                        "shm store '%s' was created with BYTE_BUDGET=%llu, "
-                        "config says %llu; the budget is fixed when the store is created: "
-                        "use the same value, or `wirehead-torch clean` and start again",
-                        s->shm_name + 10, (unsigned long long)h->slot_bytes,
-                        (unsigned long long)c->byte_budget);
+        ok = wh_err_set(
+            err, WH_E_SCHEMA,
+            "shm store '%s' was created with BYTE_BUDGET=%llu, "
+            "config says %llu; the budget is fixed when the store is created: "
+            "use the same value, or `wirehead-torch clean` (wt.clean(config)) and start again",
+            s->shm_name + 10, (unsigned long long)h->slot_bytes,
+            (unsigned long long)c->byte_budget);
     } else if (h->swap_cap != c->swap_cap) {
-        ok = wh_err_set(err, WH_E_SCHEMA,
-                        "shm store '%s' was created with SWAP_CAP=%u, config "
-                        "says %u; use another store name or `wirehead-torch clean`",
-                        s->shm_name + 10, h->swap_cap, c->swap_cap);
+        ok = wh_err_set(
+            err, WH_E_SCHEMA,
+            "shm store '%s' was created with SWAP_CAP=%u, config "
+            "says %u; use another store name or `wirehead-torch clean` or wt.clean(config)",
+            s->shm_name + 10, h->swap_cap, c->swap_cap);
     } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
                index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
                (uint64_t)sb.st_size < total) {

@@ -13,10 +13,11 @@ bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err) {
      * the mapping shows zero pages past the old end, not the file */
     if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len || wh_guard_shrunk(s->hdr) ||
         wh_guard_shrunk(s->ro))
-        return wh_err_set(err, WH_E_CORRUPT,
-                          "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
-                          "under this process; remove it with `wirehead-torch clean`",
-                          s->shm_name + 10, s->shm_name, (long long)sb.st_size, s->map_len);
+        return wh_err_set(
+            err, WH_E_CORRUPT,
+            "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
+            "under this process; remove it with `wirehead-torch clean` or wt.clean(config)",
+            s->shm_name + 10, s->shm_name, (long long)sb.st_size, s->map_len);
     return true;
 }
 
@@ -43,7 +44,7 @@ static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh
     if (bad)
         return wh_err_set(err, WH_E_CORRUPT,
                           "shm store '%s' area %d is damaged (%s); remove "
-                          "it with `wirehead-torch clean`",
+                          "it with `wirehead-torch clean` or wt.clean(config)",
                           s->shm_name + 10, slot, bad);
     return true;
 }
@@ -201,7 +202,8 @@ bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
             return wh_err_set(err, WH_E_TOOBIG,
                               "generation %llu filled its BYTE_BUDGET of %llu bytes with only "
                               "%u of SWAP_CAP=%u samples; raise BYTE_BUDGET to at least "
-                              "SWAP_CAP x sample size (%llu bytes) after `wirehead-torch clean`",
+                              "SWAP_CAP x sample size (%llu bytes) after `wirehead-torch clean` or "
+                              "wt.clean(config)",
                               (unsigned long long)gen, (unsigned long long)s->slot_bytes, count,
                               s->swap_cap, (unsigned long long)size * s->swap_cap);
         /* Backpressure: wait for in-flight puts to commit or a seal. */
