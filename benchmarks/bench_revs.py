@@ -5,7 +5,10 @@ per run. Each run reports every read path as a ratio to memcpy+touch (bench_load
 that same run; this prints, per read path, the median ratio for each commit
 and the second's median over the first's.
 
-    .venv/bin/python benchmarks/bench_revs.py 90b2d32 HEAD --mib 64 --rounds 3
+    .venv/bin/python benchmarks/bench_revs.py 90b2d32 HEAD --mib 64 --rounds 3 [--only TEXT ...]
+
+--only is bench_loader.py's: the read paths whose name holds one of the
+texts (more rounds of a few paths in the time of one round of all).
 
 Each commit is checked out with `git worktree add` under a temporary folder
 and its extension built there (a minute each), with this tree's
@@ -33,10 +36,11 @@ def checkout(rev, into):
     shutil.copy(BENCH, os.path.join(into, "benchmarks", "bench_loader.py"))
 
 
-def one_run(tree, mib, out):
+def one_run(tree, mib, out, only=None):
     bench = os.path.join(tree, "benchmarks", "bench_loader.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, bench, "--mib", str(mib), "--reps", "1", "--json", out],
+    subprocess.run([sys.executable, bench, "--mib", str(mib), "--reps", "1", "--json", out] +
+                   (["--only", *only] if only else []),
                    env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         rows = json.load(f)["results"][0]["rows"]
@@ -49,6 +53,7 @@ def main(argv=None):
     p.add_argument("after")
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", nargs="+")
     a = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="bench-revs-")
     trees = {}
@@ -60,7 +65,8 @@ def main(argv=None):
         for k in range(a.rounds):
             order = list(trees) if k % 2 == 0 else list(reversed(trees))
             for rev in order:
-                for name, ratio in one_run(trees[rev], a.mib, os.path.join(tmp, "out.json")).items():
+                for name, ratio in one_run(trees[rev], a.mib, os.path.join(tmp, "out.json"),
+                                            a.only).items():
                     got[rev].setdefault(name, []).append(ratio)
         print(f"\n{a.mib} MiB samples, median of {a.rounds} rounds (commits alternating), "
               f"each a ratio to memcpy+touch in the same run\n")
