@@ -44,7 +44,7 @@ def one_run(tree, mib, out, only=None):
                    env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         rows = json.load(f)["results"][0]["rows"]
-    return {r["reader"]: r["vs_memcpy"] for r in rows}
+    return {r["reader"]: (r["vs_memcpy"], r["GB_s"], r["memcpy"]["GB_s"]) for r in rows}
 
 
 def main(argv=None):
@@ -69,16 +69,26 @@ def main(argv=None):
                                             a.only).items():
                     got[rev].setdefault(name, []).append(ratio)
         print(f"\n{a.mib} MiB samples, median of {a.rounds} rounds (commits alternating), "
-              f"each a ratio to memcpy+touch in the same run\n")
-        print(f"| reader | {a.before} | {a.after} | after / before |")
-        print("|---|---:|---:|---:|")
+              f"each a ratio to memcpy+touch in the same run; the GB/s columns are the\n"
+              f"medians of each side's own figures\n")
+        print(f"| reader | {a.before} | {a.after} | after / before | GB/s, {a.before} "
+              f"(its memcpy+touch) | GB/s, {a.after} (its memcpy+touch) |")
+        print("|---|---:|---:|---:|---:|---:|")
+
+        def med(rev, name, k):
+            return statistics.median(x[k] for x in got[rev][name])
+
+        def gbs(rev, name):
+            return f"{med(rev, name, 1):.2f} ({med(rev, name, 2):.2f})"
+
         for name in got[a.before]:
-            b = statistics.median(got[a.before][name])
+            b = med(a.before, name, 0)
             if name not in got[a.after]:
-                print(f"| {name} | {b * 100:.0f}% | (absent) | |")
+                print(f"| {name} | {b * 100:.0f}% | (absent) | | {gbs(a.before, name)} | |")
                 continue
-            f = statistics.median(got[a.after][name])
-            print(f"| {name} | {b * 100:.0f}% | {f * 100:.0f}% | {f / b:.2f} |", flush=True)
+            f = med(a.after, name, 0)
+            print(f"| {name} | {b * 100:.0f}% | {f * 100:.0f}% | {f / b:.2f} | "
+                  f"{gbs(a.before, name)} | {gbs(a.after, name)} |", flush=True)
     finally:
         for tree in trees.values():
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree],
