@@ -61,9 +61,10 @@ wh_buf_t *wh_gpu_copy(wh_gpu_t *g, wh_buf_t *host, size_t size, wh_err_t *err);
  * (registered once per process and mapping with cudaHostRegister, read-only
  * where the runtime can), one copy per row, and the rest of b->buf as one
  * copy per run. b->buf (which holds the rows' store views) is kept until the
- * copy's event. Where registration is refused, the direct rows are copied
- * into b->buf on the host and it goes as one copy; *refused says so (and
- * the stage's staged_why why). */
+ * copy's event. Where registration is refused, the batch is gathered whole
+ * (b->buf's part and the direct rows) into page-locked memory of the
+ * stage's pool and goes as one copy; *refused says so (and the stage's
+ * staged_why why). */
 wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_err_t *err);
 /* Copies a ring slot's batch (held: a buffer from wh_ring_claim or
  * wh_ring_local) to a device buffer in one copy straight from the slot

@@ -55,8 +55,8 @@ typedef struct {
     void *at_ctx;
     /* memory for the batch, once its layout is known (from the first
      * sample; called again when the first row's read is retried, the new
-     * memory replacing the old): at least b->size bytes, or NULL with err
-     * set */
+     * memory replacing the old): at least b->hsize bytes, or NULL with
+     * err set */
     void *(*mem)(void *ctx, const wh_batch_t *b, wh_err_t *err);
     void *mem_ctx;
     /* may be NULL: called before each row is copied into the memory (a

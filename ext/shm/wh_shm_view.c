@@ -100,9 +100,11 @@ static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_des
 /* ---- store-backed views and reader pins ----
  *
  * A view pins its sample's slot for its pid (count of live views); the slot
- * is never recycled while a live pid pins it. Policy: a process pins at most
- * one slot at a time, so with four slots a single reader never blocks a
- * seal (write, read and its pinned slot leave one free); several readers
+ * is never recycled while a live pid pins it. Policy: a process's listed
+ * views pin at most one slot at a time, so with four slots a single reader
+ * never blocks a seal (write, read and its pinned slot leave one free); a
+ * GPU copy's views and a held read's pin are outside it, each held only
+ * until its copy completes; several readers
  * pinning two different old generations can delay seals until they drop
  * those views, and the seal reports the pid it waits for. */
 

@@ -255,7 +255,8 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     if (!wh_store_pos_check(st, at->pos, err)) return false;
     if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
     /* Ends: each lost race waits (up to timeout_s) for a generation other
-     * than the lost one, so the loop goes on only while the store keeps
+     * than the lost one (after at most two immediate retries of a "not
+     * sealed" below), so the loop goes on only while the store keeps
      * sealing new ones; a held copy cannot lose. */
     uint32_t lost = 0; /* in a row, for this position */
     for (;;) {

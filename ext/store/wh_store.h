@@ -212,7 +212,7 @@ void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len);
 void wh_store_map_unref(void *map);
 /* Whether anything but one reference (the caller's) keeps map mapped: a
  * handle on its segment or a live view. False: no view of it is left, and
- * no handle of this process will make one. */
+ * only a handle attaching to the segment anew could make one. */
 bool wh_store_map_in_use(void *map);
 /* The read policy above, taking a view instead of copying. */
 bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
