@@ -30,6 +30,10 @@ Readers:
   memcpy+touch, 4 batch buffers in turn
                       the baseline's work, but into batches of a ring of 4, touched
                       a batch at a time: what handing over batches costs by itself
+  Store.read_into, 4 batch buffers in turn
+                      the same, with each row read through the read policy (copy + XXH3
+                      in one pass): what a batching reader that checks every byte costs
+                      at least, in one thread
   Store.read_into     the read policy into a warm, reused buffer (copy + XXH3 in one pass)
   WireheadLoader      2 C threads assemble batches into a ring of buffers
   Store.read          the read policy's plain read into a new buffer per sample
@@ -159,6 +163,27 @@ class Raw:
         return self.n
 
 
+class RawBatches(Raw):
+    """Store.read_into (copy and XXH3 in one pass) into the rows of batches
+    taken in turn from a ring of 4, touched a batch at a time: the least a
+    batching reader that checks every byte can do, in one thread."""
+    name = "Store.read_into, 4 batch buffers in turn"
+
+    def __init__(self, cfg, mib, batch):
+        self.batch = batch
+        self.ring = [[np.ones((batch, mib, 512, 512), np.float32), np.ones((batch, 16), np.uint8)]
+                     for _ in range(4)]
+        super().__init__(cfg, mib)
+
+    def epoch(self):
+        for b0 in range(0, self.n, self.batch):
+            bufs = self.ring[(b0 // self.batch) % len(self.ring)]
+            for row, pos in enumerate(range(b0, min(b0 + self.batch, self.n))):
+                self.st.read_into(self.gen, pos, [b[row] for b in bufs])
+            touch(*bufs)
+        return self.n
+
+
 class StoreRead(Raw):
     name = "Store.read (new buffer per sample)"
 
@@ -280,6 +305,7 @@ def run_size(mib, reps, swap_cap, batch, only=None):
                                 sampler=batches),
         }
         makers = [(MemcpyBatches.name, lambda: MemcpyBatches(cfg, mib, batch)),
+                  (RawBatches.name, lambda: RawBatches(cfg, mib, batch)),
                   (Raw.name, lambda: Raw(cfg, mib)),
                   (Loader.name, lambda: Loader(cfg, batch)),
                   (StoreRead.name, lambda: StoreRead(cfg, mib)),
