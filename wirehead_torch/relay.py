@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import stat
 import time
 
@@ -296,6 +297,11 @@ class WireheadRelay:
                     continue  # a newer one may be sealed already
                 self._summarize()
                 self._stop.wait(self.poll)
+            # the log shows why the relay ended, not only that its lines stopped
+            why = (signal.Signals(self._stop.signum).name if self._stop.signum is not None
+                   else "stop()" if self._stop else f"max_generations={max_generations}")
+            self._say(f"stopped ({why}) after copying {n} generation{'' if n == 1 else 's'}; "
+                      f"readers go on reading {self.local} as it is")
         return n
 
     def stop(self):

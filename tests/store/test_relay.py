@@ -395,7 +395,10 @@ def test_waiting_relay_takes_over_from_one_that_copied(relay_cfg, sig):
         whlib.until(lambda: local.current() == first, 60, "the first relay's copy")
         c = _relay_proc(path)
         whlib.wait_line(c.stderr, "waiting to take over", 30)
-        assert whlib.stop(a, sig) == 0
+        a.send_signal(sig)
+        # the log says why it ended, and how much it did
+        whlib.wait_line(a.stderr, f"stopped ({sig.name}) after copying 1 generation;", 30)
+        assert a.wait(30) == 0
         whlib.wait_line(c.stderr, "fills", 30)
         after = _feed(src, 2)
         whlib.until(lambda: local.current() == after or c.poll() is not None, 60,
@@ -447,6 +450,7 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
         assert r.wait(60) == 0
         err = r.stderr.read()
         assert "fills" in err and "generation #" not in err, err
+        assert "stopped (max_generations=1) after copying 1 generation;" in err, err
         # by default only the first copied generation is said (the log shows
         # the relay works), then summaries; --verbose says each, as #N
         for n, args in ((2, ()), (3, ("--verbose",))):
