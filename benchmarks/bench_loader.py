@@ -124,11 +124,11 @@ class Memcpy:
         return self.n
 
 
-class MemcpyBatches(Memcpy):
-    """The baseline's copy and touch, but into batches taken in turn from a
-    ring of 4 batch buffers, as the loaders hand them over: the memory a batch
-    lands in is no longer the buffer the last sample just warmed."""
-    name = "memcpy+touch, 4 batch buffers in turn"
+class InBatches:
+    """A reader's work, but into the rows of batches taken in turn from a ring
+    of 4 batch buffers, each touched once full, as the loaders hand them
+    over: the memory a batch lands in is no longer the buffer the last sample
+    just warmed. The class it is mixed into copies one row (copy_row)."""
 
     def __init__(self, cfg, mib, batch):
         self.batch = batch
@@ -139,11 +139,18 @@ class MemcpyBatches(Memcpy):
     def epoch(self):
         for b0 in range(0, self.n, self.batch):
             bufs = self.ring[(b0 // self.batch) % len(self.ring)]
-            for row, v in enumerate(self.views[b0:b0 + self.batch]):
-                for dst, src in zip(bufs, v):
-                    np.copyto(dst[row], src)
+            for row, pos in enumerate(range(b0, min(b0 + self.batch, self.n))):
+                self.copy_row(pos, [b[row] for b in bufs])
             touch(*bufs)
         return self.n
+
+
+class MemcpyBatches(InBatches, Memcpy):
+    name = "memcpy+touch, 4 batch buffers in turn"
+
+    def copy_row(self, pos, rows):
+        for dst, src in zip(rows, self.views[pos]):
+            np.copyto(dst, src)
 
 
 class Raw:
@@ -163,25 +170,13 @@ class Raw:
         return self.n
 
 
-class RawBatches(Raw):
-    """Store.read_into (copy and XXH3 in one pass) into the rows of batches
-    taken in turn from a ring of 4, touched a batch at a time: the least a
-    batching reader that checks every byte can do, in one thread."""
+class RawBatches(InBatches, Raw):
+    """Store.read_into (copy and XXH3 in one pass) into batch rows: the least
+    a batching reader that checks every byte can do, in one thread."""
     name = "Store.read_into, 4 batch buffers in turn"
 
-    def __init__(self, cfg, mib, batch):
-        self.batch = batch
-        self.ring = [[np.ones((batch, mib, 512, 512), np.float32), np.ones((batch, 16), np.uint8)]
-                     for _ in range(4)]
-        super().__init__(cfg, mib)
-
-    def epoch(self):
-        for b0 in range(0, self.n, self.batch):
-            bufs = self.ring[(b0 // self.batch) % len(self.ring)]
-            for row, pos in enumerate(range(b0, min(b0 + self.batch, self.n))):
-                self.st.read_into(self.gen, pos, [b[row] for b in bufs])
-            touch(*bufs)
-        return self.n
+    def copy_row(self, pos, rows):
+        self.st.read_into(self.gen, pos, rows)
 
 
 class StoreRead(Raw):
