@@ -42,11 +42,17 @@ static bool wh__gone(uint64_t gen, wh_err_t *err) { return wh_store_err_gone(err
 
 /* Slot of sealed generation gen: NOTFOUND if not sealed yet, GONE if its
  * slot was recycled. */
-static bool wh__sealed_slot(const wh__hdr_t *h, uint64_t gen, int *slot, wh_err_t *err) {
+static bool wh__sealed_slot(wh__shm_t *s, uint64_t gen, int *slot, wh_err_t *err) {
+    const wh__hdr_t *h = s->hdr;
     uint64_t rg = wh__ld(&h->read_gen);
-    if (gen == 0 || gen > rg)
+    if (gen == 0 || gen > rg) {
+        /* newer than this segment's newest: perhaps sealed in one made again
+         * under the name, so the next operation looks at the name at once
+         * (wh__shm_ready), not up to a second later */
+        if (gen) s->checked_ns = 0;
         return wh_err_set(err, WH_E_NOTFOUND, "generation %llu is not sealed (newest is %llu)",
                           (unsigned long long)gen, (unsigned long long)rg);
+    }
     *slot = wh__shm_slot_of(h, gen);
     return *slot >= 0 || wh__gone(gen, err);
 }
@@ -67,7 +73,7 @@ static bool wh__read_attached(wh_store_t *st, uint64_t gen, uint32_t pos, wh_des
     wh__hdr_t *h = s->hdr;
     const wh_schema_t *schema = &st->cfg.schema;
     int slot;
-    if (!wh__shm_intact(s, err) || !wh__sealed_slot(h, gen, &slot, err)) return false;
+    if (!wh__shm_intact(s, err) || !wh__sealed_slot(s, gen, &slot, err)) return false;
     wh__slot_t *sl = &h->slots[slot];
     wh__entry_t e = wh__index(s, slot)[pos];
     wh_sample_meta_t meta;
@@ -309,7 +315,7 @@ void wh__shm_fork_register(void) {
 /* Attaches the handle and finds the area of sealed generation gen. */
 static bool wh__sealed_area(wh__shm_t *s, uint64_t gen, int *slot, wh_err_t *err) {
     return wh__shm_ready(s, NULL, 0, err) && wh__shm_intact(s, err) &&
-           wh__sealed_slot(s->hdr, gen, slot, err);
+           wh__sealed_slot(s, gen, slot, err);
 }
 
 /* A copy holding its generation: a pin of this process keeps the area

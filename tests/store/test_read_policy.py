@@ -56,3 +56,31 @@ def test_wait_generation_is_bounded(shm_cfg):
     ds = wt.MongoTupleheadDataset(config=cfg, timeout=0.2)
     with pytest.raises(TimeoutError, match="no manager is running"):
         ds[0]
+
+
+def test_a_handle_on_a_removed_segment_reads_a_generation_of_the_new_one(shm_cfg):
+    """A handle that still maps a store's removed segment, asked for a
+    generation sealed in the segment made again under its name (as a loader
+    thread is, when another thread's handle moved first), reads it there:
+    it moves to the new segment and reads what was asked, instead of
+    waiting for a newer generation that may never come."""
+    cfg = shm_cfg(swap_cap=2)
+
+    def fill(tag):
+        items = [whlib.sample(tag, i) for i in range(2)]
+        assert wt.WireheadGenerator(iter(items), config=cfg).run() == 2
+        assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+
+    fill(1)
+    old = open_store(cfg)
+    first = old.wait_generation(0, 5.0)
+    wt.clean(cfg)
+    fill(2)
+    new = open_store(cfg)
+    asked = new.current()
+    assert asked > first  # ids keep increasing across the remake
+    g, pos, is_pad, arrs, skipped = old.read_sample(asked, 1, timeout=5.0, skip=False)
+    assert (g, pos, is_pad, skipped) == (asked, 1, False, None)
+    want = [np.from_dlpack(a) for a in new.read_sample(asked, 1, skip=False)[3]]
+    for a, b in zip((np.from_dlpack(a) for a in arrs), want):
+        assert np.array_equal(a, b)
