@@ -305,11 +305,29 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _counted(self, it, current):
         n = len(self)
-        for batch in it:
-            if current is self._current:
-                current[1] += 1
-                self._done = current[1] >= n
-            yield batch
+        try:
+            for batch in it:
+                if current is self._current:
+                    current[1] += 1
+                    self._done = current[1] >= n
+                yield batch
+        except Exception:
+            self._stop_workers(it)
+            raise
+
+    def _stop_workers(self, it):
+        """Ends the workers of an iteration that raised. The error's frames
+        keep torch's iterator alive until the garbage collector frees it, and
+        then its workers can wait 5 s each for a stop that never reaches them
+        (the collector may close the queues first); stopped here, they end at
+        once. A persistent iterator is dropped with them: the next epoch
+        starts new workers."""
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is None:  # num_workers=0: nothing runs elsewhere
+            return
+        shutdown()
+        if getattr(self, "_iterator", None) is it:
+            self._iterator = None
 
     # --- resume ------------------------------------------------------------
     def state_dict(self):

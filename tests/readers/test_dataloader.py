@@ -2,6 +2,7 @@
 arguments and errors, resume in the original order, padding warnings,
 zero-batch errors and drop_last (WireheadLoader too)."""
 import logging
+import multiprocessing
 
 import pytest
 import torch
@@ -287,3 +288,22 @@ def test_spawned_workers_resume_in_order(shm_filled, kind):
     again = make(shm_filled, kind, 2, **ctx)
     again.load_state_dict(st)
     assert [rows(b, kind) for b in again] == full[1:]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_error_stops_the_workers_at_once(shm_cfg, persistent):
+    """A batch a worker cannot make raises in the loop with the workers
+    already gone: torch alone leaves them until the garbage collector frees
+    its iterator, then waits up to 5 s for each. With persistent workers the
+    next epoch starts new ones (and meets the same error)."""
+    cfg = shm_cfg(swap_cap=8, SELF_SEAL=True)
+    items = [whlib.sample(1, i, n=256 if i != 5 else 128) for i in range(8)]
+    wt.WireheadGenerator(iter(items), config=cfg, quiet=True).run()
+    dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg, shuffle=False), batch_size=4,
+                       num_workers=2, persistent_workers=persistent)
+    before = set(multiprocessing.active_children())
+    for _ in range(2):
+        with pytest.raises(ValueError, match="stacks samples of one shape"):
+            for _ in dl:
+                pass
+        assert set(multiprocessing.active_children()) <= before
