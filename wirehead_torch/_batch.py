@@ -77,6 +77,26 @@ def _itemsize(dtype):
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
+class DirectRows(NamedTuple):
+    """What the main process needs of a batch whose large fields' rows a
+    worker left in the store (the hand-over of positions, docs/gpu.md):
+    CudaStage.copy_rows's arguments after the slot and the store."""
+    n: int  # rows
+    want: int  # the fields batched, a bit each
+    direct: int  # those left in the store
+    offsets: bytes  # uint64 per stored field: where its rows start (whole layout)
+    rows: bytes  # uint64 per stored field: bytes a row
+    extras: tuple  # offsets of is_pad, generation, position, params_version
+    size: int  # bytes of the whole batch (on the device)
+    sums: bytes  # per row, every field's stored XXH3 as the worker read it
+    timeout: float  # a batch read again is read as the worker read it
+    skip: bool
+    ignore_fields: int
+    ignore_value: object
+    checks: int  # rows the slot's seal holds (those of the fields in the slot, and the extras)
+    host_size: int  # bytes of the slot
+
+
 class Batch:
     """One filled batch: the slot (None: heap memory, no slot was free)
     and its (version, sequence), its heap memory (a uint8 Array; None for a
@@ -84,11 +104,13 @@ class Batch:
     generation, position, params_version) and the slot's seal (the XXH3 of
     its header and row table)."""
 
-    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "seal", "size")
+    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "seal", "size",
+                 "direct")
 
-    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, seal, size):
+    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, seal, size, direct=None):
         self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
         self.fields, self.extras, self.seal, self.size = fields, extras, seal, size
+        self.direct = direct  # DirectRows: large rows left in the store
 
 
 class BatchRing:
@@ -224,7 +246,8 @@ class BatchRing:
                            f"does not fit the batch")
 
     # --- reading a batch ---------------------------------------------------
-    def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None):
+    def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None,
+             direct_min=0):
         """(Batch, rows): the samples at positions of generation gen, each
         read once through the store's read policy (a reclaimed generation
         moves to the newest; a corrupt sample is skipped and a neighbour
@@ -234,7 +257,10 @@ class BatchRing:
         sample, as read; pads: which rows the plan pads; ignore: (label
         field names, ignore_index) for pad='ignore', written into the
         padding rows' label fields (the caller checks it fits their dtype).
-        worker: the DataLoader worker id, None in-process."""
+        worker: the DataLoader worker id, None in-process. direct_min > 0 (a
+        device iteration, an shm store): rows of at least that many bytes
+        stay in the store for the main process's device copy, in a slot
+        only (heap memory gets them copied)."""
         ring = self.worker_ring(worker)
         pos = np.asarray(positions, dtype=np.uint32)
         pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
@@ -245,7 +271,7 @@ class BatchRing:
         in_c = [i for i, name in zip(self.want, self.names) if name in labels and name not in cast]
         got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
                            self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0,
-                           in_c if ignore else None, value)
+                           in_c if ignore else None, value, direct_min if ring else 0)
         if got.mismatch_generation is not None:
             first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
                                  None) for i, name in zip(self.want, self.names)]
@@ -274,8 +300,21 @@ class BatchRing:
                   ("position", got.position_offset, "int64", n),
                   ("params_version", got.params_version_offset, "int64", n))
         slot = got.slot if got.slot >= 0 else None
+        direct = None
+        if got.direct:
+            offsets, rows = [0] * self.nfields, [0] * self.nfields
+            for e in layout:
+                offsets[e.index], rows[e.index] = got.offsets[e.index], e.nbytes
+            mask = sum(1 << i for i in got.direct)
+            direct = DirectRows(
+                n, sum(1 << i for i in self.want), mask,
+                np.asarray(offsets, np.uint64).tobytes(), np.asarray(rows, np.uint64).tobytes(),
+                (got.pad_offset, got.generation_offset, got.position_offset,
+                 got.params_version_offset), got.size, got.checksums, self.timeout, skip,
+                sum(1 << i for i in in_c) if ignore else 0, value if ignore else None,
+                n * sum(1 for e in layout if not mask >> e.index & 1) + 1, got.host_size)
         batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
-                      got.memory, layout, fields, extras, got.seal, got.size)
+                      got.memory, layout, fields, extras, got.seal, got.size, direct)
         return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
                                                   got.params_version)]
 
@@ -295,7 +334,8 @@ class BatchRing:
             if in_worker:
                 return _ring.tensors(mem, batch.fields, more, self.form)
             return _ring.batch_of(mem, batch.fields, more, self.form, self.token)
+        size = batch.direct.host_size if batch.direct else batch.size
         if in_worker:
             return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
-                                     batch.seal, batch.size)
-        return batch.ring.local(batch.slot, batch.fields, more, batch.size, self.form)
+                                     batch.seal, size, batch.direct)
+        return batch.ring.local(batch.slot, batch.fields, more, size, self.form, batch.direct)

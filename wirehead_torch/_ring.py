@@ -168,19 +168,20 @@ class WorkerRing:
             pass  # no marker: said again rather than never
         return True
 
-    def handle(self, j, stamp, fields, extras, form, seal, size):
+    def handle(self, j, stamp, fields, extras, form, seal, size, direct=None):
         """The filled slot j (stamp: its version and fill sequence) as the
         handle sent to the main process, with seal: the XXH3 of the slot's
         header and row table (each row's stored checksum, which its copy
-        was checked against)."""
+        was checked against); direct: the rows left in the store
+        (_batch.DirectRows), None when the slot holds the whole batch."""
         ver, seq = stamp
         return RingBatch(self.main_pid, self.token, self.worker, self.nslots, j, ver, seq,
-                         self.pid, fields, extras, form, seal, size)
+                         self.pid, fields, extras, form, seal, size, direct)
 
-    def local(self, j, fields, extras, size, form="dict"):
+    def local(self, j, fields, extras, size, form="dict", direct=None):
         """In-process iteration: the batch as tensors (a SlotBatch while a
         device iteration runs), no handle."""
-        return batch_of(self.c.local(j, size), fields, extras, form, self.token)
+        return batch_of(self.c.local(j, size), fields, extras, form, self.token, direct)
 
     def close(self):
         self.c.unlock()
@@ -224,32 +225,41 @@ def direct(token, on):
 
 class SlotBatch:
     """A batch still in its slot (mem: the claimed slot's uint8 Array, or
-    heap memory), for a device iteration to copy straight from the slot.
-    take() hands mem over once: whoever still refers to this object (a
-    reader's suspended frame) no longer holds the slot."""
+    heap memory), for a device iteration to copy straight from the slot;
+    direct: the rows a worker left in the store (_batch.DirectRows), for
+    the copy to take from there. take() hands mem over once: whoever still
+    refers to this object (a reader's suspended frame) no longer holds the
+    slot."""
 
-    __slots__ = ("mem", "fields", "extras", "form")
+    __slots__ = ("mem", "fields", "extras", "form", "direct")
 
-    def __init__(self, mem, fields, extras, form):
+    def __init__(self, mem, fields, extras, form, direct=None):
         self.mem, self.fields, self.extras, self.form = mem, fields, extras, form
+        self.direct = direct
+
+    def __repr__(self):
+        return ("<wirehead_torch SlotBatch: a batch for a device iteration of "
+                "wirehead_torch.DataLoader (device= or to_device), not tensors>")
 
     def take(self):
         mem, self.mem = self.mem, None
         return mem
 
 
-def batch_of(mem, fields, extras, form, token):
+def batch_of(mem, fields, extras, form, token, direct=None):
     """The batch over mem: tensors, or a SlotBatch while a device iteration
-    of token runs."""
-    if token in _DIRECT:
-        return SlotBatch(mem, tuple(fields), tuple(extras), form)
+    of token runs. One whose large rows are in the store is always a
+    SlotBatch: only a device iteration asks for those, and one that ended
+    leaves them only to batches torch drops unread."""
+    if token in _DIRECT or direct is not None:
+        return SlotBatch(mem, tuple(fields), tuple(extras), form, direct)
     return tensors(mem, fields, extras, form)
 # token -> how its batches are checked at hand-over (hand_over_checks)
 _CHECK = {}
 
 
 def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, seal,
-             size):
+             size, direct=None):
     if os.getpid() != main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
                            f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
@@ -259,11 +269,12 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
         ring = _MAIN[key] = _C.Ring(region_path(main_pid, token, worker), nslots, False,
                                     main_pid, str(worker))
     # checked in C; the slot goes back to its worker when the last tensor
-    # over it dies. The seal's table: every row of every field, then the extras
-    rows = sum(f.shape[0] for f in fields) + 1
+    # over it dies. The seal's table: every row of every field the slot
+    # holds, then the extras
+    rows = direct.checks if direct else sum(f.shape[0] for f in fields) + 1
     check = _CHECK.get(token, _C.RING_CHECK_SLOT)
     return batch_of(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form,
-                    token)
+                    token, direct)
 
 
 def tensors(mem, fields, extras, form="dict", from_dlpack=None):

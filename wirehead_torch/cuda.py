@@ -116,7 +116,7 @@ class ToDevice:
     def _run(self, batches, device, from_dlpack):
         from ._ring import SlotBatch, tensors
         slots = getattr(batches, "_slot_batches", None)
-        source = iter(slots() if slots is not None else batches)
+        source = iter(slots(self._stage) if slots is not None else batches)
         try:
             while True:
                 # slots whose copies completed go back to their workers
@@ -131,7 +131,11 @@ class ToDevice:
                     yield stage_batch(self._stage, batch, from_dlpack)
                     continue
                 fields, extras, form = batch.fields, batch.extras, batch.form
-                arr, direct = self._stage.copy_slot(batch.take())
+                if batch.direct is not None:  # large rows left in the store
+                    arr, direct, reread = self._stage.copy_rows(
+                        batch.take(), batches._direct_store(), *batch.direct[:-2])
+                else:
+                    arr, direct = self._stage.copy_slot(batch.take())
                 del batch  # the stage holds the slot until its copy completed
                 self._counts["registered" if direct else "staged"] += 1
                 if not direct and not self._said.get("said"):

@@ -8,7 +8,7 @@ import torch
 from . import _C
 from ._order import check_yields, plan_sizes, rank_world, warn_padding
 from .dataset import _CurrentGenerationReader
-from .iterable import _GEN, WireheadIterableDataset
+from .iterable import _DIRECT, _GEN, WireheadIterableDataset
 
 _STATE_VERSION = 1
 
@@ -265,18 +265,39 @@ class DataLoader(torch.utils.data.DataLoader):
             raise RuntimeError(f"{self._what}: device_stats() needs device= and an iteration")
         return it.stats()
 
-    def _slot_batches(self):
+    def _slot_batches(self, stage=None):
         """The batches as to_device takes them: with the ring, each one
-        still in its slot (a SlotBatch, claimed, not yet tensors)."""
+        still in its slot (a SlotBatch, claimed, not yet tensors). A
+        WireheadIterableDataset's workers then leave rows of at least the
+        stage's cut-over in an shm store (the hand-over of positions,
+        docs/gpu.md): they are copied to the device from there."""
         from . import _ring
         token = self.dataset._batch_ring.token if self._ring else None
+        # HANDOVER_CHECK: rows re-hashes every row at hand-over: all stay in the slot
+        shared = self.dataset._shared if token and self._kind == "iterable" and \
+            self.dataset.cfg["HANDOVER_CHECK"] != "rows" else None
         if token is not None:
             _ring.direct(token, True)
+        if shared is not None and stage is not None and not stage.stats()["staged_why"]:
+            # read by each worker as its epoch starts, so set before they start
+            shared[_DIRECT] = stage.direct_min(self._store_uri())[0]
         try:
             yield from self._host_iter()
         finally:
+            if shared is not None:
+                shared[_DIRECT] = 0
             if token is not None:
                 _ring.direct(token, False)
+
+    def _store_uri(self):
+        """The store this process reads: the node-local copy under LOCAL_CACHE."""
+        from .config import store_kwargs
+        return store_kwargs(self.dataset.cfg, create=False, local=True, check_origin=False)["uri"]
+
+    def _direct_store(self):
+        """This process's handle on the dataset's store: the rows its
+        workers left there are viewed through it."""
+        return self.dataset._store.get()
 
     def _host_iter(self):
         resume = self._resume

@@ -21,8 +21,9 @@ from .config import get_config
 
 _MAX_WORKERS = 256
 # shared epoch state: [base epoch, resume batches (-1: none), resume
-# generation, generation in use, iterations of worker 0, of worker 1, ...]
-_BASE, _RESUME, _RESUME_GEN, _GEN, _COUNTS = range(5)
+# generation, generation in use, the device iteration's cut-over for rows
+# left in the store (0: none), iterations of worker 0, of worker 1, ...]
+_BASE, _RESUME, _RESUME_GEN, _GEN, _DIRECT, _COUNTS = range(6)
 _REGION = _COUNTS + _MAX_WORKERS
 # A dataset pickled to several rank processes before they exist (ddp_spawn)
 # carries one shared array to all of them: each rank keeps its state in its
@@ -280,13 +281,17 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         o = self.order
         store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
         ring, B = self._batch_ring, self.batch_size
+        # a wirehead_torch.DataLoader's device iteration: large rows stay in
+        # the store, its main process copies them from there (docs/gpu.md)
+        direct_min = self._shared[_DIRECT]
         for b0 in range(0, len(positions), B):
             n = min(B, len(positions) - b0)
             gen = step_generation(store, gen, o.refresh)
             batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
                                     worker if in_worker else None, pads=pads[b0:b0 + n],
                                     ignore=((o.label_fields, o.ignore_index)
-                                            if o.pad == "ignore" else None))
+                                            if o.pad == "ignore" else None),
+                                    direct_min=direct_min)
             if o.pad == "ignore":
                 try:
                     self._check_ignore(batch)

@@ -374,31 +374,6 @@ static wh__dbuf_t *wh__dbuf_take(wh_gpu_t *g, size_t size, wh_err_t *err) {
     return d;
 }
 
-/* The parts of a direct batch in its laid-out order: the runs between the
- * direct fields from host (which leaves those fields out, wh_batch_host_off),
- * each direct row from the store (row true); put(ctx, at, src, len, row)
- * places one at offset at, and stops the walk by returning nonzero. */
-typedef int (*wh__put_fn)(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
-
-static int wh__batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh__put_fn put,
-                           void *ctx) {
-    uint64_t at = 0, hat = 0; /* the next run's offset in the batch and in host */
-    int rc = 0;
-    for (int f = 0; f < WH_MAX_FIELDS && !rc; f++) {
-        if (!(b->direct & (1u << f))) continue;
-        uint64_t nb = b->meta[f].nbytes;
-        if (b->off[f] > at) {
-            rc = put(ctx, at, h + hat, b->off[f] - at, false);
-            hat += b->off[f] - at;
-        }
-        for (uint32_t i = 0; i < b->n && !rc; i++)
-            rc = put(ctx, b->off[f] + i * nb, b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb, true);
-        at = b->off[f] + WH_ALIGN_UP(b->n * nb);
-    }
-    if (!rc && size > at) rc = put(ctx, at, h + hat, size - at, false);
-    return rc;
-}
-
 typedef struct {
     wh_gpu_t *g;
     char *dev;
@@ -421,7 +396,7 @@ static int wh__issue(wh_gpu_t *g, char *dev, const wh_buf_t *host, size_t size,
         return wh_cudart.MemcpyAsync(dev, host->data, size, WH_CUDA_MEMCPY_H2D, g->stream);
     }
     wh__issue_t c = {g, dev};
-    return wh__batch_parts(b, host->data, size, wh__issue_put, &c);
+    return wh_batch_parts(b, host->data, size, wh__issue_put, &c);
 }
 
 static wh_buf_t *wh__copy(wh_gpu_t *g, wh_buf_t *host, size_t size, const wh_batch_t *b,
@@ -551,18 +526,6 @@ static bool wh__maps_for(wh_gpu_t *g, const wh_batch_t *b, wh_err_t *err) {
     return ok;
 }
 
-typedef struct {
-    char *to;
-    uint64_t rows; /* the rows' bytes: sample bytes copied on the host */
-} wh__gather_t;
-
-static int wh__gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
-    wh__gather_t *c = ctx;
-    memcpy(c->to + at, src, len);
-    if (row) c->rows += len;
-    return 0;
-}
-
 wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_err_t *err) {
     *refused = false;
     if (!b->direct) return wh__copy(g, b->buf, b->buf->size, NULL, err);
@@ -582,8 +545,8 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
         /* the batch whole in page-locked memory: its host part and its rows */
         wh_buf_t *h = wh_gpu_pinned(g, b->size, err);
         if (!h) return NULL;
-        wh__gather_t c = {h->data, 0};
-        wh__batch_parts(b, b->buf->data, b->size, wh__gather_put, &c);
+        wh_batch_gather_t c = {h->data, 0};
+        wh_batch_parts(b, b->buf->data, b->size, wh_batch_gather_put, &c);
         pthread_mutex_lock(&g->mu);
         g->stats.host_copy_bytes += c.rows;
         pthread_mutex_unlock(&g->mu);
@@ -667,6 +630,236 @@ wh_buf_t *wh_gpu_copy_slot(wh_gpu_t *g, wh_buf_t *held, bool *direct_out, wh_err
     pthread_mutex_unlock(&g->mu);
     wh_buf_t *dev = wh__copy(g, h, held->size, NULL, err);
     wh_buf_unref(h); /* the stage holds it until the copy's event */
+    return dev;
+}
+
+/* ---- the hand-over of positions (wh_gpu_copy_slot_rows) ---- */
+
+/* Keeps a claimed slot and its rows' store views until the copy's event. */
+typedef struct {
+    wh_buf_t buf; /* over the slot's bytes */
+    wh_buf_t *held;
+    uint32_t n;
+    wh_buf_t *views[];
+} wh__rowhold_t;
+
+static void wh__rowhold_release(wh_buf_t *b) {
+    wh__rowhold_t *h = b->owner;
+    for (uint32_t i = 0; i < h->n; i++) wh_buf_unref(h->views[i]);
+    wh_buf_unref(h->held);
+    free(h);
+}
+
+typedef struct {
+    const char *slot;
+    uint64_t pad_off, pos_off;
+    wh_gpu_t *g;
+    wh_buf_t *h; /* page-locked memory of the batch read again */
+} wh__reread_t;
+
+static void wh__reread_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
+    const wh__reread_t *c = ctx;
+    int64_t p;
+    memcpy(&p, c->slot + c->pos_off + 8 * (uint64_t)i, 8);
+    *pos = (uint32_t)p; /* checked by the caller */
+    *pad = c->slot[c->pad_off + i] != 0;
+}
+
+static void *wh__reread_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
+    wh__reread_t *c = ctx;
+    if (c->h && c->h->size >= b->size) return c->h->data;
+    wh_buf_unref(c->h);
+    c->h = wh_gpu_pinned(c->g, b->size ? b->size : 1, err);
+    return c->h ? c->h->data : NULL;
+}
+
+/* The batch read again in this process, as the worker read it: the rows'
+ * positions and padding from the slot, from the first row's generation on
+ * (a reclaimed one moves to the newest), checked; one copy. */
+static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh_batch_t *lay, const char *slot, uint64_t gen,
+                                 const wh_gpu_rows_t *rq, wh_err_t *err) {
+    wh__reread_t c = {slot, wh_batch_host_off(lay, lay->pad_off),
+                      wh_batch_host_off(lay, lay->pos_off), g, NULL};
+    const wh_store_config_t *cfg = wh_store_config(rq->st);
+    wh_batch_fill_t f = {0};
+    f.st = rq->st;
+    f.schema = &cfg->schema;
+    f.n = rq->n;
+    f.want = rq->want;
+    f.timeout_s = rq->timeout_s;
+    f.strict = rq->strict;
+    f.at = wh__reread_at;
+    f.at_ctx = &c;
+    f.mem = wh__reread_mem;
+    f.mem_ctx = &c;
+    f.ignore_fields = rq->ignore_fields;
+    f.ignore_int = rq->ignore_int;
+    f.ignore_float = rq->ignore_float;
+    wh_batch_t b;
+    void *data;
+    wh_batch_stats_t st;
+    wh_buf_t *dev = NULL;
+    bool ok = wh_batch_fill(&f, gen, &b, &data, &st, err);
+    for (int k = 0; ok && k < rq->nfields; k++) {
+        if (!(rq->want & (1u << k)) || (b.off[k] == rq->off[k] && b.meta[k].nbytes == rq->row[k]))
+            continue;
+        ok = wh_err_set(err, WH_E_INVALID,
+                        "field '%s': generation %llu holds samples of %llu bytes where the "
+                        "batch's worker read %llu; samples stacked in one batch need one shape",
+                        cfg->schema.names[k], (unsigned long long)st.gen,
+                        (unsigned long long)b.meta[k].nbytes, (unsigned long long)rq->row[k]);
+    }
+    if (ok && b.size != rq->size)
+        ok = wh_err_set(err, WH_E_INVALID, "the batch read again has %llu bytes, not %llu",
+                        (unsigned long long)b.size, (unsigned long long)rq->size);
+    if (ok) dev = wh__copy(g, c.h, b.size, NULL, err);
+    if (dev) {
+        pthread_mutex_lock(&g->mu);
+        g->stats.host_copy_bytes += st.host_bytes;
+        g->stats.rereads++;
+        pthread_mutex_unlock(&g->mu);
+    }
+    wh_buf_unref(c.h); /* the stage holds it until the copy's event */
+    return dev;
+}
+
+/* Views of every row's large fields, by the generation and position the
+ * slot names; false (nothing held) when one is not the sample the worker
+ * read any more, or an error other than a read's (*fatal). */
+static bool wh__rows_view(const wh_gpu_rows_t *rq, const wh_batch_t *lay, const char *slot,
+                          wh__rowhold_t *hold, const char **src, bool *fatal, wh_err_t *err) {
+    uint64_t goff = wh_batch_host_off(lay, lay->gen_off),
+             poff = wh_batch_host_off(lay, lay->pos_off);
+    for (uint32_t i = 0; i < rq->n; i++) {
+        int64_t gen, pos;
+        memcpy(&gen, slot + goff + 8 * (uint64_t)i, 8);
+        memcpy(&pos, slot + poff + 8 * (uint64_t)i, 8);
+        if (gen <= 0 || pos < 0 || pos > (int64_t)UINT32_MAX) {
+            *fatal = true;
+            return wh_err_set(err, WH_E_CORRUPT,
+                              "row %u of a ring slot names generation %lld "
+                              "position %lld",
+                              i, (long long)gen, (long long)pos);
+        }
+        uint64_t known[WH_MAX_FIELDS] = {0};
+        memcpy(known, rq->sums + (size_t)i * (size_t)rq->nfields, (size_t)rq->nfields * 8);
+        wh_sample_meta_t m;
+        wh_err_t e = {0};
+        if (!wh_store_view_known(rq->st, (uint64_t)gen, (uint32_t)pos, known, &hold->views[i], &m,
+                                 &e)) {
+            *fatal = e.code == WH_E_SYS || e.code == WH_E_INTERNAL;
+            if (*fatal && err) *err = e;
+            return false;
+        }
+        hold->n = i + 1;
+        for (int f = 0; f < rq->nfields; f++) {
+            if (!(rq->direct & (1u << f))) continue;
+            if (f >= m.nfields || m.f[f].checksum != known[f] || m.f[f].nbytes != rq->row[f])
+                return false;
+            src[(size_t)i * WH_MAX_FIELDS + f] = (const char *)hold->views[i]->data + m.f[f].offset;
+        }
+    }
+    return true;
+}
+
+wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t *rq,
+                                bool *direct_out, bool *reread, wh_err_t *err) {
+    *direct_out = *reread = false;
+    if (rq->n < 1 || rq->nfields < 1 || rq->nfields > WH_MAX_FIELDS || !(rq->direct & rq->want) ||
+        (rq->direct & ~rq->want))
+        return wh_err_set(err, WH_E_INVALID, "copy_slot: no fields left in the store"), NULL;
+    wh_batch_t b;
+    memset(&b, 0, sizeof b);
+    b.n = rq->n;
+    b.nfields = rq->nfields;
+    b.direct = rq->direct;
+    for (int f = 0; f < rq->nfields; f++) {
+        b.off[f] = rq->off[f];
+        b.meta[f].nbytes = rq->row[f];
+    }
+    b.pad_off = rq->pad_off;
+    b.gen_off = rq->gen_off;
+    b.pos_off = rq->pos_off;
+    b.pv_off = rq->pv_off;
+    b.size = rq->size;
+    b.hsize = wh_batch_host_off(&b, b.size);
+    /* the offsets come from the handle: they must fit the slot claimed */
+    if (b.hsize != held->size || wh_batch_host_off(&b, b.pos_off) + 8 * (uint64_t)b.n > b.hsize ||
+        wh_batch_host_off(&b, b.pad_off) + b.n > b.hsize)
+        return wh_err_set(err, WH_E_INVALID,
+                          "copy_slot: the slot holds %zu bytes, its batch's layout says %llu",
+                          held->size, (unsigned long long)b.hsize),
+               NULL;
+    wh__rowhold_t *hold = calloc(1, sizeof *hold + rq->n * sizeof(wh_buf_t *));
+    const char **src = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *src);
+    if (!hold || !src) {
+        free(hold);
+        free(src);
+        return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
+    }
+    wh_store_set_dma_views(rq->st, true);
+    const char *slot = held->data;
+    bool fatal = false;
+    wh_buf_t *dev = NULL;
+    if (!wh__rows_view(rq, &b, slot, hold, src, &fatal, err)) {
+        for (uint32_t i = 0; i < hold->n; i++) wh_buf_unref(hold->views[i]);
+        free(hold);
+        free(src);
+        if (fatal) return NULL;
+        int64_t gen;
+        memcpy(&gen, slot + wh_batch_host_off(&b, b.gen_off), 8);
+        *reread = true;
+        return wh__rows_reread(g, &b, slot, (uint64_t)gen, rq, err);
+    }
+    b.src = src;
+    b.views = hold->views;
+    hold->held = held;
+    wh_buf_ref(held);
+    hold->buf.refs = 1;
+    hold->buf.data = held->data;
+    hold->buf.size = held->size;
+    hold->buf.device_type = 1;
+    hold->buf.release = wh__rowhold_release;
+    hold->buf.owner = hold;
+    /* both mappings registered, or the batch gathered into page-locked memory */
+    wh_err_t e = {0};
+    bool direct = !g->refused && wh__maps_for(g, &b, &e);
+    if (!direct && !g->refused && e.code == WH_E_CUDA) {
+        g->refused = true;
+        wh_gpu_set_staged(g, e.message);
+    }
+    wh_buf_t *m = direct ? wh_ring_slot_map(held) : NULL;
+    pthread_mutex_lock(&g->mu);
+    wh__slots_sweep(g);
+    if (direct && (g->slots_refused || !m || !wh__slot_registered(g, m, &e))) {
+        direct = false;
+        if (e.code == WH_E_CUDA && !g->slots_refused) {
+            g->slots_refused = true;
+            snprintf(g->stats.staged_why, sizeof g->stats.staged_why, "%s", e.message);
+        }
+    } else if (m && !direct) {
+        wh_buf_unref(m);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!direct && e.code && e.code != WH_E_CUDA) {
+        if (err) *err = e;
+    } else if (direct) {
+        dev = wh__copy(g, &hold->buf, b.size, &b, err);
+        *direct_out = dev != NULL;
+    } else {
+        wh_buf_t *h = wh_gpu_pinned(g, b.size, err);
+        if (h) {
+            wh_batch_gather_t c = {h->data, 0};
+            wh_batch_parts(&b, slot, b.size, wh_batch_gather_put, &c);
+            pthread_mutex_lock(&g->mu);
+            g->stats.host_copy_bytes += c.rows;
+            pthread_mutex_unlock(&g->mu);
+            dev = wh__copy(g, h, b.size, NULL, err);
+            wh_buf_unref(h); /* the stage holds it until the copy's event */
+        }
+    }
+    wh_buf_unref(&hold->buf); /* a queued copy holds its own reference */
+    free(src);
     return dev;
 }
 

@@ -92,6 +92,12 @@ int wh_py_store_call(wh_py_state_t *S, PyObject *store,
                      bool (*fn)(wh_store_t *, void *, wh_err_t *), void *ctx, bool *ok,
                      wh_err_t *err);
 
+/* The cut-over for rows copied straight from a store at uri (0: none, and
+ * why says why): the registered path where the store is a mapping this
+ * process can register; WIREHEAD_GPU_DIRECT_MIN_ROW sets it in bytes, or
+ * "off" (to measure either path). wh_py_cuda.c */
+uint64_t wh_py_gpu_direct_min(const char *uri, char *why, size_t cap);
+
 /* The GPU stage's counters merged into dict d (wh_py_cuda.c). */
 int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *st);
 

@@ -19,16 +19,44 @@ static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
                          wh_cuda_runtime_version());
 }
 
+uint64_t wh_py_gpu_direct_min(const char *uri, char *why, size_t cap) {
+    const char *env = getenv("WIREHEAD_GPU_DIRECT_MIN_ROW");
+    why[0] = 0;
+    if (env && !strcmp(env, "off"))
+        snprintf(why, cap, "WIREHEAD_GPU_DIRECT_MIN_ROW=off");
+    else if (strncmp(uri, "shm://", 6) != 0)
+        snprintf(why, cap,
+                 "the store is mongodb:// read without LOCAL_CACHE: no mapping of it on this "
+                 "node to register");
+    else if (!wh_cuda_can_register())
+        snprintf(why, cap, "the CUDA runtime %s has no cudaHostRegister", wh_cuda_lib_name());
+    if (why[0]) return 0;
+    unsigned long long min = env && *env ? strtoull(env, NULL, 10) : 0;
+    return min ? min : WH_GPU_DIRECT_MIN_ROW;
+}
+
+/* direct_min(uri) -> (bytes, why): rows at least this size go straight
+ * from a store at uri (0: none, why says why). */
+static PyObject *wh__stage_direct_min(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *uri = PyUnicode_AsUTF8(arg);
+    if (!uri) return NULL;
+    char why[WH_ERR_LEN];
+    uint64_t min = wh_py_gpu_direct_min(uri, why, sizeof why);
+    return Py_BuildValue("(Ks)", (unsigned long long)min, why);
+}
+
 int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *sp) {
     const wh_gpu_stats_t st = *sp;
     PyObject *x = Py_BuildValue(
-        "{sKsKsdsKsdsKsIsIsKsKsKss}", "copies", (unsigned long long)st.copies, "h2d_bytes",
+        "{sKsKsdsKsdsKsIsIsKsKsKsssK}", "copies", (unsigned long long)st.copies, "h2d_bytes",
         (unsigned long long)st.h2d_bytes, "copy_s", (double)st.copy_ns / 1e9, "host_waits",
         (unsigned long long)st.host_waits, "host_wait_s", (double)st.host_wait_ns / 1e9,
         "stream_waits", (unsigned long long)st.stream_waits, "device_buffers", st.device_bufs,
         "pinned_buffers", st.pinned_bufs, "device_bytes", (unsigned long long)st.device_bytes,
         "host_copy_bytes", (unsigned long long)st.host_copy_bytes, "registrations",
-        (unsigned long long)st.registrations, "staged_why", st.staged_why);
+        (unsigned long long)st.registrations, "staged_why", st.staged_why, "rereads",
+        (unsigned long long)st.rereads);
     if (!x) return -1;
     int r = PyDict_Update(d, x);
     Py_DECREF(x);
@@ -193,6 +221,96 @@ out:
  * Returns (device Array, direct): direct is False where the batch went
  * staged (a refused registration: stats()["staged_why"] says why; or heap
  * memory, no slot). */
+typedef struct {
+    wh__pystage_t *self;
+    wh_buf_t *held;
+    wh_gpu_rows_t rq;
+    wh_buf_t *dev;
+    bool direct, reread;
+} wh__rows_call_t;
+
+/* with the store's handle (GIL released, its mutex held) */
+static bool wh__rows_run(wh_store_t *st, void *ctx, wh_err_t *err) {
+    wh__rows_call_t *c = ctx;
+    c->rq.st = st;
+    pthread_mutex_lock(&c->self->mu);
+    if (c->self->g)
+        c->dev = wh_gpu_copy_slot_rows(c->self->g, c->held, &c->rq, &c->direct, &c->reread, err);
+    else
+        wh_err_set(err, WH_E_INVALID, "CudaStage is closed");
+    pthread_mutex_unlock(&c->self->mu);
+    return c->dev != NULL;
+}
+
+/* copy_slot(mem, store, n, want, direct, offsets, rows, extras, size, sums,
+ * timeout, skip, ignore_fields, ignore_value): a batch whose fields in the
+ * direct mask a worker left in the store (offsets, rows: uint64 per stored
+ * field; extras: the is_pad, generation, position and params_version
+ * offsets; sums: per row every field's stored checksum as the worker read
+ * it). Returns (device Array, direct, reread). */
+static PyObject *wh__stage_copy_rows(wh__pystage_t *self, PyObject *args) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    PyObject *mem, *store, *ignv;
+    wh__rows_call_t c;
+    memset(&c, 0, sizeof c);
+    Py_buffer offs, rows, sums;
+    unsigned long long pad, gen, pos, pv, size;
+    int skip;
+    if (!PyArg_ParseTuple(args, "OOIIIy*y*(KKKK)Ky*dpIO", &mem, &store, &c.rq.n, &c.rq.want,
+                          &c.rq.direct, &offs, &rows, &pad, &gen, &pos, &pv, &size, &sums,
+                          &c.rq.timeout_s, &skip, &c.rq.ignore_fields, &ignv))
+        return NULL;
+    PyObject *res = NULL;
+    int nf = (int)(offs.len / 8);
+    if (!PyObject_TypeCheck(mem, S->array) || ((wh_array_obj_t *)mem)->offset != 0 ||
+        ((wh_array_obj_t *)mem)->buf->device_type != 1) {
+        PyErr_Format(S->value, "copy_slot(): not a whole host batch buffer");
+        goto out;
+    }
+    if (nf < 1 || nf > WH_MAX_FIELDS || offs.len % 8 || rows.len != offs.len ||
+        sums.len != (Py_ssize_t)c.rq.n * nf * 8) {
+        PyErr_Format(S->value, "copy_slot(): offsets, rows and sums do not fit %u rows", c.rq.n);
+        goto out;
+    }
+    c.rq.nfields = nf;
+    memcpy(c.rq.off, offs.buf, (size_t)nf * 8);
+    memcpy(c.rq.row, rows.buf, (size_t)nf * 8);
+    c.rq.pad_off = pad;
+    c.rq.gen_off = gen;
+    c.rq.pos_off = pos;
+    c.rq.pv_off = pv;
+    c.rq.size = size;
+    c.rq.sums = sums.buf;
+    c.rq.strict = !skip;
+    if (ignv != Py_None) {
+        c.rq.ignore_int = PyLong_Check(ignv) ? PyLong_AsLongLong(ignv) : 0;
+        c.rq.ignore_float = PyLong_Check(ignv) ? (double)c.rq.ignore_int : PyFloat_AsDouble(ignv);
+        if (!PyLong_Check(ignv)) c.rq.ignore_int = (int64_t)c.rq.ignore_float;
+        if (PyErr_Occurred()) goto out;
+    }
+    if (!wh__stage_ok(self)) goto out;
+    c.self = self;
+    c.held = ((wh_array_obj_t *)mem)->buf;
+    wh_err_t err = {0};
+    bool ok = false;
+    if (wh_py_store_call(S, store, wh__rows_run, &c, &ok, &err) < 0) goto out;
+    if (!ok) {
+        wh_py_raise(S, &err);
+        goto out;
+    }
+    int64_t n = (int64_t)c.dev->size;
+    PyObject *arr = wh_array_new(S->array, c.dev, 0, WH_DT_U8, 1, &n);
+    wh_buf_unref(c.dev);
+    if (arr)
+        res = Py_BuildValue("(NOO)", arr, c.direct ? Py_True : Py_False,
+                            c.reread ? Py_True : Py_False);
+out:
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&sums);
+    return res;
+}
+
 static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *mem) {
     wh_py_state_t *S = wh_py_tstate(self);
     if (!wh__stage_ok(self)) return NULL;
@@ -259,6 +377,13 @@ static PyMethodDef wh__stage_methods[] = {
      "copy([(ptr, nbytes, dtype, shape), ...]) -> device Arrays (pinned ring, async copy)"},
     {"copy_slot", (PyCFunction)wh__stage_copy_slot, METH_O,
      "copy_slot(mem) -> (device Array, direct): a ring batch straight from its registered slot"},
+    {"copy_rows", (PyCFunction)wh__stage_copy_rows, METH_VARARGS,
+     "copy_rows(mem, store, n, want, direct, offsets, rows, extras, size, sums, timeout, skip, "
+     "ignore_fields, ignore_value) -> (device Array, direct, reread): a ring batch whose large "
+     "rows a worker left in the store, copied from the slot and from views of the store"},
+    {"direct_min", (PyCFunction)wh__stage_direct_min, METH_O,
+     "direct_min(uri) -> (bytes, why): the cut-over for rows copied straight from a store at "
+     "uri, 0 and why where there is none"},
     {"poll", (PyCFunction)wh__stage_poll, METH_NOARGS,
      "let go of the host buffers (ring slots) whose copies completed"},
     {"stats", (PyCFunction)wh__stage_stats, METH_NOARGS, "copy counters"},

@@ -27,26 +27,9 @@ static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int
     lc->alloc.alloc = wh_cuda_host_alloc;
     lc->alloc.free = wh_cuda_host_free;
     lc->alloc.ctx = (void *)(intptr_t)device;
-    /* the registered path where the store is a mapping this process can
-     * register; WIREHEAD_GPU_DIRECT_MIN_ROW sets the cut-over in bytes, or
-     * "off" (to measure either path) */
-    const char *env = getenv("WIREHEAD_GPU_DIRECT_MIN_ROW");
-    char why[WH_ERR_LEN] = "";
-    if (env && !strcmp(env, "off"))
-        snprintf(why, sizeof why, "WIREHEAD_GPU_DIRECT_MIN_ROW=off");
-    else if (strncmp(lc->store.uri, "shm://", 6) != 0)
-        snprintf(why, sizeof why,
-                 "the store is mongodb:// read without LOCAL_CACHE: no mapping of it on this "
-                 "node to register");
-    else if (!wh_cuda_can_register())
-        snprintf(why, sizeof why, "the CUDA runtime %s has no cudaHostRegister",
-                 wh_cuda_lib_name());
-    if (why[0]) {
-        wh_gpu_set_staged(self->gpu, why);
-        return;
-    }
-    unsigned long long min = env && *env ? strtoull(env, NULL, 10) : 0;
-    lc->direct_min = min ? min : WH_GPU_DIRECT_MIN_ROW;
+    char why[WH_ERR_LEN];
+    lc->direct_min = wh_py_gpu_direct_min(lc->store.uri, why, sizeof why);
+    if (!lc->direct_min) wh_gpu_set_staged(self->gpu, why);
 }
 
 static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {

@@ -215,7 +215,7 @@ static PyObject *wh__fill_i64(const wh__pyfill_t *c, uint64_t off) {
     PyObject *out = PyList_New(c->b.n);
     for (uint32_t i = 0; out && i < c->b.n; i++) {
         int64_t v;
-        memcpy(&v, (const char *)c->data + off + 8 * (uint64_t)i, 8);
+        memcpy(&v, (const char *)c->data + wh_batch_host_off(&c->b, off) + 8 * (uint64_t)i, 8);
         wh_py_list_put(&out, i, PyLong_FromLongLong(v));
     }
     return out;
@@ -224,11 +224,13 @@ static PyObject *wh__fill_i64(const wh__pyfill_t *c, uint64_t off) {
 static PyObject *wh__fill_pads(const wh__pyfill_t *c) {
     PyObject *out = PyList_New(c->b.n);
     for (uint32_t i = 0; out && i < c->b.n; i++)
-        wh_py_list_put(&out, i, PyBool_FromLong(((const char *)c->data)[c->b.pad_off + i]));
+        wh_py_list_put(
+            &out, i,
+            PyBool_FromLong(((const char *)c->data)[wh_batch_host_off(&c->b, c->b.pad_off) + i]));
     return out;
 }
 
-#define WH__FILL_ITEMS 20
+#define WH__FILL_ITEMS 23
 
 static PyObject *wh__none(void) {
     Py_INCREF(Py_None);
@@ -260,8 +262,40 @@ static int wh__ignore_args(wh_py_state_t *S, wh_batch_fill_t *rq, PyObject *fiel
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* The fields left in the store (their indices) and, for those batches,
+ * every row's stored checksums (nfields uint64 a row) for the hand-over. */
+static PyObject *wh__fill_direct(const wh__pyfill_t *c, const uint64_t *sums, PyObject **ck) {
+    PyObject *out = PyTuple_New(0);
+    *ck = NULL;
+    for (int f = 0; out && f < c->b.nfields; f++) {
+        if (!(c->b.direct & (1u << f))) continue;
+        PyObject *k = PyLong_FromLong(f);
+        if (!k || _PyTuple_Resize(&out, PyTuple_GET_SIZE(out) + 1) < 0) {
+            Py_XDECREF(k);
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, PyTuple_GET_SIZE(out) - 1, k);
+    }
+    if (!out) return NULL;
+    if (!c->b.direct) {
+        *ck = wh__none();
+        return out;
+    }
+    size_t nf = (size_t)c->b.nfields;
+    *ck = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(c->b.n * nf * 8));
+    if (!*ck) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    char *p = PyBytes_AS_STRING(*ck);
+    for (uint32_t i = 0; i < c->b.n; i++)
+        memcpy(p + i * nf * 8, sums + (size_t)i * WH_MAX_FIELDS, nf * 8);
+    return out;
+}
+
 /* ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s,
- * ignore_fields=None, ignore_value=None) */
+ * ignore_fields=None, ignore_value=None, direct_min=0) */
 static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     wh_py_state_t *S = wh_py_mstate(module);
     PyObject *ring, *store, *wantl;
@@ -270,8 +304,9 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     double timeout, wait_s;
     int skip;
     PyObject *ignl = Py_None, *ignv = Py_None;
-    if (!PyArg_ParseTuple(args, "OOKy*y*Odpd|OO", &ring, &store, &gen, &pos, &pads, &wantl,
-                          &timeout, &skip, &wait_s, &ignl, &ignv))
+    unsigned long long direct_min = 0;
+    if (!PyArg_ParseTuple(args, "OOKy*y*Odpd|OOK", &ring, &store, &gen, &pos, &pads, &wantl,
+                          &timeout, &skip, &wait_s, &ignl, &ignv, &direct_min))
         return NULL;
     PyObject *res = NULL, *seq = NULL;
     uint64_t *sums = NULL;
@@ -311,6 +346,7 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
     c.rq.at = wh__fill_at;
     c.rq.at_ctx = &c;
     c.rq.sums = sums;
+    c.rq.direct_min = direct_min;
     if (ignl != Py_None && wh__ignore_args(S, &c.rq, ignl, ignv) < 0) goto out;
     c.gen = gen;
     c.wait_s = wait_s;
@@ -337,7 +373,8 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
                            PyList_New(0), PyLong_FromUnsignedLongLong(c.st.corrupt),
                            wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL),
                            PyLong_FromUnsignedLongLong(c.st.mismatch_gen),
-                           PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none());
+                           PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none(),
+                           PyLong_FromLong(0), PyTuple_New(0), wh__none());
         goto out;
     }
     /* a slot's bytes reach Python through claim or local; heap memory here */
@@ -350,7 +387,9 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
         mem = wh__none();
     else
         wh__ring_raise(&err, false);
-    if (!mem) {
+    PyObject *ck = NULL, *direct = mem ? wh__fill_direct(&c, sums, &ck) : NULL;
+    if (!direct) {
+        Py_XDECREF(mem);
         Py_DECREF(layouts);
         Py_DECREF(offsets);
     } else {
@@ -363,7 +402,8 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
             wh__fill_i64(&c, c.b.pos_off), wh__fill_pads(&c), wh__fill_i64(&c, c.b.pv_off),
             PyLong_FromUnsignedLongLong(c.st.corrupt),
             wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL), wh__none(), wh__none(),
-            PyLong_FromUnsignedLongLong(c.seal));
+            PyLong_FromUnsignedLongLong(c.seal), PyLong_FromUnsignedLongLong(c.b.hsize), direct,
+            ck);
     }
     if (!res && c.slot >= 0) wh_ring_give_back(c.r, c.slot);
 out:
@@ -412,11 +452,13 @@ static PyType_Spec wh__ring_spec = {
 static PyMethodDef wh__ring_functions[] = {
     {"ring_fill", (PyCFunction)wh__ring_fill, METH_VARARGS,
      "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s, "
-     "ignore_fields=None, ignore_value=None) -> RingFill: one "
+     "ignore_fields=None, ignore_value=None, direct_min=0) -> RingFill: one "
      "batch read (each sample once, through the read policy) into a free slot of ring, or heap "
      "memory when none comes free in wait_s (ring None: always); positions uint32 and pads one "
      "byte per row, as bytes. ignore_fields, ignore_value: pad='ignore', the padding rows' "
-     "label fields filled with the value (the caller checks it fits)."},
+     "label fields filled with the value (the caller checks it fits). direct_min > 0 (a "
+     "slot of an shm store): rows of at least that many bytes stay in the store for the main "
+     "process's device copy (docs/gpu.md), each checked here once per process."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -444,6 +486,10 @@ static PyStructSequence_Field wh__fill_fields[] = {
                             "is held then); None otherwise"},
     {"mismatch_position", "that row's position; None otherwise"},
     {"seal", "a slot's seal: the XXH3-64 of its header and row table (0 for heap memory)"},
+    {"host_size", "bytes the slot holds: size less the fields left in the store"},
+    {"direct", "the fields whose rows stayed in the store (direct_min), as indices"},
+    {"checksums", "with direct fields: bytes, per row the stored XXH3-64 of every field of its "
+                  "sample (uint64); None otherwise"},
     {NULL, NULL},
 };
 

@@ -266,11 +266,36 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
         memcpy(base + wh_batch_host_off(b, b->pv_off) + 8 * (uint64_t)i, &v64, 8);
         if (rq->sums)
             for (int f = 0; f < meta.nfields; f++)
-                rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] =
-                    rq->want & (1u << f) ? meta.f[f].checksum : 0;
+                rq->sums[(uint64_t)i * WH_MAX_FIELDS + f] = meta.f[f].checksum;
     }
     wh__fill_ignore(rq, b, c.data);
     stats->gen = gen;
     *data = c.data;
     return true;
+}
+
+int wh_batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh_batch_put_fn put,
+                   void *ctx) {
+    uint64_t at = 0, hat = 0; /* the next run's offset in the batch and in host */
+    int rc = 0;
+    for (int f = 0; f < WH_MAX_FIELDS && !rc; f++) {
+        if (!(b->direct & (1u << f))) continue;
+        uint64_t nb = b->meta[f].nbytes;
+        if (b->off[f] > at) {
+            rc = put(ctx, at, h + hat, b->off[f] - at, false);
+            hat += b->off[f] - at;
+        }
+        for (uint32_t i = 0; i < b->n && !rc; i++)
+            rc = put(ctx, b->off[f] + i * nb, b->src[(uint64_t)i * WH_MAX_FIELDS + f], nb, true);
+        at = b->off[f] + WH_ALIGN_UP(b->n * nb);
+    }
+    if (!rc && size > at) rc = put(ctx, at, h + hat, size - at, false);
+    return rc;
+}
+
+int wh_batch_gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
+    wh_batch_gather_t *g = ctx;
+    memcpy(g->to + at, src, len);
+    if (row) g->rows += len;
+    return 0;
 }

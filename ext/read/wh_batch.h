@@ -63,7 +63,8 @@ typedef struct {
      * shared file's size checked again, so a copy cannot fault) */
     bool (*check)(void *ctx, wh_err_t *err);
     /* may be NULL: sums[i * WH_MAX_FIELDS + f] gets the stored XXH3-64 of
-     * field f of row i, the checksum its copy was checked against */
+     * field f of row i (every field of the sample, wanted or not), the
+     * checksum its bytes were checked against */
     uint64_t *sums;
     /* pad='ignore': bit f set, field f of every padding row is filled with
      * the value (integer fields: ignore_int, floating ones: ignore_float),
@@ -103,5 +104,21 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
 
 /* row i's positions from an array (at_ctx: const uint32_t *) */
 void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
+
+/* The parts of a laid-out batch whose direct fields are left in the store
+ * (b->direct, b->src): put(ctx, at, src, len, row) for every run of the
+ * host part h between them and every direct row, in batch order (at: the
+ * offset in the full layout of size bytes); a nonzero return stops the walk
+ * and is returned. */
+typedef int (*wh_batch_put_fn)(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
+int wh_batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh_batch_put_fn put,
+                   void *ctx);
+/* A put that gathers the parts into one buffer (to: the whole layout),
+ * counting the rows' bytes. */
+typedef struct {
+    char *to;
+    uint64_t rows;
+} wh_batch_gather_t;
+int wh_batch_gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
 
 #endif

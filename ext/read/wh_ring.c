@@ -681,10 +681,11 @@ typedef struct {
     bool failed; /* the ring's error, not the read's */
 } wh__rfill_t;
 
-/* The checks a slot's seal holds: each wanted field's rows, and the extras. */
+/* The checks a slot's seal holds: the rows of each wanted field the slot
+ * holds (not those left in the store), and the extras. */
 static size_t wh__nchecks(const wh_batch_t *b, uint32_t want) {
     size_t n = 0;
-    for (int f = 0; f < b->nfields; f++) n += (want >> f) & 1u;
+    for (int f = 0; f < b->nfields; f++) n += (want & ~b->direct) >> f & 1u;
     return n * b->n + 1;
 }
 
@@ -696,15 +697,15 @@ static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh_buf_unref(c->heap);
     c->slot = -1;
     c->heap = NULL;
-    if (c->r && !wh_ring_acquire(c->r, wh_ring_bytes(b->size, wh__nchecks(b, c->want)), c->wait_s,
+    if (c->r && !wh_ring_acquire(c->r, wh_ring_bytes(b->hsize, wh__nchecks(b, c->want)), c->wait_s,
                                  &c->slot, &data, err)) {
         c->failed = true;
         return NULL;
     }
     if (c->slot >= 0) return data;
-    if (!(c->heap = wh_buf_new(b->size ? b->size : 1)))
+    if (!(c->heap = wh_buf_new(b->hsize ? b->hsize : 1)))
         return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch",
-                          (unsigned long long)b->size),
+                          (unsigned long long)b->hsize),
                NULL;
     return c->heap->data;
 }
@@ -721,6 +722,25 @@ static bool wh__rfill_check(void *ctx, wh_err_t *err) {
     return ok;
 }
 
+/* A batch of the hand-over of positions that got no slot: its host part
+ * and the rows left in the store into one heap buffer, laid out whole. */
+static bool wh__rfill_gather(wh__rfill_t *c, wh_batch_t *b, void **data, wh_batch_stats_t *stats,
+                             wh_err_t *err) {
+    wh_buf_t *whole = wh_buf_new(b->size ? b->size : 1);
+    if (!whole)
+        return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch",
+                          (unsigned long long)b->size);
+    wh_batch_gather_t g = {whole->data, 0};
+    wh_batch_parts(b, c->heap->data, b->size, wh_batch_gather_put, &g);
+    stats->host_bytes += g.rows;
+    wh_buf_unref(c->heap);
+    c->heap = whole;
+    *data = whole->data;
+    b->direct = 0;
+    b->hsize = b->size;
+    return true;
+}
+
 /* The filled slot's seal: every wanted row with its stored XXH3 (sums),
  * then the extras hashed as the fill left them. */
 static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, uint32_t want,
@@ -729,17 +749,17 @@ static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, uint32_t wa
     wh_ring_check_t *ck = malloc(n * sizeof *ck), *p = ck;
     if (!ck) return wh_err_set(err, WH_E_SYS, "out of memory");
     for (int f = 0; f < b->nfields; f++) {
-        if (!(want & (1u << f))) continue;
+        if (!(want & ~b->direct & (1u << f))) continue;
         for (uint32_t i = 0; i < b->n; i++, p++) {
-            p->off = b->off[f] + (uint64_t)i * b->meta[f].nbytes;
+            p->off = wh_batch_host_off(b, b->off[f]) + (uint64_t)i * b->meta[f].nbytes;
             p->n = b->meta[f].nbytes;
             p->hash = sums[(size_t)i * WH_MAX_FIELDS + f];
         }
     }
-    p->off = b->pad_off;
-    p->n = b->size - b->pad_off;
+    p->off = wh_batch_host_off(b, b->pad_off);
+    p->n = b->hsize - p->off;
     p->hash = XXH3_64bits(data + p->off, p->n);
-    bool ok = wh_ring_seal(r, j, b->size, ck, n, seal, err);
+    bool ok = wh_ring_seal(r, j, b->hsize, ck, n, seal, err);
     free(ck);
     return ok;
 }
@@ -756,11 +776,36 @@ bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s
     rq->mem_ctx = &c;
     rq->check = wh__rfill_check;
     *seal = 0;
+    /* the hand-over of positions: rows of large fields stay in the store,
+     * viewed (and checked once per process) only to fill the rest */
+    bool direct = rq->direct_min && r;
+    wh_buf_t **views = NULL;
+    const char **src = NULL;
+    if (direct && (!(views = calloc(rq->n, sizeof *views)) ||
+                   !(src = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *src)))) {
+        free(views);
+        free(own);
+        rq->sums = NULL;
+        return wh_err_set(err, WH_E_SYS, "out of memory");
+    }
+    if (direct) wh_store_set_dma_views(rq->st, true);
+    rq->views = views;
+    rq->src = src;
     bool ok = wh_batch_fill(rq, gen, b, data, stats, err);
     if (ok && c.slot >= 0 && !wh__rfill_seal(r, c.slot, b, rq->want, sums, *data, seal, err))
         ok = !(c.failed = true);
     /* cut while the seal was written: it went to zero pages, not the file */
     if (ok && c.slot >= 0) ok = wh__rfill_check(&c, err);
+    /* heap memory crosses pickled: its batch is gathered whole */
+    if (ok && c.heap && b->direct) ok = wh__rfill_gather(&c, b, data, stats, err);
+    /* no pin crosses the hand-over: the main process takes its own */
+    for (uint32_t i = 0; views && i < rq->n; i++) wh_buf_unref(views[i]);
+    free(views);
+    free(src);
+    rq->views = NULL;
+    rq->src = NULL;
+    b->views = NULL;
+    b->src = NULL;
     rq->sums = own ? NULL : sums;
     free(own);
     if (!ok) {

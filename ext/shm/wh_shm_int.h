@@ -235,7 +235,7 @@ extern pthread_once_t wh__shm_fork_once;
 void wh__shm_fork_register(void);
 bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                        wh_sample_meta_t *meta, wh_err_t *err);
-bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known, wh_buf_t **out,
                   wh_sample_meta_t *meta, wh_err_t *err);
 /* wh_shm_status.c */
 bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err);

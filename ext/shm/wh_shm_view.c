@@ -344,7 +344,7 @@ bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn
     return ok;
 }
 
-bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
+bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known, wh_buf_t **out,
                   wh_sample_meta_t *meta_out, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     int slot;
@@ -391,10 +391,11 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
         /* the GPU path checks a sealed sample's bytes once per process: its
          * copies are DMA, and hashing every byte again each epoch would make
          * the host, not the link, the bound */
-        bool known = ok && st->dma_views && wh__memo_has(s->map, slot, gen, pos);
-        for (int i = 0; ok && !known && st->cfg.verify_reads && i < meta.nfields; i++)
-            ok = wh_sample_verify(&st->cfg.schema, &meta, i, src + meta.f[i].offset, err);
-        if (ok && !known && st->dma_views && st->cfg.verify_reads)
+        bool memo = ok && st->dma_views && wh__memo_has(s->map, slot, gen, pos);
+        for (int i = 0; ok && !memo && st->cfg.verify_reads && i < meta.nfields; i++)
+            if (!(known && known[i] && known[i] == meta.f[i].checksum))
+                ok = wh_sample_verify(&st->cfg.schema, &meta, i, src + meta.f[i].offset, err);
+        if (ok && !memo && st->dma_views && st->cfg.verify_reads)
             wh__memo_set(s->map, slot, gen, pos, s->swap_cap);
     }
     if (!ok) {

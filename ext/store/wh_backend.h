@@ -25,9 +25,11 @@ typedef struct {
     bool (*read)(wh_store_t *, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                  wh_sample_meta_t *meta, wh_err_t *);
     bool (*status)(wh_store_t *, wh_status_t *, wh_err_t *);
-    /* store-backed view; NULL where the backend has none (mongo) */
-    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, wh_buf_t **out, wh_sample_meta_t *meta,
-                 wh_err_t *);
+    /* store-backed view; NULL where the backend has none (mongo). known
+     * (may be NULL): per field, a stored checksum another process of this
+     * reader verified the bytes against (wh_store_view_known) */
+    bool (*view)(wh_store_t *, uint64_t gen, uint32_t pos, const uint64_t *known, wh_buf_t **out,
+                 wh_sample_meta_t *meta, wh_err_t *);
     /* read holding gen for the copy (a transient pin), so a slow copy
      * cannot lose the race with reclamation; NULL where the backend has
      * no pins (mongo) */

@@ -175,6 +175,11 @@ bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, co
 
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err) {
+    return wh_store_view_known(st, gen, pos, NULL, out, meta, err);
+}
+
+bool wh_store_view_known(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known,
+                         wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err) {
     if (!wh_store_here(st, err)) return false;
     if (!st->ops->view)
         return wh_err_set(err, WH_E_INVALID,
@@ -182,7 +187,7 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                           "stores are read as copies",
                           st->ops->scheme);
     if (!wh_store_pos_check(st, pos, err)) return false;
-    return st->ops->view(st, gen, pos, out, meta, err);
+    return st->ops->view(st, gen, pos, known, out, meta, err);
 }
 
 void wh_store_set_dma_views(wh_store_t *st, bool on) { st->dma_views = on; }

@@ -199,6 +199,13 @@ bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
  * this one; WH_E_INVALID on a store without views (mongodb). */
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err);
+/* As wh_store_view, for a handle with DMA views (below): known[f] (0:
+ * none) is field f's stored checksum as a DataLoader worker of this reader
+ * read it, after verifying the bytes against it in its own view. A field
+ * whose stored checksum is still that is not hashed again (a sealed area
+ * is not written while it holds its generation); any other is verified. */
+bool wh_store_view_known(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known,
+                         wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);
 /* Views of this handle are held only until a device copy from them has
  * completed: like a held copy, they are outside the one-generation-per-
  * process policy (a generation change never waits on them for longer than

@@ -2721,26 +2721,36 @@ static void ring_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
     *pad = a->pad[i];
 }
 
+/* ids 0, 500 and 1000 hold 8 int32 of data, id 1 holds 9 */
+static const uint64_t ring_ids[4] = {0, 500, 1000, 1};
+
+/* A store of c with one generation of ring_ids, and a worker's ring of one
+ * slot at path: *st, *r and *gen, or false with e set. */
+static bool ring_fill_setup(wh_store_config_t *c, const char *path, wh_store_t **st, wh_ring_t **r,
+                            uint64_t *gen, wh_err_t *e) {
+    bool lead, sealed, busy;
+    ring_unlink(path);
+    if (!(*st = wh_store_open(c, e)) || !wh_store_lead(*st, &lead, e)) return false;
+    for (int i = 0; i < 4; i++)
+        if (!fill_ids(*st, ring_ids[i], 1)) return wh_err_set(e, WH_E_INTERNAL, "put %d", i);
+    if (!seal_once(*st, &sealed, gen) || !sealed) return wh_err_set(e, WH_E_INTERNAL, "seal");
+    *r = wh_ring_open(path, "0", 1, true, (int64_t)getpid(), &busy, e);
+    return *r != NULL;
+}
+
 static void t_ring_fill(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s);
     char path[128];
     snprintf(path, sizeof path, "/dev/shm/whctest-ringfill-%d", (int)getpid());
-    ring_unlink(path);
     wh_err_t e = {0};
     wh_ring_t *r = NULL;
+    wh_store_t *st = NULL;
     wh_buf_t *held = NULL, *heap = NULL;
-    wh_store_t *st = wh_store_open(&c, &e);
-    REQUIRE(st, "open: %s", e.message);
-    bool lead, sealed, busy, rf = false;
+    bool rf = false;
     uint64_t gen = 0;
-    REQUIRE(wh_store_lead(st, &lead, &e) && lead, "lead");
-    /* ids 0, 500 and 1000 hold 8 int32 of data, id 1 holds 9 */
-    static const uint64_t ids[4] = {0, 500, 1000, 1};
-    for (int i = 0; i < 4; i++) REQUIRE(fill_ids(st, ids[i], 1), "put %d", i);
-    REQUIRE(seal_once(st, &sealed, &gen) && sealed, "seal");
-    r = wh_ring_open(path, "0", 1, true, (int64_t)getpid(), &busy, &e);
-    REQUIRE(r, "ring: %s", e.message);
+    const uint64_t *ids = ring_ids;
+    REQUIRE(ring_fill_setup(&c, path, &st, &r, &gen, &e), "set-up: %s", e.message);
     uint32_t pos[3] = {0, 1, 2};
     bool pad[3] = {false, false, true};
     ring_at_t at = {pos, pad};
@@ -2821,6 +2831,95 @@ out:
     clean_store(&c);
 }
 
+/* The hand-over of positions: a fill with direct_min leaves the rows of
+ * large fields in the store (the slot holds the rest, sealed over it),
+ * hands over every field's stored checksum, keeps no pin once it returns,
+ * and gathers the whole batch into heap memory when no slot is free. */
+static void t_ring_fill_direct(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/whctest-ringdirect-%d", (int)getpid());
+    wh_err_t e = {0};
+    wh_ring_t *r = NULL;
+    wh_store_t *st = NULL;
+    wh_buf_t *held = NULL, *heap = NULL;
+    bool rf = false;
+    uint64_t gen = 0;
+    const uint64_t *ids = ring_ids;
+    REQUIRE(ring_fill_setup(&c, path, &st, &r, &gen, &e), "set-up: %s", e.message);
+    uint32_t pos[3] = {0, 1, 2};
+    bool pad[3] = {false, false, false};
+    ring_at_t at = {pos, pad};
+    uint64_t sums[3 * WH_MAX_FIELDS];
+    /* data: 8 int32 (32 bytes) a row, left in the store; id (8 bytes) copied */
+    wh_batch_fill_t rq = {.st = st,
+                          .schema = &c.schema,
+                          .n = 3,
+                          .want = 3,
+                          .timeout_s = 5,
+                          .at = ring_at,
+                          .at_ctx = &at,
+                          .sums = sums,
+                          .direct_min = 32};
+    wh_batch_t b;
+    wh_batch_stats_t bs;
+    void *data = NULL;
+    int slot = -1;
+    uint64_t seal = 0;
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &seal, &bs, &rf, &e) &&
+                slot == 0 && !heap,
+            "fill: %s", e.message);
+    CHECK(b.direct == 2 && b.hsize == b.size - WH_ALIGN_UP(3 * 32) && !b.views && !b.src,
+          "data left in the store: direct %u, %llu of %llu bytes in the slot", b.direct,
+          (unsigned long long)b.hsize, (unsigned long long)b.size);
+    const char *base = data;
+    wh_ring_check_t ck[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        int64_t g, p, id;
+        memcpy(&g, base + wh_batch_host_off(&b, b.gen_off) + 8 * i, 8);
+        memcpy(&p, base + wh_batch_host_off(&b, b.pos_off) + 8 * i, 8);
+        memcpy(&id, base + b.off[0] + 8 * i, 8);
+        CHECK(g == (int64_t)gen && p == pos[i] && id == (int64_t)ids[i],
+              "row %u: generation %lld position %lld id %lld", i, (long long)g, (long long)p,
+              (long long)id);
+        CHECK(sums[i * WH_MAX_FIELDS + 1] != 0, "row %u: the data's stored checksum", i);
+        ck[i] = (wh_ring_check_t){b.off[0] + 8 * i, 8, sums[i * WH_MAX_FIELDS]};
+    }
+    /* the seal holds the id rows and the extras only */
+    uint64_t pad_at = wh_batch_host_off(&b, b.pad_off);
+    const wh_ring_check_t *table =
+        (const wh_ring_check_t *)(base + WH_ALIGN_UP(b.hsize) + 8 * WH_RING_SEAL_WORDS);
+    CHECK(memcmp(table, ck, sizeof ck) == 0 && table[3].off == pad_at &&
+              table[3].hash == XXH3_64bits(base + pad_at, b.hsize - pad_at),
+          "the seal's row table");
+    wh_status_t stt;
+    REQUIRE(wh_store_status(st, &stt, &e), "status: %s", e.message);
+    for (int i = 0; i < stt.nareas; i++)
+        CHECK(stt.areas[i].pins == 0, "area %d: %u pins left after the fill", i, stt.areas[i].pins);
+    int64_t ver, seq;
+    REQUIRE(wh_ring_stamp(r, 0, &ver, &seq, &e), "stamp: %s", e.message);
+    REQUIRE(wh_ring_claim(r, 0, ver, seq, (int64_t)getpid(), b.hsize, seal, 4, WH_RING_CHECK_ROWS,
+                          &held, &e),
+            "claim: %s", e.message);
+    /* the one slot is held: heap memory, the batch gathered whole */
+    REQUIRE(wh_ring_fill(r, &rq, gen, 0, &slot, &heap, &b, &data, &seal, &bs, &rf, &e) &&
+                slot == -1 && heap && data == heap->data && !b.direct && b.hsize == b.size,
+            "fill with every slot held: %s", e.message);
+    for (uint32_t i = 0; i < 3; i++) {
+        const int32_t *d = (const int32_t *)((const char *)data + b.off[1] + 32 * (uint64_t)i);
+        for (int k = 0; k < 8; k++)
+            CHECK(d[k] == data_val(ids[i], k), "heap row %u data %d: %d", i, k, d[k]);
+    }
+out:
+    wh_buf_unref(held);
+    wh_buf_unref(heap);
+    wh_ring_close(r);
+    ring_unlink(path);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
 int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
@@ -2865,6 +2964,8 @@ int main(int argc, char **argv) {
         {"workers' ring: many large rows checked by several threads", t_ring_rows, false},
         {"workers' ring: a fill from the store, pad='ignore', another shape, heap", t_ring_fill,
          false},
+        {"workers' ring: large rows left in the store, no pin kept, heap gathered whole",
+         t_ring_fill_direct, false},
         {"stress: generation ids after seals faster than 1/us", t_gen_ids_fast_seals, true},
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(cases); i++) {

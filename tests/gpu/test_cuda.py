@@ -6,6 +6,7 @@ violation. No GPU is needed; the tests that need one say "GPU" when
 skipped."""
 import contextlib
 import ctypes
+import glob
 import os
 import subprocess
 import sys
@@ -974,12 +975,19 @@ def test_dataloader_batches_copied_straight_from_their_slots(fake, consumer, shm
         assert st["batches_registered"] == len(batches) and not st["staged_why"]
         if epoch == 0:
             registered = fake.counter("registers") - before
-            assert 1 <= registered <= 2 * 4  # each slot file once: 2 workers, 4 slots
+            # each slot file once (2 workers, 4 slots), and the store's mapping
+            assert 2 <= registered <= 2 * 4 + 1
     assert fake.counter("registers") - before == registered  # not again in epoch 1
-    # one copy per batch, from the registered slot; nothing from pageable memory
-    assert fake.counter("registered_copies") == 2 * len(batches)
+    # the workers left the 256 KiB rows in the store: per batch one copy of
+    # the slot's part before them (id), one per row, one of the extras;
+    # nothing from pageable memory
+    assert fake.counter("registered_copies") == 2 * 4 * len(batches)
     assert fake.counter("pageable_copies") == 0 and fake.counter("host_syncs") == 0
     assert fake.violations() == []
+    # the slot files hold the small rows and the extras, not the 256 KiB rows
+    sizes = [os.path.getsize(p) for p in glob.glob(
+        f"/dev/shm/wirehead-ring.{os.getpid()}.{dl.dataset._batch_ring.token}.w*.s*")]
+    assert sizes and max(sizes) < 2 * 4 * BIG
     # to_device of a wt.DataLoader takes the same path, with its own stats
     it = wt.to_device(ring_loader(cfg, workers=1), "cuda")
     assert ring_counters(list(it)) == list(range(N))
@@ -989,6 +997,88 @@ def test_dataloader_batches_copied_straight_from_their_slots(fake, consumer, shm
     import gc
     gc.collect()
     assert fake.lib.fake_registered_bytes() == 0  # every slot unregistered with its stage
+
+
+def turned_over(dl, cfg, gens=4, size=BIG):
+    """dl's batches as to_device takes them, the store moving on by gens
+    generations (of samples of size floats) after the workers read the
+    first batch of its first epoch and before its copy: its rows' generation
+    is reclaimed."""
+    inner, once = dl._slot_batches, []
+
+    def slot_batches(stage):
+        for b in inner(stage):
+            if not once:
+                once.append(True)
+                for tag in range(6, 6 + gens):
+                    wt.WireheadGenerator((whlib.sample(tag, i, size) for i in range(N)),
+                                         config=cfg).run()
+                    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+            yield b
+
+    dl._slot_batches = slot_batches
+    return dl
+
+
+def test_dataloader_rows_reclaimed_before_their_copy_are_read_again(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = turned_over(ring_loader(cfg, workers=1, batch=2, device="cuda"), cfg)
+    batches = list(dl)
+    # every row is whole and one sample; the first batch (and any the worker
+    # had read ahead) comes from the newest generation, read again here
+    assert ring_counters(batches) == list(range(N))
+    first = batches[0]
+    assert int(first["id"][0][0]) == 9 and int(first["generation"][0]) > 1
+    st = dl.device_stats()
+    assert st["rereads"] >= 1 and st["host_copy_bytes"] >= st["rereads"] * 2 * 4 * BIG
+    assert fake.violations() == []
+    # the next epoch's rows come straight from the store again (the
+    # DataLoader's stage counts on across epochs)
+    assert ring_counters(list(dl)) == list(range(N))
+    again = dl.device_stats()
+    assert again["rereads"] == st["rereads"] and again["path"] == "registered"
+    assert again["host_copy_bytes"] == st["host_copy_bytes"]
+
+
+def test_dataloader_rows_read_again_in_another_layout_name_the_field(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = turned_over(ring_loader(cfg, workers=1, batch=2, device="cuda"), cfg, size=BIG // 2)
+    with pytest.raises(Exception, match="field 'data'"):
+        list(dl)
+    assert fake.violations() == []
+
+
+def test_dataloader_in_process_and_handover_check_rows(fake, consumer, shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    # num_workers=0: the batches filled here leave their rows in the store too
+    dl = ring_loader(cfg, workers=0, device="cuda")
+    before = fake.counter("registered_copies")
+    batches = list(dl)
+    assert ring_counters(batches) == list(range(N))
+    assert fake.counter("registered_copies") - before == 4 * len(batches)
+    assert dl.device_stats()["host_copy_bytes"] == 0
+    # HANDOVER_CHECK: rows re-hashes every row at hand-over: all stay in the slot
+    rows = dict(cfg, HANDOVER_CHECK="rows")
+    dl = ring_loader(rows, workers=1, device="cuda")
+    before = fake.counter("registered_copies")
+    batches = list(dl)
+    assert ring_counters(batches) == list(range(N))
+    assert fake.counter("registered_copies") - before == len(batches)  # one copy a batch
+    assert dl.device_stats()["path"] == "registered" and fake.violations() == []
+
+
+def test_dataloader_host_iteration_after_a_device_one_gets_whole_batches(fake, consumer,
+                                                                         shm_cfg):
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = ring_loader(cfg, workers=2, persistent_workers=True)
+    it = wt.to_device(dl, "cuda")
+    assert ring_counters(list(it)) == list(range(N))
+    assert it.stats()["host_copy_bytes"] == 0 and it.stats()["path"] == "registered"
+    # the same workers, now for host tensors: every row in its slot
+    batches = list(dl)
+    assert all(isinstance(b, dict) and not b["data"].is_cuda for b in batches)
+    assert ring_counters(batches) == list(range(N))
+    assert fake.violations() == []
 
 
 class LateConsumer:
@@ -1057,8 +1147,9 @@ def test_dataloader_slot_held_until_its_copy_completed(fake, consumer, shm_cfg, 
     assert len(got) == 5 and dl.device_stats()["path"] == "registered"
 
 
-def test_dataloader_slot_registered_again_after_it_grows(fake, consumer, shm_cfg):
+def test_dataloader_slot_registered_again_after_it_grows(fake, consumer, shm_cfg, monkeypatch):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    monkeypatch.setenv("WIREHEAD_GPU_DIRECT_MIN_ROW", str(4 * BIG + 1))  # whole batches in slots
     dl = ring_loader(cfg, workers=0, slots=1, batch=1, device="cuda")
     before = (fake.counter("registers"), fake.counter("unregisters"))
     assert ring_counters(list(dl)) == list(range(N))
