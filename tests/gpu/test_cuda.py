@@ -1126,6 +1126,29 @@ def held_epoch(fake, dl, early=False):
     return batches, st
 
 
+def test_dataloader_pending_copy_holds_its_rows_generation(fake, consumer, shm_cfg):
+    # the main process's views of a batch's rows pin their generation until
+    # the copy ran: four newer generations sealed meanwhile reuse every
+    # other area, and the bytes copied late are still the rows the worker read
+    cfg = fill_big(shm_cfg(swap_cap=4, budget="2MiB"), n=4)
+    late = LateConsumer(fake)
+    fake.lib.fake_hold_copies(1)
+    dl = ring_loader(cfg, workers=1, slots=4, batch=2)
+    it = wt.to_device(dl, "cuda", from_dlpack=late)
+    b = next(it)
+    first = {k: b[k] for k in ("id", "data")}
+    first["is_pad"] = [False, False]
+    for tag in (6, 7, 8, 9):
+        fill_big(cfg, n=4, tag=tag)
+    fake.lib.fake_hold_copies(0)
+    fake.lib.fake_drain_all()
+    assert [whlib.check_sample(i, d) for i, d in zip(first["id"].numpy(),
+                                                      first["data"].numpy())] == [(5, 0), (5, 1)]
+    assert it.stats()["rereads"] == 0 and it.stats()["host_copy_bytes"] == 0
+    assert fake.violations() == []
+    it.close()
+
+
 def test_dataloader_slot_held_until_its_copy_completed(fake, consumer, shm_cfg, caplog):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     # given back early, the worker refills a slot under its pending copy:
