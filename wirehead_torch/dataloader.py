@@ -120,7 +120,7 @@ class DataLoader(torch.utils.data.DataLoader):
                              f"them; the plan's order and resume need in_order=True")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"{what}: shuffle must be True, False or None, got {shuffle!r}")
-        if device is not None and pin_memory:
+        if device is not None and str(device) != "cpu" and pin_memory:
             raise ValueError(f"{what}: device= copies each batch straight from its ring slot "
                              f"to the device; pin_memory=True would copy it into page-locked "
                              f"memory first: pass one of them")
@@ -168,9 +168,11 @@ class DataLoader(torch.utils.data.DataLoader):
             import torch as _t
             self._device = _t.device(device) if not isinstance(device, int) else \
                 _t.device("cuda", device)
-            if self._device.type != "cuda":
+            if self._device.type == "cpu":  # host tensors, as without device=
+                self._device = None
+            elif self._device.type != "cuda":
                 raise ValueError(f"{what}: device= takes a CUDA device ('cuda', 'cuda:1', "
-                                 f"an index); got {device!r}")
+                                 f"an index) or 'cpu'; got {device!r}")
 
     # --- set-up ------------------------------------------------------------
     def _setup_iterable(self, ds, B, K, shuffle, drop_last):
@@ -262,7 +264,12 @@ class DataLoader(torch.utils.data.DataLoader):
         copies: path, host_copy_bytes, staged_why, ... (docs/gpu.md)."""
         it = getattr(self, "_last_to_device", None)
         if it is None:
-            raise RuntimeError(f"{self._what}: device_stats() needs device= and an iteration")
+            if self._device is None:
+                raise RuntimeError(f"{self._what}: device_stats() needs device= (a CUDA "
+                                   f"device) and an iteration")
+            raise RuntimeError(f"{self._what}: device_stats(): no iteration has reached the "
+                               f"device yet (iterate first; one whose iter() raised, e.g. a "
+                               f"CudaError, has none)")
         return it.stats()
 
     def _slot_batches(self, stage=None):

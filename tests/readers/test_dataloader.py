@@ -181,6 +181,17 @@ def test_arguments_that_do_not_fit_are_errors_naming_them(shm_filled):
     assert isinstance(got, list) and len(got) == 2 and "position" in got[0]
     ring = next(iter(wt.DataLoader(ds, batch_size=2)))
     assert [i["position"].item() for i in got] == ring["position"].tolist()
+    # device=: a CUDA device, or "cpu" for host tensors as without it
+    with pytest.raises(ValueError, match=r"device= takes a CUDA device .* or 'cpu'; got 'meta'"):
+        wt.DataLoader(ds, batch_size=2, device="meta")
+    with pytest.raises(ValueError, match="pass one of them"):
+        wt.DataLoader(ds, batch_size=2, device="cuda", pin_memory=True)
+    on_cpu = wt.DataLoader(ds, batch_size=2, device="cpu", pin_memory=False)
+    assert next(iter(on_cpu))["position"].tolist() == ring["position"].tolist()
+    with pytest.raises(RuntimeError, match=r"needs device= \(a CUDA device\)"):
+        on_cpu.device_stats()
+    with pytest.raises(RuntimeError, match="no iteration has reached the device yet"):
+        wt.DataLoader(ds, batch_size=2, device="cuda").device_stats()
 
 
 def test_padding_share_is_warned_once_per_epoch(shm_cfg, caplog):
