@@ -782,13 +782,27 @@ wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t
     b.pos_off = rq->pos_off;
     b.pv_off = rq->pv_off;
     b.size = rq->size;
-    b.hsize = wh_batch_host_off(&b, b.size);
-    /* the offsets come from the handle: they must fit the slot claimed */
-    if (b.hsize != held->size || wh_batch_host_off(&b, b.pos_off) + 8 * (uint64_t)b.n > b.hsize ||
-        wh_batch_host_off(&b, b.pad_off) + b.n > b.hsize)
+    /* the layout comes from the handle: the blocks in order, inside the
+     * batch, and the slot's part the size of the slot claimed */
+    uint64_t end = 0;
+    bool fits = true;
+    for (int f = 0; f < rq->nfields && fits; f++) {
+        uint64_t part;
+        if (!(rq->want & (1u << f))) continue;
+        fits = b.off[f] >= end && wh_mul_ok(b.meta[f].nbytes, b.n, &part) &&
+               wh_add_ok(b.off[f], WH_ALIGN_UP(part), &end);
+    }
+    fits = fits && b.size <= WH_SAMPLE_MAX_BYTES * 64 && end <= b.size && b.pad_off <= b.size &&
+           b.gen_off <= b.size && b.pos_off <= b.size && b.pv_off <= b.size && b.pad_off >= end &&
+           b.gen_off >= b.pad_off + b.n && b.pos_off >= b.gen_off + 8 * (uint64_t)b.n &&
+           b.pv_off >= b.pos_off + 8 * (uint64_t)b.n && b.size >= b.pv_off + 8 * (uint64_t)b.n &&
+           b.size <= WH_SAMPLE_MAX_BYTES * 64;
+    b.hsize = fits ? wh_batch_host_off(&b, b.size) : 0;
+    if (!fits || b.hsize != held->size)
         return wh_err_set(err, WH_E_INVALID,
-                          "copy_slot: the slot holds %zu bytes, its batch's layout says %llu",
-                          held->size, (unsigned long long)b.hsize),
+                          "copy_slot: a batch layout (%llu bytes, %llu in the slot) that does "
+                          "not fit its %zu-byte slot",
+                          (unsigned long long)b.size, (unsigned long long)b.hsize, held->size),
                NULL;
     wh__rowhold_t *hold = calloc(1, sizeof *hold + rq->n * sizeof(wh_buf_t *));
     const char **src = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *src);

@@ -1067,6 +1067,33 @@ def test_dataloader_in_process_and_handover_check_rows(fake, consumer, shm_cfg):
     assert dl.device_stats()["path"] == "registered" and fake.violations() == []
 
 
+@pytest.mark.parametrize("change", ["size", "offsets"])
+def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, consumer,
+                                                                          shm_cfg, change):
+    # the layout a handle names is checked against the slot claimed before
+    # any copy is queued from it
+    import struct
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = ring_loader(cfg, workers=1, batch=2, device="cuda")
+    inner = dl._slot_batches
+
+    def slot_batches(stage):
+        for b in inner(stage):
+            d = b.direct
+            if change == "size":
+                b.direct = d._replace(size=d.size + 64)
+            else:  # the data field's rows said to start before the id's end
+                offs = list(struct.unpack(f"{len(d.offsets) // 8}Q", d.offsets))
+                offs[1] = 0
+                b.direct = d._replace(offsets=struct.pack(f"{len(offs)}Q", *offs))
+            yield b
+
+    dl._slot_batches = slot_batches
+    with pytest.raises(ValueError, match="does not fit its"):
+        list(dl)
+    assert fake.violations() == []
+
+
 def test_dataloader_host_iteration_after_a_device_one_gets_whole_batches(fake, consumer,
                                                                          shm_cfg):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
