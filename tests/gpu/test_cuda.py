@@ -1067,6 +1067,41 @@ def test_dataloader_in_process_and_handover_check_rows(fake, consumer, shm_cfg):
     assert dl.device_stats()["path"] == "registered" and fake.violations() == []
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dataloader_rows_left_in_the_store_are_checked_once_per_generation(fake, consumer,
+                                                                           shm_cfg, persistent):
+    """A row the workers leave in the store is checked by the first worker
+    that reads it from its generation; the main process remembers that
+    check (its view finds the stored checksum the worker verified) and
+    hashes nothing, and workers it forks later inherit it (docs/gpu.md,
+    "wirehead_torch.DataLoader")."""
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    corrupt_big(cfg, 5, 3)  # damaged before the first read: skipped by the worker
+    dl = ring_loader(cfg, workers=1, batch=2, device="cuda", persistent_workers=persistent)
+
+    def epoch():
+        batches = list(dl)
+        return batches, [(i, d) for b in batches for i, d, pad in
+                         zip(b["id"].numpy(), b["data"].numpy(), np.asarray(b["is_pad"]))
+                         if not pad]
+
+    batches, rows = epoch()
+    assert sorted(whlib.check_sample(i, d)[1] for i, d in rows) == [c for c in range(N) if c != 3]
+    assert sum(int(np.asarray(b["is_pad"]).sum()) for b in batches) == 1
+    corrupt_big(cfg, 5, 7)  # damaged after its check: through, unchecked (the documented trade)
+    _, rows = epoch()
+    with pytest.raises(AssertionError):
+        whlib.check_sample(*[(i, d) for i, d in rows if i[1] == 7][0])
+    # a new generation is checked anew
+    wt.WireheadGenerator((whlib.sample(6, i, BIG) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    corrupt_big(cfg, 6, 7)
+    _, rows = epoch()
+    assert sorted(whlib.check_sample(i, d) for i, d in rows) == [(6, c) for c in range(N)
+                                                                  if c != 7]
+    assert dl.device_stats()["host_copy_bytes"] == 0 and fake.violations() == []
+
+
 @pytest.mark.parametrize("change", ["size", "offsets"])
 def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, consumer,
                                                                           shm_cfg, change):
