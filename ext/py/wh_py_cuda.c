@@ -215,12 +215,7 @@ out:
     return res;
 }
 
-/* copy_slot(mem): a ring batch (mem: the uint8 Array that Ring.claim or
- * Ring.local gave) as one uint8 device Array of its bytes, copied straight
- * from the registered slot; the slot is held until the copy's event.
- * Returns (device Array, direct): direct is False where the batch went
- * staged (a refused registration: stats()["staged_why"] says why; or heap
- * memory, no slot). */
+/* A copy_rows call, run with the store's handle. */
 typedef struct {
     wh__pystage_t *self;
     wh_buf_t *held;
@@ -242,7 +237,7 @@ static bool wh__rows_run(wh_store_t *st, void *ctx, wh_err_t *err) {
     return c->dev != NULL;
 }
 
-/* copy_slot(mem, store, n, want, direct, offsets, rows, extras, size, sums,
+/* copy_rows(mem, store, n, want, direct, offsets, rows, extras, size, sums,
  * timeout, skip, ignore_fields, ignore_value): a batch whose fields in the
  * direct mask a worker left in the store (offsets, rows: uint64 per stored
  * field; extras: the is_pad, generation, position and params_version
@@ -311,6 +306,12 @@ out:
     return res;
 }
 
+/* copy_slot(mem): a ring batch (mem: the uint8 Array that Ring.claim or
+ * Ring.local gave) as one uint8 device Array of its bytes, copied straight
+ * from the registered slot; the slot is held until the copy's event.
+ * Returns (device Array, direct): direct is False where the batch went
+ * staged (a refused registration: stats()["staged_why"] says why; or heap
+ * memory, no slot). */
 static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *mem) {
     wh_py_state_t *S = wh_py_tstate(self);
     if (!wh__stage_ok(self)) return NULL;
