@@ -175,7 +175,12 @@ wh_buf_t *wh_ring_slot_map(wh_buf_t *held);
  * if set, gets the rows' stored XXH3); with no slot free (or r NULL) into
  * heap memory, *heap (the caller's reference). *slot: the slot, -1 for
  * heap memory. On an error nothing is held; *ring_failed tells the ring's
- * errors (its files) from the read's. */
+ * errors (its files) from the read's. rq->direct_min > 0 with a ring (the
+ * hand-over of positions, an shm store): fields whose rows are at least
+ * that size stay in the store (b->direct), each sample viewed and checked
+ * once a generation and let go before this returns; the slot holds the
+ * rest (b->hsize bytes, sealed over them), and heap memory gets the batch
+ * gathered whole. */
 bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
                   wh_buf_t **heap, wh_batch_t *b, void **data, uint64_t *seal,
                   wh_batch_stats_t *stats, bool *ring_failed, wh_err_t *err);
