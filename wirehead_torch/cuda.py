@@ -141,6 +141,14 @@ class ToDevice:
                 if not direct and not self._said.get("said"):
                     self._say(device)
                 yield tensors(arr, fields, extras, form, from_dlpack)
+        except Exception:
+            # a copy that raised: a wt.DataLoader's workers stop now, not
+            # when the garbage collector frees its iterator (they could
+            # otherwise read on, and even make the store again)
+            abort = getattr(batches, "_abort", None)
+            if abort is not None:
+                abort()
+            raise
         finally:
             self._last = self.stats()
             if self._own:

@@ -328,7 +328,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._epoch = epoch + 1
         self._current = [epoch, start]
         self._done = False
-        it = super().__iter__()
+        it = self._torch_it = super().__iter__()
         return self._counted(it, self._current)
 
     def _counted(self, it, current):
@@ -342,6 +342,14 @@ class DataLoader(torch.utils.data.DataLoader):
         except Exception:
             self._stop_workers(it)
             raise
+
+    def _abort(self):
+        """The device copy of a batch raised (cuda.py): the workers of the
+        running iteration end now, as after a worker's error."""
+        it = getattr(self, "_torch_it", None)
+        if it is not None:
+            self._torch_it = None
+            self._stop_workers(it)
 
     def _stop_workers(self, it):
         """Ends the workers of an iteration that raised. The error's frames

@@ -7,6 +7,7 @@ skipped."""
 import contextlib
 import ctypes
 import glob
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -1043,8 +1044,11 @@ def test_dataloader_rows_reclaimed_before_their_copy_are_read_again(fake, consum
 def test_dataloader_rows_read_again_in_another_layout_name_the_field(fake, consumer, shm_cfg):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     dl = turned_over(ring_loader(cfg, workers=1, batch=2, device="cuda"), cfg, size=BIG // 2)
-    with pytest.raises(Exception, match="field 'data'"):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="field 'data'"):
         list(dl)
+    # the workers are gone with the error: none reads on (or makes the store again)
+    assert set(multiprocessing.active_children()) <= before
     assert fake.violations() == []
 
 
@@ -1124,8 +1128,10 @@ def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, c
             yield b
 
     dl._slot_batches = slot_batches
+    before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="does not fit its"):
         list(dl)
+    assert set(multiprocessing.active_children()) <= before
     assert fake.violations() == []
 
 
