@@ -650,19 +650,24 @@ static void wh__rowhold_release(wh_buf_t *b) {
     free(h);
 }
 
+/* Each row's generation, position and padding flag as the slot names
+ * them: read out of shared memory once, and checked, before any use. */
 typedef struct {
-    const char *slot;
-    uint64_t pad_off, pos_off;
+    uint64_t *gen;
+    uint32_t *pos;
+    uint8_t *pad;
+} wh__rows_at_t;
+
+typedef struct {
+    const wh__rows_at_t *at;
     wh_gpu_t *g;
     wh_buf_t *h; /* page-locked memory of the batch read again */
 } wh__reread_t;
 
 static void wh__reread_at(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
     const wh__reread_t *c = ctx;
-    int64_t p;
-    memcpy(&p, c->slot + c->pos_off + 8 * (uint64_t)i, 8);
-    *pos = (uint32_t)p; /* checked by the caller */
-    *pad = c->slot[c->pad_off + i] != 0;
+    *pos = c->at->pos[i];
+    *pad = c->at->pad[i] != 0;
 }
 
 static void *wh__reread_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
@@ -676,10 +681,9 @@ static void *wh__reread_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
 /* The batch read again in this process, as the worker read it: the rows'
  * positions and padding from the slot, from the first row's generation on
  * (a reclaimed one moves to the newest), checked; one copy. */
-static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh_batch_t *lay, const char *slot, uint64_t gen,
-                                 const wh_gpu_rows_t *rq, wh_err_t *err) {
-    wh__reread_t c = {slot, wh_batch_host_off(lay, lay->pad_off),
-                      wh_batch_host_off(lay, lay->pos_off), g, NULL};
+static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh__rows_at_t *at, const wh_gpu_rows_t *rq,
+                                 wh_err_t *err) {
+    wh__reread_t c = {at, g, NULL};
     const wh_store_config_t *cfg = wh_store_config(rq->st);
     wh_batch_fill_t f = {0};
     f.st = rq->st;
@@ -699,7 +703,7 @@ static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh_batch_t *lay, const char 
     void *data;
     wh_batch_stats_t st;
     wh_buf_t *dev = NULL;
-    bool ok = wh_batch_fill(&f, gen, &b, &data, &st, err);
+    bool ok = wh_batch_fill(&f, at->gen[0], &b, &data, &st, err);
     for (int k = 0; ok && k < rq->nfields; k++) {
         if (!(rq->want & (1u << k)) || (b.off[k] == rq->off[k] && b.meta[k].nbytes == rq->row[k]))
             continue;
@@ -726,27 +730,14 @@ static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh_batch_t *lay, const char 
 /* Views of every row's large fields, by the generation and position the
  * slot names; false (nothing held) when one is not the sample the worker
  * read any more, or an error other than a read's (*fatal). */
-static bool wh__rows_view(const wh_gpu_rows_t *rq, const wh_batch_t *lay, const char *slot,
-                          wh__rowhold_t *hold, const char **src, bool *fatal, wh_err_t *err) {
-    uint64_t goff = wh_batch_host_off(lay, lay->gen_off),
-             poff = wh_batch_host_off(lay, lay->pos_off);
+static bool wh__rows_view(const wh_gpu_rows_t *rq, const wh__rows_at_t *at, wh__rowhold_t *hold,
+                          const char **src, bool *fatal, wh_err_t *err) {
     for (uint32_t i = 0; i < rq->n; i++) {
-        int64_t gen, pos;
-        memcpy(&gen, slot + goff + 8 * (uint64_t)i, 8);
-        memcpy(&pos, slot + poff + 8 * (uint64_t)i, 8);
-        if (gen <= 0 || pos < 0 || pos > (int64_t)UINT32_MAX) {
-            *fatal = true;
-            return wh_err_set(err, WH_E_CORRUPT,
-                              "row %u of a ring slot names generation %lld "
-                              "position %lld",
-                              i, (long long)gen, (long long)pos);
-        }
         uint64_t known[WH_MAX_FIELDS] = {0};
         memcpy(known, rq->sums + (size_t)i * (size_t)rq->nfields, (size_t)rq->nfields * 8);
         wh_sample_meta_t m;
         wh_err_t e = {0};
-        if (!wh_store_view_known(rq->st, (uint64_t)gen, (uint32_t)pos, known, &hold->views[i], &m,
-                                 &e)) {
+        if (!wh_store_view_known(rq->st, at->gen[i], at->pos[i], known, &hold->views[i], &m, &e)) {
             *fatal = e.code == WH_E_SYS || e.code == WH_E_INTERNAL;
             if (*fatal && err) *err = e;
             return false;
@@ -804,27 +795,47 @@ wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t
                           "not fit its %zu-byte slot",
                           (unsigned long long)b.size, (unsigned long long)b.hsize, held->size),
                NULL;
+    const char *slot = held->data;
+    wh__rows_at_t at = {malloc(rq->n * sizeof *at.gen), malloc(rq->n * sizeof *at.pos),
+                        malloc(rq->n)};
     wh__rowhold_t *hold = calloc(1, sizeof *hold + rq->n * sizeof(wh_buf_t *));
     const char **src = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *src);
-    if (!hold || !src) {
-        free(hold);
-        free(src);
-        return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
-    }
-    wh_store_set_dma_views(rq->st, true);
-    const char *slot = held->data;
-    bool fatal = false;
     wh_buf_t *dev = NULL;
-    if (!wh__rows_view(rq, &b, slot, hold, src, &fatal, err)) {
-        for (uint32_t i = 0; i < hold->n; i++) wh_buf_unref(hold->views[i]);
+    bool ok = at.gen && at.pos && at.pad && hold && src;
+    if (!ok) wh_err_set(err, WH_E_SYS, "out of memory");
+    uint64_t goff = wh_batch_host_off(&b, b.gen_off), poff = wh_batch_host_off(&b, b.pos_off),
+             padoff = wh_batch_host_off(&b, b.pad_off);
+    for (uint32_t i = 0; ok && i < rq->n; i++) {
+        int64_t gen, pos;
+        memcpy(&gen, slot + goff + 8 * (uint64_t)i, 8);
+        memcpy(&pos, slot + poff + 8 * (uint64_t)i, 8);
+        at.pad[i] = (uint8_t)slot[padoff + i];
+        if (gen <= 0 || pos < 0 || pos > (int64_t)UINT32_MAX)
+            ok = wh_err_set(err, WH_E_CORRUPT,
+                            "row %u of a ring slot names generation %lld "
+                            "position %lld",
+                            i, (long long)gen, (long long)pos);
+        at.gen[i] = (uint64_t)gen;
+        at.pos[i] = (uint32_t)pos;
+    }
+    bool fatal = !ok;
+    if (ok) wh_store_set_dma_views(rq->st, true);
+    if (!ok || !wh__rows_view(rq, &at, hold, src, &fatal, err)) {
+        for (uint32_t i = 0; hold && i < hold->n; i++) wh_buf_unref(hold->views[i]);
         free(hold);
         free(src);
-        if (fatal) return NULL;
-        int64_t gen;
-        memcpy(&gen, slot + wh_batch_host_off(&b, b.gen_off), 8);
-        *reread = true;
-        return wh__rows_reread(g, &b, slot, (uint64_t)gen, rq, err);
+        if (!fatal) {
+            *reread = true;
+            dev = wh__rows_reread(g, &at, rq, err);
+        }
+        free(at.gen);
+        free(at.pos);
+        free(at.pad);
+        return dev;
     }
+    free(at.gen);
+    free(at.pos);
+    free(at.pad);
     b.src = src;
     b.views = hold->views;
     hold->held = held;
