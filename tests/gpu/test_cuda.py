@@ -1135,6 +1135,34 @@ def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, c
     assert fake.violations() == []
 
 
+def test_dataloader_device_iteration_started_before_the_generator(fake, consumer, shm_cfg):
+    # the reader first: its workers wait for the first generation, then hand
+    # over its rows' positions as usual
+    import threading
+    cfg = shm_cfg(swap_cap=N, budget="4MiB")
+    dl = ring_loader(cfg, workers=2, batch=2, device="cuda")
+    before = set(multiprocessing.active_children())
+    started = []
+
+    def fill_once_the_workers_run():
+        import time
+        deadline = time.monotonic() + 30
+        while not set(multiprocessing.active_children()) - before:
+            assert time.monotonic() < deadline, "the DataLoader's workers never started"
+            time.sleep(0.01)
+        started.append(True)
+        fill_big(cfg)
+
+    filler = threading.Thread(target=fill_once_the_workers_run)
+    filler.start()
+    batches = list(dl)  # its workers start, and wait for the first generation
+    filler.join()
+    assert started and ring_counters(batches) == list(range(N))
+    st = dl.device_stats()
+    assert st["path"] == "registered" and st["host_copy_bytes"] == 0 and st["rereads"] == 0
+    assert fake.violations() == []
+
+
 def test_dataloader_host_iteration_after_a_device_one_gets_whole_batches(fake, consumer,
                                                                          shm_cfg):
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
