@@ -93,8 +93,12 @@ class DirectRows(NamedTuple):
     skip: bool
     ignore_fields: int
     ignore_value: object
-    checks: int  # rows the slot's seal holds (those of the fields in the slot, and the extras)
     host_size: int  # bytes of the slot
+
+    def checks(self):
+        """Rows the slot's seal holds: those of the fields in the slot, and
+        one for the extras."""
+        return self.n * bin(self.want & ~self.direct).count("1") + 1
 
 
 class Batch:
@@ -312,7 +316,7 @@ class BatchRing:
                 (got.pad_offset, got.generation_offset, got.position_offset,
                  got.params_version_offset), got.size, got.checksums, self.timeout, skip,
                 sum(1 << i for i in in_c) if ignore else 0, value if ignore else None,
-                n * sum(1 for e in layout if not mask >> e.index & 1) + 1, got.host_size)
+                got.host_size)
         batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
                       got.memory, layout, fields, extras, got.seal, got.size, direct)
         return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,

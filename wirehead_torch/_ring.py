@@ -271,7 +271,7 @@ def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras,
     # checked in C; the slot goes back to its worker when the last tensor
     # over it dies. The seal's table: every row of every field the slot
     # holds, then the extras
-    rows = direct.checks if direct else sum(f.shape[0] for f in fields) + 1
+    rows = direct.checks() if direct else sum(f.shape[0] for f in fields) + 1
     check = _CHECK.get(token, _C.RING_CHECK_SLOT)
     return batch_of(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form,
                     token, direct)

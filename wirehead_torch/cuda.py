@@ -133,7 +133,7 @@ class ToDevice:
                 fields, extras, form = batch.fields, batch.extras, batch.form
                 if batch.direct is not None:  # large rows left in the store
                     arr, direct, reread = self._stage.copy_rows(
-                        batch.take(), batches._direct_store(), *batch.direct[:-2])
+                        batch.take(), batches._direct_store(), *batch.direct[:-1])
                 else:
                     arr, direct = self._stage.copy_slot(batch.take())
                 del batch  # the stage holds the slot until its copy completed
