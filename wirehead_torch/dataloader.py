@@ -2,6 +2,7 @@
 batch ring for the wirehead datasets, orders their samples by the plan, and
 resumes mid-epoch (state_dict / load_state_dict)."""
 import copy
+import weakref
 
 import torch
 
@@ -328,7 +329,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._epoch = epoch + 1
         self._current = [epoch, start]
         self._done = False
-        it = self._torch_it = super().__iter__()
+        it = super().__iter__()
+        # weak: a loop that breaks early lets torch's iterator (and its
+        # workers) go as before
+        self._torch_it = weakref.ref(it)
         return self._counted(it, self._current)
 
     def _counted(self, it, current):
@@ -346,9 +350,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def _abort(self):
         """The device copy of a batch raised (cuda.py): the workers of the
         running iteration end now, as after a worker's error."""
-        it = getattr(self, "_torch_it", None)
+        ref, self._torch_it = getattr(self, "_torch_it", None), None
+        it = ref() if ref is not None else None
         if it is not None:
-            self._torch_it = None
             self._stop_workers(it)
 
     def _stop_workers(self, it):

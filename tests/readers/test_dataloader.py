@@ -318,3 +318,17 @@ def test_a_worker_error_stops_the_workers_at_once(shm_cfg, persistent):
             for _ in dl:
                 pass
         assert set(multiprocessing.active_children()) <= before
+
+
+def test_a_loop_that_breaks_early_lets_the_workers_go(shm_filled):
+    """The DataLoader keeps no reference of its own to torch's iterator: a
+    loop that breaks ends its workers as torch does, not when the
+    DataLoader is gone."""
+    dl = wt.DataLoader(wt.WireheadIterableDataset(config=shm_filled), batch_size=2,
+                       num_workers=2)
+    before = set(multiprocessing.active_children())
+    for _ in dl:
+        assert set(multiprocessing.active_children()) - before
+        break
+    assert set(multiprocessing.active_children()) <= before
+    assert len(list(dl)) == len(dl)  # and the next epoch runs
