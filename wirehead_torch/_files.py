@@ -4,7 +4,11 @@ never through a link, put in place without replacing what another process
 planted there, and read only when regular files.
 
 Every function takes ``error``, the exception class its caller reports with
-(ShardError, ConfigError, ...); the message names the path."""
+(ShardError, ConfigError, ...); the message names the path. ``dir_fd``: the
+directory path's dirname names, opened once by the caller; the file is then
+reached as path's last component relative to that fd, never through the
+path again (a directory renamed away and replaced by a link meanwhile
+changes nothing)."""
 import ctypes
 import errno
 import os
@@ -26,9 +30,17 @@ def kind(mode):
     return next((k for test, k in KINDS if test(mode)), "not a regular file")
 
 
-def there(path):
+def _at(path, dir_fd):
+    return path if dir_fd is None else os.path.basename(path)
+
+
+def _lstat(path, dir_fd=None):
+    return os.stat(_at(path, dir_fd), dir_fd=dir_fd, follow_symlinks=False)
+
+
+def there(path, dir_fd=None):
     try:
-        return kind(os.lstat(path).st_mode)
+        return kind(_lstat(path, dir_fd).st_mode)
     except OSError:
         return "a file"
 
@@ -38,33 +50,33 @@ def identity(fd):
     return st.st_dev, st.st_ino
 
 
-def named(path):
+def named(path, dir_fd=None):
     """(dev, ino) of what path names itself (a link is not followed); None
     when nothing is there."""
     try:
-        st = os.lstat(path)
+        st = _lstat(path, dir_fd)
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
 
 
-def create(path, error, mode=0o644):
+def create(path, error, mode=0o644, dir_fd=None):
     """A write fd of a new regular file at path. O_EXCL|O_NOFOLLOW: a file
     or link already at the name is refused, never written or followed."""
     try:
-        return os.open(path, _CREATE, mode)
+        return os.open(_at(path, dir_fd), _CREATE, mode, dir_fd=dir_fd)
     except FileExistsError:
-        raise error(f"{path}: {there(path)} is already there, not made by this process; "
+        raise error(f"{path}: {there(path, dir_fd)} is already there, not made by this process; "
                     f"refusing to write through or over it (remove it)") from None
     except OSError as e:
         raise error(f"{path}: cannot create: {e.strerror}") from None
 
 
-def remove_own(path, ident):
+def remove_own(path, ident, dir_fd=None):
     """Unlinks path only while it still names the file ident is of."""
-    if ident is not None and named(path) == ident:
+    if ident is not None and named(path, dir_fd) == ident:
         try:
-            os.unlink(path)
+            os.unlink(_at(path, dir_fd), dir_fd=dir_fd)
         except FileNotFoundError:
             pass
 
@@ -82,24 +94,25 @@ def _libc_renameat2():
 _renameat2 = _libc_renameat2()
 
 
-def _rename_noreplace(src, dst):
+def _rename_noreplace(src, dst, dir_fd=None):
     """src renamed to dst, failing with FileExistsError when anything (a
     dangling link too) is at dst. Python has no renameat2 binding, so it is
     called through ctypes (glibc >= 2.28); where the C library or the file
     system lacks it, link + unlink does the same: link() never replaces
     either, it only leaves both names for a moment."""
+    at = _AT_FDCWD if dir_fd is None else dir_fd
+    src, dst = _at(src, dir_fd), _at(dst, dir_fd)
     if _renameat2 is not None:
-        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
-                      _RENAME_NOREPLACE) == 0:
+        if _renameat2(at, os.fsencode(src), at, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return
         err = ctypes.get_errno()
         if err not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
             raise OSError(err, os.strerror(err), dst)
-    os.link(src, dst, follow_symlinks=False)
-    os.unlink(src)
+    os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    os.unlink(src, dir_fd=dir_fd)
 
 
-def put_in_place(fd, tmp, final, error, replaces=None):
+def put_in_place(fd, tmp, final, error, replaces=None, dir_fd=None):
     """Renames tmp, the file open as fd, to final; returns final's (dev,
     ino). replaces=None: nothing may be at final (renameat2 with
     RENAME_NOREPLACE); replaces=(dev, ino): only that file, put there
@@ -112,28 +125,31 @@ def put_in_place(fd, tmp, final, error, replaces=None):
     try:
         if replaces is None:
             try:
-                _rename_noreplace(tmp, final)
+                _rename_noreplace(tmp, final, dir_fd)
             except FileExistsError:
-                raise error(f"{final}: {there(final)} is already there, not made by this "
-                            f"process; refusing to replace it (remove it)") from None
+                raise error(f"{final}: {there(final, dir_fd)} is already there, not made by "
+                            f"this process; refusing to replace it (remove it)") from None
         else:
-            at = named(final)
+            at = named(final, dir_fd)
             if at is not None and (at != replaces if replaces != "file" else
-                                   not stat.S_ISREG(os.lstat(final).st_mode)):
-                raise error(f"{final}: {there(final)} is there that this process did not "
-                            f"put there; refusing to replace it (remove it)")
-            os.rename(tmp, final)
+                                   not stat.S_ISREG(_lstat(final, dir_fd).st_mode)):
+                raise error(f"{final}: {there(final, dir_fd)} is there that this process did "
+                            f"not put there; refusing to replace it (remove it)")
+            os.rename(_at(tmp, dir_fd), _at(final, dir_fd), src_dir_fd=dir_fd,
+                      dst_dir_fd=dir_fd)
     except BaseException:
-        remove_own(tmp, mine)
+        remove_own(tmp, mine, dir_fd)
         raise
-    if named(final) != mine:
-        remove_own(final, named(final))  # the swapped-in name, inside the same directory
+    if named(final, dir_fd) != mine:
+        # the swapped-in name, inside the same directory
+        remove_own(final, named(final, dir_fd), dir_fd)
         raise error(f"{tmp}: replaced by another file or link while this process wrote it; "
                     f"refusing it")
     return mine
 
 
-def write_file(final, data, error, replaces=None, mode=0o644, sync=False, tmp=None):
+def write_file(final, data, error, replaces=None, mode=0o644, sync=False, tmp=None,
+               dir_fd=None):
     """data (bytes) written to final through a temporary beside it (tmp,
     default .NAME.PID.RANDOM.tmp: a killed writer's leftover never blocks
     the next), created exclusively, then put_in_place; returns final's
@@ -141,16 +157,16 @@ def write_file(final, data, error, replaces=None, mode=0o644, sync=False, tmp=No
     if tmp is None:
         d, base = os.path.split(final)
         tmp = os.path.join(d, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = create(tmp, error, mode)
+    fd = create(tmp, error, mode, dir_fd)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         if sync:
             os.fsync(fd)
-        return put_in_place(fd, tmp, final, error, replaces)
+        return put_in_place(fd, tmp, final, error, replaces, dir_fd)
     except BaseException:
-        remove_own(tmp, identity(fd))
+        remove_own(tmp, identity(fd), dir_fd)
         raise
     finally:
         os.close(fd)
