@@ -1,9 +1,10 @@
 """Export: sealed generations into tar shards and their index.json
 (docs/shards.md), written beside a lock so two exports never share a
-directory."""
+directory, every name reached through the one fd --out was opened as."""
 import fcntl
 import json
 import os
+import re
 import signal
 import stat
 import time
@@ -30,10 +31,13 @@ from .config import get_config, parse_bytes
 class _ShardWriter:
     """Writes shards DIR/PREFIX-NNNNNN.tar, each to a temporary name, fsynced
     and renamed when complete; index.json is rewritten (atomically) after
-    every shard, so a killed export leaves complete shards and their index."""
+    every shard, so a killed export leaves complete shards and their index.
+    Every name is made relative to dir_fd (DIR, opened once); out is DIR's
+    path, for messages."""
 
-    def __init__(self, out, shard_size, fields, prefix="shards"):
+    def __init__(self, out, dir_fd, shard_size, fields, prefix="shards"):
         self.out = out
+        self.dir_fd = dir_fd
         self.shard_size = shard_size
         self.prefix = prefix
         self.index = {"format": INDEX_FORMAT, "version": 1, "fields": list(fields),
@@ -47,11 +51,15 @@ class _ShardWriter:
         self._mtime = int(time.time())
         self._index_id = None  # (dev, ino) of the index.json this export put in place
 
+    def _path(self, name):
+        return os.path.join(self.out, name)
+
     def _open(self):
         n = len(self.index["shards"])
         name = f"{self.prefix}-{n:06d}.tar"
-        self._tmp = os.path.join(self.out, f".{name}.tmp")
-        self._f = open(_files.create(self._tmp, ShardError), "wb", buffering=0)
+        self._tmp = self._path(f".{name}.tmp")
+        self._f = open(_files.create(self._tmp, ShardError, dir_fd=self.dir_fd), "wb",
+                       buffering=0)
         self._hash = _C.Xxh3()
         self._entry = {"name": name, "bytes": 0, "samples": 0, "xxh3": None, "members": {}}
 
@@ -115,9 +123,9 @@ class _ShardWriter:
         os.fsync(self._f.fileno())
         f, self._f = self._f, None
         self._entry["xxh3"] = self._hash.hexdigest()
-        final = os.path.join(self.out, self._entry["name"])
         try:  # never over a file or link another process put at the name
-            _files.put_in_place(f.fileno(), self._tmp, final, ShardError)
+            _files.put_in_place(f.fileno(), self._tmp, self._path(self._entry["name"]),
+                                ShardError, dir_fd=self.dir_fd)
         except BaseException:
             self.index["samples"] -= self._entry["samples"]
             raise
@@ -129,14 +137,10 @@ class _ShardWriter:
     def _write_index(self):
         # the first one never replaces a file; later ones only the one put here before
         self._index_id = _files.write_file(
-            os.path.join(self.out, INDEX_NAME), json.dumps(self.index, indent=1).encode(),
+            self._path(INDEX_NAME), json.dumps(self.index, indent=1).encode(),
             ShardError, replaces=self._index_id, sync=True,
-            tmp=os.path.join(self.out, f".{INDEX_NAME}.tmp"))
-        fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            tmp=self._path(f".{INDEX_NAME}.tmp"), dir_fd=self.dir_fd)
+        os.fsync(self.dir_fd)
 
     def finish(self):
         """Completes the shard being written; one holding part of a sample
@@ -153,86 +157,168 @@ class _ShardWriter:
             mine = _files.identity(self._f.fileno())
             self._f.close()
             self._f = None
-            _files.remove_own(self._tmp, mine)
+            _files.remove_own(self._tmp, mine, self.dir_fd)
 
 
-def _prepare_out(out, prefix):
-    """Makes out (when missing) and takes its export lock; returns (lock
-    fd, whether out was made here). A directory holding an export is
-    refused; the leftovers of a dead exporter (no lock held) are removed
-    either way, so a killed export leaves only whole shards behind."""
-    if os.path.lexists(out) and not os.path.isdir(out):
-        raise ShardError(f"--out {out} is a file, not a directory; give an empty or new "
-                         f"directory")
-    made = not os.path.exists(out)
-    os.makedirs(out, exist_ok=True)
-    fd = _lock_file(os.path.join(out, _LOCK_NAME))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ShardError(f"{out}: another export is writing there now") from None
-    try:
-        names = sorted(os.listdir(out))
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class _Out:
+    """--out, opened once as a directory of this user's, its final component
+    never followed (O_NOFOLLOW: a link there, planted in a shared directory,
+    is refused naming it). Every name the export makes, takes over, renames
+    or removes is reached relative to fd, so --out renamed away mid-export
+    and replaced (by a link, another directory) gets nothing: the files go
+    on into the directory opened, wherever it now is."""
+
+    def __init__(self, out):
+        # a trailing "/" or "/." would have the kernel follow a link at the last name
+        self.path = re.sub(r"(?:/\.?)+$", "", out) or ("/" if out.startswith("/") else ".")
+        self.fd = self._parent = None
+        self.made = False
+        parent, self._name = os.path.split(self.path)
+        try:
+            if self._name in ("", ".", ".."):  # no link can be the last component
+                self.fd = self._open(self.path, None)
+            else:
+                self._parent = self._open_parent(parent or ".")
+                try:
+                    os.mkdir(self._name, dir_fd=self._parent)
+                    self.made = True
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise ShardError(f"--out {self.path}: cannot make it: {e.strerror}") from None
+                self.fd = self._open(self._name, self._parent)
+            st = os.fstat(self.fd)
+            if st.st_uid != os.geteuid():
+                raise ShardError(f"--out {self.path} belongs to uid {st.st_uid}, not to this "
+                                 f"user (uid {os.geteuid()}); another user's directory is "
+                                 f"theirs to change under the export: give a new directory "
+                                 f"or one of yours")
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open_parent(self, parent):
+        try:
+            os.makedirs(parent, exist_ok=True)
+            return os.open(parent, _DIR_FLAGS)
+        except OSError as e:
+            why = e.strerror if os.path.isdir(parent) or not os.path.lexists(parent) else \
+                f"{_files.there(parent)} is there, not a directory"
+            raise ShardError(f"--out {self.path}: cannot make or open {parent}: {why}") from None
+
+    def _open(self, name, parent):
+        try:
+            return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+        except OSError as e:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                raise ShardError(
+                    f"--out {self.path} is a symbolic link (to "
+                    f"{os.readlink(name, dir_fd=parent)}); export never writes through a "
+                    f"link at --out (one planted in a shared directory would take the "
+                    f"shards elsewhere): give the directory itself") from None
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                raise ShardError(f"--out {self.path} is {_files.kind(st.st_mode)}, not a "
+                                 f"directory; give an empty or new directory") from None
+            raise ShardError(f"--out {self.path}: cannot open: {e.strerror}") from None
+
+    def name(self, name):
+        """A name in --out as messages give it."""
+        return os.path.join(self.path, name)
+
+    def take(self, prefix):
+        """Takes the export lock; returns its fd. A directory holding an
+        export is refused; the leftovers of a dead exporter (no lock held)
+        are removed either way, so a killed export leaves only whole shards
+        behind. On an error --out is released (removed when made here)."""
+        lock = None
+        try:
+            lock = self._lock_file()
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(lock)
+                lock = None  # another export's: not removed
+                raise ShardError(f"{self.path}: another export is writing there now") from None
+            self._clear(prefix)
+        except BaseException:
+            self.release(lock, wrote=False)
+            raise
+        return lock
+
+    def _clear(self, prefix):
+        names = sorted(os.listdir(self.fd))
         removed = []
         for name in names:  # a dead export's unfinished shard or index: nobody holds the lock
             if name.startswith(f".{prefix}-") and name.endswith(".tar.tmp") or \
                     name == f".{INDEX_NAME}.tmp":
-                path = os.path.join(out, name)
-                if not stat.S_ISREG(os.lstat(path).st_mode):  # no export makes a link
-                    raise ShardError(f"{path}: {_files.there(path)} is there, not an "
-                                     f"export's leftover; refusing to write through or over "
-                                     f"it (remove it)")
-                os.unlink(path)
+                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):  # no export makes a link
+                    raise ShardError(f"{self.name(name)}: {_files.kind(st.st_mode)} is there, "
+                                     f"not an export's leftover; refusing to write through "
+                                     f"or over it (remove it)")
+                os.unlink(name, dir_fd=self.fd)
                 removed.append(name)
         held = [n for n in names if n == INDEX_NAME or
                 (n.startswith(prefix + "-") and n.endswith(".tar"))]
         if held:
             first = next((n for n in held if n != INDEX_NAME), held[0])
-            raise ShardError(f"{out} holds an export already ({first}"
+            raise ShardError(f"{self.path} holds an export already ({first}"
                              + (f" and {len(held) - 1} more" if len(held) > 1 else "")
                              + (f"; removed a dead export's leftovers {removed}" if removed
                                 else "")
                              + "): give an empty or new --out directory, or remove that "
                                "export first")
-    except BaseException:
-        _release_out(out, fd, False)
-        raise
-    return fd, made
 
-
-def _lock_file(path):
-    """The export lock's fd: made exclusively, or a killed export's lock
-    file taken over when it is a plain file of this user's (one name, not
-    a link); anything else at the name is refused naming it."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       0o644)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        fd = None
-    if fd is not None:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
-            return fd
-        os.close(fd)
-    raise ShardError(f"{path}: {_files.there(path)} is there that no export of this user "
-                     f"made; refusing to lock through it (remove it)")
-
-
-def _release_out(out, fd, made, wrote=True):
-    """Drops the export lock; a directory this export made and wrote
-    nothing into is removed again."""
-    _files.remove_own(os.path.join(out, _LOCK_NAME), _files.identity(fd))
-    os.close(fd)
-    if made and not wrote:
+    def _lock_file(self):
+        """The export lock's fd: made exclusively, or a killed export's lock
+        file taken over when it is a plain file of this user's (one name, not
+        a link); anything else at the name is refused naming it."""
         try:
-            os.rmdir(out)
-        except OSError:
+            return os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                           os.O_CLOEXEC, 0o644, dir_fd=self.fd)
+        except FileExistsError:
             pass
+        try:
+            fd = os.open(_LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+        except OSError:
+            fd = None
+        if fd is not None:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+                return fd
+            os.close(fd)
+        path = self.name(_LOCK_NAME)
+        raise ShardError(f"{path}: {_files.there(path, self.fd)} is there that no export of "
+                         f"this user made; refusing to lock through it (remove it)")
+
+    def release(self, lock, wrote=True):
+        """Drops the export lock (None: not taken); a directory this export
+        made and wrote nothing into is removed again (while its name is
+        still that directory)."""
+        if lock is not None:
+            _files.remove_own(self.name(_LOCK_NAME), _files.identity(lock), self.fd)
+            os.close(lock)
+        if self.made and not wrote and \
+                _files.named(self._name, self._parent) == _files.identity(self.fd):
+            try:
+                os.rmdir(self._name, dir_fd=self._parent)
+            except OSError:
+                pass
+        self._close_fds()
+
+    def _close_fds(self):
+        for fd in (self.fd, self._parent):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self._parent = None
 
 
 def export_shards(out, config_path=None, config=None, *, generations=None, samples=None,
@@ -280,15 +366,16 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
     timeout = float(cfg["READ_TIMEOUT"] if timeout is None else timeout)
     if not timeout >= 0:
         raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout:g}")
-    lock, made = _prepare_out(out, prefix)
+    where = _Out(out)
+    lock = where.take(prefix)
     w = None
     try:
         store_handle = ProcessStore(cfg)  # opened as the readers open it
-        w = _ShardWriter(out, limit, fields, prefix)
+        w = _ShardWriter(where.path, where.fd, limit, fields, prefix)
         return _export(w, store_handle, cfg, out, generations, samples, timeout, quiet,
                        on_signal)
     finally:
-        _release_out(out, lock, made, wrote=w is not None and bool(w.index["shards"]))
+        where.release(lock, wrote=w is not None and bool(w.index["shards"]))
 
 
 def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):

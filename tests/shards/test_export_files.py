@@ -2,6 +2,9 @@
 any name the export creates (its temporaries, its lock, a shard, the index),
 before it starts or while it waits for a generation, is refused naming it;
 the file a link points at is unchanged and nothing appears outside --out.
+--out itself is opened once: a link there or another owner's directory is
+refused, and one renamed away mid-export takes the rest of the export with
+it.
 And the reader's bad input of the same round: shard paths that are not
 regular files, malformed pax numbers, an index.json of mistyped values."""
 import io
@@ -370,3 +373,77 @@ def test_records_replace_only_a_regular_file(tmp_path, monkeypatch):
         assert victim.read_bytes() == VICTIM
         new.unlink()
         assert sorted(os.listdir(tmp_path)) == ["train.rank0.json", "victim"]
+
+
+# ---- --out itself: opened once, every name reached through that fd --------
+
+
+@pytest.fixture
+def shared_dir(tmp_path):
+    """A directory anyone may write into, without the sticky bit (mode
+    0777): another user can rename or replace --out there; and a directory
+    of the user's beside it, which must stay empty."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    other = tmp_path / "other"
+    other.mkdir()
+    return str(shared / "out"), str(other)
+
+
+@pytest.mark.parametrize("renameat2", [True, False])
+def test_out_renamed_away_and_replaced_by_a_link_mid_export_writes_nothing_there(
+        shm_cfg, shared_dir, monkeypatch, renameat2):
+    """Shards and index.json go on into the directory opened (also by
+    link + unlink, where the C library lacks renameat2)."""
+    from wirehead_torch import _files
+    if not renameat2:
+        monkeypatch.setattr(_files, "_renameat2", None)
+    out, other = shared_dir
+    moved = out + ".moved"
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    _feed(cfg)
+    from wirehead_torch._shard_export import _ShardWriter
+    real, swapped = _ShardWriter._write_index, []
+
+    def swap_then_write(self):  # the first shard is in place, its index not yet
+        if not swapped:
+            os.rename(out, moved)
+            os.symlink(other, out)
+            swapped.append(True)
+        return real(self)
+    monkeypatch.setattr(_ShardWriter, "_write_index", swap_then_write)
+    idx = wt.export_shards(out, config=cfg, shard_size="2KiB", timeout=5)
+    assert swapped and idx["samples"] == 2 and len(idx["shards"]) == 2
+    assert os.listdir(other) == []  # neither index.json nor the second shard
+    assert os.readlink(out) == other
+    # the export went on in its own directory, wherever it was moved to
+    assert sorted(os.listdir(moved)) == ["index.json", "shards-000000.tar",
+                                         "shards-000001.tar"]
+    tars = sorted(os.path.join(moved, n) for n in os.listdir(moved) if n.endswith(".tar"))
+    assert sum(1 for _ in wt.from_shards(tars, verify="full")) == 2
+
+
+@pytest.mark.parametrize("trail", ["", "/", "/."])
+def test_out_that_is_a_planted_link_is_refused_naming_it(shm_cfg, shared_dir, trail):
+    out, other = shared_dir
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    _feed(cfg)
+    os.symlink(other, out)
+    with pytest.raises(wt.ShardError) as e:
+        wt.export_shards(out + trail, config=cfg, timeout=5)
+    assert f"--out {out} is a symbolic link (to {other})" in str(e.value)
+    assert os.listdir(other) == [] and os.readlink(out) == other
+
+
+def test_out_of_another_owner_is_refused_naming_both(shm_cfg, shared_dir, monkeypatch):
+    out, _ = shared_dir
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    _feed(cfg)
+    os.mkdir(out)
+    owner = os.stat(out).st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # as another user sees it
+    with pytest.raises(wt.ShardError, match=f"--out {out} belongs to uid {owner}, not to this "
+                                            f"user \\(uid {owner + 1}\\)"):
+        wt.export_shards(out, config=cfg, timeout=5)
+    assert os.listdir(out) == []
