@@ -24,8 +24,10 @@ from ._shard_format import (
     npy_header,
     tar_header,
 )
-from ._store import GenLabels, ProcessStore, StopFlag, gen_label
+from ._store import GenLabels, ProcessStore, StopFlag
 from .config import get_config, parse_bytes
+
+_WHO = "wirehead export"  # the one prefix of everything an export says
 
 
 class _ShardWriter:
@@ -33,7 +35,8 @@ class _ShardWriter:
     and renamed when complete; index.json is rewritten (atomically) after
     every shard, so a killed export leaves complete shards and their index.
     Every name is made relative to dir_fd (DIR, opened once); out is DIR's
-    path, for messages."""
+    path, for messages. The index counts only samples and generations of
+    the shards it lists."""
 
     def __init__(self, out, dir_fd, shard_size, fields, prefix="shards"):
         self.out = out
@@ -50,9 +53,17 @@ class _ShardWriter:
         self._partial = False
         self._mtime = int(time.time())
         self._index_id = None  # (dev, ino) of the index.json this export put in place
+        self._listed = {}  # generation: its samples in the shards the index lists
+        self._added = {}  # generation: its samples added, listed or not
+        self._entry_gens = {}  # generation: its samples in the shard being written
 
     def _path(self, name):
         return os.path.join(self.out, name)
+
+    @property
+    def written(self):
+        """Samples in the listed shards and the one being written."""
+        return self.index["samples"] + (self._entry["samples"] if self._f is not None else 0)
 
     def _open(self):
         n = len(self.index["shards"])
@@ -62,6 +73,7 @@ class _ShardWriter:
                        buffering=0)
         self._hash = _C.Xxh3()
         self._entry = {"name": name, "bytes": 0, "samples": 0, "xxh3": None, "members": {}}
+        self._entry_gens = {}
 
     def _write(self, data):
         view = memoryview(data).cast("B")
@@ -100,9 +112,8 @@ class _ShardWriter:
         self._partial = False
         self._note_schema(arrays)
         self._entry["samples"] += 1
-        self.index["samples"] += 1
-        if not self.index["generations"] or self.index["generations"][-1] != gen:
-            self.index["generations"].append(gen)
+        self._entry_gens[gen] = self._entry_gens.get(gen, 0) + 1
+        self._added[gen] = self._added.get(gen, 0) + 1
 
     def _note_schema(self, arrays):
         seen = [{"dtype": d, "shape": list(s)} for d, s, _ in arrays]
@@ -126,13 +137,27 @@ class _ShardWriter:
         try:  # never over a file or link another process put at the name
             _files.put_in_place(f.fileno(), self._tmp, self._path(self._entry["name"]),
                                 ShardError, dir_fd=self.dir_fd)
-        except BaseException:
-            self.index["samples"] -= self._entry["samples"]
-            raise
         finally:
             f.close()
         self.index["shards"].append(self._entry)
+        self.index["samples"] += self._entry["samples"]
+        for gen, n in self._entry_gens.items():
+            self._listed[gen] = self._listed.get(gen, 0) + n
+        self.index["generations"] = list(self._listed)
         self._write_index()
+
+    def listed(self, gen):
+        """The samples of generation gen in the listed shards."""
+        return self._listed.get(gen, 0)
+
+    def note_whole(self, whole):
+        """The index's whole_generations: those of whole (read to their end)
+        with every sample added in a listed shard; partial_generations: the
+        other listed ones (an interrupted or failed export, a reclaimed
+        generation, samples=N)."""
+        done = [g for g in self._listed if g in whole and self._listed[g] == self._added[g]]
+        self.index["whole_generations"] = done
+        self.index["partial_generations"] = [g for g in self._listed if g not in done]
 
     def _write_index(self):
         # the first one never replaces a file; later ones only the one put here before
@@ -153,7 +178,6 @@ class _ShardWriter:
 
     def abandon(self):
         if self._f is not None:
-            self.index["samples"] -= self._entry["samples"]
             mine = _files.identity(self._f.fileno())
             self._f.close()
             self._f = None
@@ -379,7 +403,8 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
 
 
 def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_signal):
-    say = (lambda text: None) if quiet else (lambda text: print(f"export: {text}", flush=True))
+    say = (lambda text: None) if quiet else \
+        (lambda text: print(f"{_WHO}: {text}", flush=True))
     label = GenLabels(store_handle)  # #N as status says; shard names keep the full ids
     done_gens = moved = corrupt = 0
     last = 0
@@ -391,7 +416,7 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
             swap_cap = store.swap_cap
             while not stop:
                 gen = wait_for_generation(store, cfg, timeout, last, stop=stop,
-                                          who="wirehead export", note_every=_WAIT_NOTE_EVERY,
+                                          who=_WHO, note_every=_WAIT_NOTE_EVERY,
                                           longer="timeout= (--timeout) or READ_TIMEOUT")
                 if gen is None:
                     break
@@ -409,42 +434,42 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                         got = store.read_sample(gen, pos, None, timeout, False)
                     except _C.CorruptSampleError as e:
                         corrupt += 1
-                        log.warning("wirehead export: generation %s position %d not exported: "
-                                    "%s", label(gen), pos, e)
+                        log.warning("%s: generation %s position %d not exported: %s", _WHO,
+                                    label(gen), pos, e)
                         pos += 1
                         continue
                     if got.generation != gen:  # reclaimed under us: start over on the newer one
                         moved += 1
                         if stop:  # not a newer one, once stopped: this one stays partial
                             break
-                        log.warning("wirehead export: generation %s was reclaimed after %d of "
-                                    "%d positions; going on with generation %s", label(gen),
-                                    pos, swap_cap, label(got.generation))
+                        log.warning("%s: generation %s was reclaimed after %d of %d positions; "
+                                    "going on with generation %s", _WHO, label(gen), pos,
+                                    swap_cap, label(got.generation))
                         gen, pos = got.generation, 0
                         continue
                     w.add(gen, got.position,
                           [(a.dtype, a.shape, _bytes_of(a)) for a in got.arrays])
                     del got
                     pos += 1
-                    if samples is not None and w.index["samples"] >= samples:
+                    if samples is not None and w.written >= samples:
                         break
                 last = gen
                 if pos >= swap_cap:
                     done_gens += 1
                     whole.append(gen)
-                    say(f"generation {label(gen)} written ({w.index['samples']} samples so "
-                        f"far)")
-                if samples is not None and w.index["samples"] >= samples:
+                    say(f"generation {label(gen)} written ({w.written} samples so far)")
+                if samples is not None and w.written >= samples:
                     break
                 if generations is not None and done_gens >= generations:
                     break
             signum = stop.signum if stop else None
         w.finish()
+        names = {g: label(g) for g in w.index["generations"]}  # while the store is open
     except BaseException:
         w.finish()  # the whole samples written so far stay
         if w.index["shards"]:
             w.index["complete"] = False
-            _note_whole(w.index, whole)
+            w.note_whole(whole)
             w._write_index()
         raise
     finally:
@@ -452,7 +477,7 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
     w.index["reclaimed_during_export"] = moved
     w.index["corrupt_skipped"] = corrupt
     w.index["complete"] = signum is None
-    _note_whole(w.index, whole)
+    w.note_whole(whole)
     if w.index["shards"]:  # else nothing is kept: the directory is removed if made here
         w._write_index()
     if signum is not None:
@@ -460,25 +485,39 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
         w.index["interrupted"] = name
         part = w.index["partial_generations"]
         if part:  # for the caller's message (not in index.json, which has the id)
-            w.index["partial_label"] = gen_label(part[0], label.seen)
-        say(f"interrupted by {name}: {w.index['samples']} samples of "
-            f"{len(w.index['whole_generations'])} whole generations"
-            + (f" and part of generation {w.index['partial_label']}" if part else "")
-            + f" in {len(w.index['shards'])} shards under {out} (index.json: complete false)")
+            w.index["partial_label"] = _labels(part, names)
+        say(f"interrupted by {name}: {_wrote(w, names, out)} (index.json: complete false)")
         if on_signal == "raise":
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
         return w.index
-    say(f"{w.index['samples']} samples of {len(w.index['generations'])} generations in "
-        f"{len(w.index['shards'])} shards under {out}")
+    say(_wrote(w, names, out))
     return w.index
 
 
-def _note_whole(index, whole):
-    """index's whole_generations and partial_generations: a generation in the
-    shards but not written whole (an interrupted or failed export, or
-    samples=N) is partial."""
-    index["whole_generations"] = [g for g in index["generations"] if g in whole]
-    index["partial_generations"] = [g for g in index["generations"] if g not in whole]
+def _wrote(w, names, out):
+    """What the export wrote, counted from the shards its index lists:
+    samples, shards, the generations in them whole and those only in part."""
+    idx = w.index
+    text = f"{_n(idx['samples'], 'sample')} in {_n(len(idx['shards']), 'shard')} under {out}"
+    whole, part = idx["whole_generations"], idx["partial_generations"]
+    said = []
+    if whole:
+        said.append(f"{_n(len(whole), 'whole generation')} ({_labels(whole, names)})")
+    if len(part) == 1:
+        said.append(f"{_n(w.listed(part[0]), 'sample')} of generation {names[part[0]]}")
+    elif part:
+        said.append(f"{_n(sum(map(w.listed, part)), 'sample')} of {len(part)} generations "
+                    f"only in part ({_labels(part, names)})")
+    return text + (": " + " and ".join(said) if said else "")
+
+
+def _n(count, what):
+    return f"{count} {what}" + ("" if count == 1 else "s")
+
+
+def _labels(gens, names):
+    shown = [names[g] for g in gens]
+    return ", ".join(shown if len(shown) <= 4 else [shown[0], "...", shown[-1]])
 

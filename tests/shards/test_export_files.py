@@ -4,7 +4,7 @@ before it starts or while it waits for a generation, is refused naming it;
 the file a link points at is unchanged and nothing appears outside --out.
 --out itself is opened once: a link there or another owner's directory is
 refused, and one renamed away mid-export takes the rest of the export with
-it.
+it. The export counts only what its index lists, under one prefix.
 And the reader's bad input of the same round: shard paths that are not
 regular files, malformed pax numbers, an index.json of mistyped values."""
 import io
@@ -447,3 +447,77 @@ def test_out_of_another_owner_is_refused_naming_both(shm_cfg, shared_dir, monkey
                                             f"user \\(uid {owner + 1}\\)"):
         wt.export_shards(out, config=cfg, timeout=5)
     assert os.listdir(out) == []
+
+
+# ---- what export says ------------------------------------------------------
+
+
+def test_export_counts_only_what_it_wrote_under_one_prefix(shm_cfg, tmp_path, monkeypatch,
+                                                           capsys, caplog):
+    """A generation reclaimed after its first sample (four seals put in
+    between, deterministically): the shards hold that sample and the next
+    generation whole, and the export says so, not "of 2 generations"."""
+    cfg = shm_cfg(swap_cap=4, sample=FIELDS, SELF_SEAL=True)
+    g = wt.WireheadGenerator((whlib.sample(1, i, n=16) for i in range(4)), config=cfg,
+                             quiet=True)
+    assert g.run() == 4
+    g.close()
+    from wirehead_torch._shard_export import _ShardWriter
+    real, fed = _ShardWriter.add, []
+
+    def add_then_outrun(self, gen, pos, arrays):
+        real(self, gen, pos, arrays)
+        if not fed:
+            fed.append(gen)
+            g = wt.WireheadGenerator((whlib.sample(2, i, n=16) for i in range(16)),
+                                     config=cfg, quiet=True)
+            assert g.run() == 16
+            g.close()
+    monkeypatch.setattr(_ShardWriter, "add", add_then_outrun)
+    caplog.set_level("INFO", logger="wirehead_torch")
+    idx = wt.export_shards(str(tmp_path / "kept"), config=cfg, generations=1, timeout=5,
+                           quiet=False)
+    assert idx["reclaimed_during_export"] == 1
+    assert idx["partial_generations"] == fed and len(idx["whole_generations"]) == 1
+    assert idx["generations"] == fed + idx["whole_generations"] and idx["samples"] == 5
+    out = capsys.readouterr().out.splitlines()
+    said = out + [r.getMessage() for r in caplog.records if r.module == "_shard_export"]
+    assert said and all(line.startswith("wirehead export: ") for line in said), said
+    assert any("was reclaimed" in line for line in said)
+    last = out[-1]
+    assert f"5 samples in {len(idx['shards'])} shard" in last, last
+    assert "1 whole generation (#" in last and "1 sample of generation" in last, last
+    assert "2 generations" not in last and "of 1 generation" not in last, last
+
+
+def test_a_dropped_shard_takes_its_generation_out_of_the_index(shm_cfg, tmp_path, monkeypatch):
+    """A write error (a full disk) in the second sample of generation 2
+    drops the shard holding generation 2's first: index.json lists only
+    generation 1, whole, as the shards hold it."""
+    cfg = shm_cfg(swap_cap=2, sample=FIELDS, SELF_SEAL=True)
+    _feed(cfg, 1)
+    from wirehead_torch._shard_export import _ShardWriter
+    real_add, real_write, added = _ShardWriter.add, _ShardWriter._write, []
+
+    def add(self, gen, pos, arrays):
+        real_add(self, gen, pos, arrays)
+        added.append(gen)
+        if len(added) == 2:  # generation 1 written: the next one sealed
+            _feed(cfg, 2)
+
+    def write(self, data):
+        # the second member of the shard's second sample: its first is written
+        if len(self.index["shards"]) == 1 and len(self._entry["members"]) == 3:
+            raise OSError(28, "No space left on device")
+        return real_write(self, data)
+    monkeypatch.setattr(_ShardWriter, "add", add)
+    monkeypatch.setattr(_ShardWriter, "_write", write)
+    out = tmp_path / "kept"
+    with pytest.raises(OSError, match="No space"):  # 2 samples a shard
+        wt.export_shards(str(out), config=cfg, generations=2, shard_size="6KiB", timeout=5)
+    assert added[0] == added[1] != added[2]
+    assert sorted(os.listdir(out)) == ["index.json", "shards-000000.tar"]
+    idx = json.loads((out / "index.json").read_text())
+    assert idx["samples"] == 2 and idx["complete"] is False
+    assert idx["generations"] == idx["whole_generations"] == added[:1]
+    assert idx["partial_generations"] == []

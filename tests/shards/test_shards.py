@@ -430,7 +430,8 @@ def test_cli_export_then_generate_from_shards_in_two_processes(shm_cfg, tmp_path
                               "--shard-size", "2KiB"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "4 samples of 1 generations in 4 shards" in r.stdout
+    assert "wirehead export: 4 samples in 4 shards under kept: 1 whole generation (#1)" \
+        in r.stdout.splitlines(), r.stdout
     r = subprocess.run(cli + ["export", "--config", "src.yaml", "--out", "kept"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "holds an export already (shards-000000.tar" in r.stderr
@@ -614,12 +615,15 @@ def test_signal_ends_an_export_visibly_with_every_shard_complete_and_listed(shm_
     finally:
         feeder.close()
     assert child.returncode == code, err  # interrupted, visibly
-    assert f"export interrupted: by {sig.name}" in err and '"complete": false' in err
-    assert "samples of 1000000 generations" not in out
+    assert f"wirehead export: interrupted by {sig.name}" in err and '"complete": false' in err
+    assert "1000000" not in out
     kept = tmp_path / "kept"
     with open(kept / "index.json") as f:
         index = json.load(f)
     assert index["complete"] is False
+    last = out.splitlines()[-1]  # counted from the index, never the generations asked for
+    assert last.startswith(f"wirehead export: interrupted by {sig.name}: {index['samples']} "
+                           f"samples in {len(index['shards'])} shards under kept: "), last
     _whole_generations_only(index, _tars(str(kept)), 4)
     assert sorted(os.listdir(kept)) == sorted(["index.json"] +
                                               [s["name"] for s in index["shards"]])

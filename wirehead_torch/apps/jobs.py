@@ -374,9 +374,11 @@ def run(args, argv):
                               on_signal="return")
         if index.get("interrupted"):
             part = index.get("partial_generations") or []
-            print(f"export interrupted: by {index['interrupted']}; {args.out}/index.json says "
-                  f"\"complete\": false"
+            print(f"wirehead export: interrupted by {index['interrupted']}; {args.out}/index.json "
+                  f"says \"complete\": false"
                   + (f", generation {index['partial_label']} is in the shards only in part"
+                     if len(part) == 1 else
+                     f", generations {index['partial_label']} are in the shards only in part"
                      if part else "")
                   + (f" ({index['samples']} samples in {len(index['shards'])} shards kept)"
                      if index["shards"] else " (nothing kept)"), file=sys.stderr, flush=True)
