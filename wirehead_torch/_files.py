@@ -117,10 +117,10 @@ def put_in_place(fd, tmp, final, error, replaces=None, dir_fd=None):
     ino). replaces=None: nothing may be at final (renameat2 with
     RENAME_NOREPLACE); replaces=(dev, ino): only that file, put there
     earlier by the caller, is replaced; replaces="file": any regular
-    file (a record rewritten by each run). Anything else at final (a link,
-    a planted file) is refused naming it, and tmp is removed. Afterwards
-    final must be fd's file: a tmp swapped for another after it was
-    created is refused too."""
+    file of this user (a record rewritten by each run). Anything else at
+    final (a link, a planted file, another user's) is refused naming it,
+    and tmp is removed. Afterwards final must be fd's file: a tmp swapped
+    for another after it was created is refused too."""
     mine = identity(fd)
     try:
         if replaces is None:
@@ -130,13 +130,22 @@ def put_in_place(fd, tmp, final, error, replaces=None, dir_fd=None):
                 raise error(f"{final}: {there(final, dir_fd)} is already there, not made by "
                             f"this process; refusing to replace it (remove it)") from None
         else:
-            at = named(final, dir_fd)
-            if at is not None and (at != replaces if replaces != "file" else
-                                   not stat.S_ISREG(_lstat(final, dir_fd).st_mode)):
-                raise error(f"{final}: {there(final, dir_fd)} is there that this process did "
-                            f"not put there; refusing to replace it (remove it)")
-            os.rename(_at(tmp, dir_fd), _at(final, dir_fd), src_dir_fd=dir_fd,
-                      dst_dir_fd=dir_fd)
+            try:
+                at = _lstat(final, dir_fd)
+            except FileNotFoundError:
+                at = None
+            if at is not None and ((at.st_dev, at.st_ino) != replaces if replaces != "file" else
+                                   not stat.S_ISREG(at.st_mode) or at.st_uid != os.geteuid()):
+                what = (f"a file of uid {at.st_uid}" if stat.S_ISREG(at.st_mode) and
+                        at.st_uid != os.geteuid() else kind(at.st_mode))
+                raise error(f"{final}: {what} is there that this process did not "
+                            f"put there; refusing to replace it (remove it)")
+            try:
+                os.rename(_at(tmp, dir_fd), _at(final, dir_fd), src_dir_fd=dir_fd,
+                          dst_dir_fd=dir_fd)
+            except PermissionError as e:  # planted meanwhile by another user (sticky dir)
+                raise error(f"{final}: cannot replace it ({e.strerror}): another user's file "
+                            f"is there; remove it") from None
     except BaseException:
         remove_own(tmp, mine, dir_fd)
         raise

@@ -43,17 +43,25 @@ def _open_owned(path, flags):
     def refused(what):
         return ConfigError(f"{path}: the relay's file is {what}, it must be a regular file "
                            f"of uid {os.geteuid()} with mode 0600; remove it")
+
+    def described(st):
+        return (kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else
+                f"a file of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
     try:  # O_NONBLOCK: a FIFO at the name is refused below, never waited on
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+        # EACCES, EPERM: another user's file, planted first
+        if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM):
             raise
-        raise refused(there(path)) from None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise refused(there(path)) from None
+        raise refused(described(st)) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
-        raise refused(kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else
-                      f"a file of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
+        raise refused(described(st))
     return fd
 
 
@@ -190,6 +198,15 @@ class WireheadRelay:
         mine = os.fstat(fd)
         return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
+    def _check_figures(self):
+        """The last relay's figures, if any, must be ours: a file another
+        user put there first is refused at the start, not at the first
+        write, and before the lock is taken."""
+        try:
+            os.close(_open_owned(_files(self.local)[1], os.O_RDONLY))
+        except FileNotFoundError:
+            pass
+
     def _write_figures(self, force=False):
         now = time.time()
         if not force and now - self._written < 1.0:
@@ -256,6 +273,7 @@ class WireheadRelay:
         max_generations copies; returns the number copied."""
         n = 0
         with self._stop:
+            self._check_figures()
             if not self._acquire():
                 return 0
             self._say(f"pid {os.getpid()} fills {self.local} from "

@@ -298,12 +298,85 @@ def test_relay_figures_are_never_written_through_a_link(tmp_path):
     os.symlink(victim, figures)
     relay = wt.WireheadRelay(config=cfg, wait=False, quiet=True)
     try:
-        # MongoDB is unreachable: the relay writes its figures with the error
-        with pytest.raises(wt.ConfigError, match=f"{figures}: a symbolic link is there that "
-                                                 f"this process did not put there"):
+        # refused at the relay's start, before it writes its figures (a link
+        # planted later is refused by the write: _files.put_in_place)
+        with pytest.raises(wt.ConfigError, match=f"{figures}: the relay's file is a symbolic "
+                                                 f"link, it must be a regular file"):
             relay.run()
     finally:
         relay.close()
         os.unlink(figures)
     assert victim.read_bytes() == b"kept"
     assert not [f for f in os.listdir("/dev/shm") if name in f]  # no temporary left
+
+
+def test_relay_figures_of_another_user_are_refused_not_replaced(tmp_path):
+    """A figures file of another user's (uid 65534), put there first: the
+    relay refuses it at its start, in one line naming the file and its
+    owner, and never replaces it (as root it could)."""
+    import threading
+    cfg, name, _victim = _relay_of_nowhere(tmp_path, "whrelayuid")
+    figures = f"/dev/shm/wirehead-relay.{name}.json"
+    with open(figures, "w") as f:
+        f.write("planted")
+    os.chmod(figures, 0o600)
+    os.chown(figures, 65534, 65534)
+    relay = wt.WireheadRelay(config=cfg, wait=False, quiet=True)
+    errors = []
+
+    def run():
+        try:
+            relay.run()
+        except Exception as e:  # noqa: BLE001 - what it raises is the finding
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(20)  # at once when refused; else it runs (MongoDB unreachable) until stopped
+    try:
+        assert not t.is_alive(), "the relay took another user's figures file over"
+    finally:
+        relay.stop()
+        t.join(30)
+        relay.close()
+        st = os.lstat(figures)
+        with open(figures) as f:
+            kept = f.read()
+        os.unlink(figures)
+    assert [(type(e), str(e)) for e in errors] == [(
+        wt.ConfigError, f"{figures}: the relay's file is a file of uid 65534 with mode 0600, it "
+                        f"must be a regular file of uid {os.geteuid()} with mode 0600; remove it")]
+    assert (st.st_uid, kept) == (65534, "planted")
+
+
+@pytest.mark.parametrize("which", ["lock", "json"])
+def test_relay_of_another_user_finds_ours_in_one_line(tmp_path, which):
+    """The other way round: a relay run by uid 65534 finds a file of
+    root's at the name of its lock or its figures: a one-line error naming
+    it, never a PermissionError traceback."""
+    import shutil
+    import tempfile
+    cfg, name, _victim = _relay_of_nowhere(tmp_path, "whrelayroot")
+    planted = f"/dev/shm/wirehead-relay.{name}.{which}"
+    with open(planted, "w") as f:
+        f.write("root's")
+    os.chmod(planted, 0o644)
+    where = tempfile.mkdtemp()  # a config the other user can read (tmp_path is root's alone)
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "c.yaml")
+    with open(path, "w") as f:
+        f.write(json.dumps(cfg))
+    os.chmod(path, 0o644)
+    try:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            sys.executable, "-m", "wirehead_torch.apps.cli", "relay", "--config",
+                            path, "--no-wait"], capture_output=True, text=True, cwd=where,
+                           env=whlib.env_for_child(), timeout=60)
+    finally:
+        for f in (f"/dev/shm/wirehead-relay.{name}.{x}" for x in ("lock", "json")):
+            if os.path.lexists(f):
+                os.unlink(f)
+        shutil.rmtree(where)
+    assert (r.returncode, r.stderr) == (
+        2, f"wirehead-torch relay: {planted}: the relay's file is a file of uid 0 with mode "
+           f"0644, it must be a regular file of uid 65534 with mode 0600; remove it\n")
