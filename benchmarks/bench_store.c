@@ -46,7 +46,7 @@
 static char g_uri[96];
 
 static void bench_cleanup(void) {
-    if (g_uri[0]) wh_shm_clean(g_uri + strlen("shm://"), NULL);
+    if (g_uri[0]) wh_shm_clean(&(wh_store_config_t){.uri = g_uri}, NULL);
 }
 
 static void on_signal(int sig) {

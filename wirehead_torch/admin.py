@@ -51,20 +51,27 @@ def local_status(cfg, source_gen):
     from .config import local_cache_uri, local_origin, node_name
     from .relay import relay_figures
     origin_id, origin = local_origin(cfg)
-    # opened without the source check: status shows whose copy it is
+    gen, readers, source, foreign = 0, [], None, False
     try:
-        ps = _C.Store(**store_kwargs(cfg, create=False, local=True, check_origin=False))
+        ps = _C.Store(**store_kwargs(cfg, create=False, local=True))
     except _C.NotFoundError:  # no relay has made it yet
-        gen, readers, source, foreign = 0, [], None, False
+        pass
+    except _C.SchemaMismatchError:
+        # another store's copy (none of its figures are this store's), or a
+        # plain store: whose, read from its header without opening it as one
+        try:
+            found = _C.shm_origin(local_cache_uri(cfg)[len("shm://"):])
+        except _C.WireheadError:
+            found = None
+        if found is None or found[0] == origin_id:
+            raise  # refused for another reason (its SAMPLE, its layout)
+        source, foreign = found[1] or None, True
     else:
         try:
             local = ps.status()
         finally:
             ps.close()
-        gen, readers = local["read_gen"], local["readers"]
-        source, foreign = local["origin"] or None, local["origin_id"] != origin_id
-    if foreign:  # another store's copy: none of its figures are this store's
-        gen, readers = 0, []
+        gen, readers, source = local["read_gen"], local["readers"], local["origin"] or None
     # generation numbers count up by one per seal
     lag = (source_gen - gen if gen else (1 if source_gen else 0)) if source_gen >= gen else 0
     return {"store": local_cache_uri(cfg), "node": node_name(), "read_gen": gen,
@@ -103,9 +110,11 @@ def _exists(cfg):
 def clean(config=None, config_path=None, local_only=False):
     """Removes everything this store holds (its shm segment and params
     file, or its MongoDB collections, and with LOCAL_CACHE this node's
-    copy, whichever store it mirrors); nothing else. local_only: only this
-    node's copy (the store itself stays). Returns whether there was
-    anything."""
+    copy); nothing else. local_only: only this node's copy (the store
+    itself stays). What is not this config's is refused, nothing removed
+    (SchemaMismatchError naming what was found): under LOCAL_CACHE a plain
+    store or another store's copy, under an shm STORE a relay's copy.
+    Returns whether there was anything."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg, bad = get_store_config(config_path, config)
@@ -115,11 +124,8 @@ def clean(config=None, config_path=None, local_only=False):
     if bad is not None:
         log.warning("%s; removing the store it names (%s) all the same", bad, redact(cfg.store))
     existed = False
-    if not local_only:
-        with secrets_hidden(cfg["STORE"]):
-            existed = _exists(cfg)
-            _C.clean(**store_kwargs(cfg))
-    if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files too
+    if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files; first, so a
+        # refused copy leaves the store too
         from .config import local_cache_uri
         from .relay import _files
         local = local_cache_uri(cfg)
@@ -129,4 +135,8 @@ def clean(config=None, config_path=None, local_only=False):
             os.unlink(_files(local)[1])
         except FileNotFoundError:
             pass
+    if not local_only:
+        with secrets_hidden(cfg["STORE"]):
+            existed |= _exists(cfg)
+            _C.clean(**store_kwargs(cfg))
     return existed

@@ -702,14 +702,15 @@ def budget_arg(byte_budget):
     return _C.BYTE_BUDGET_AUTO if byte_budget is None else int(byte_budget)
 
 
-def store_kwargs(cfg, create=True, local=False, check_origin=True):
+def store_kwargs(cfg, create=True, local=False):
     """Arguments for ``_C.Store`` and ``_C.clean`` from a resolved config
     (create=False: open only an existing store). BYTE_BUDGET auto is
     _C.BYTE_BUDGET_AUTO (0): the
     C store then lets only a put create an shm store, sized from its sample.
     local=True: a reader's store, the node-local copy when LOCAL_CACHE is
     set (only its relay creates it, recording its source: a copy of another
-    source is refused unless check_origin=False)."""
+    source, or a plain store, is refused). Without local, an shm store that
+    is a copy is refused: only its relay writes it."""
     cfg = resolve(cfg)
     uri = local_cache_uri(cfg) if local else None
     if uri:
@@ -717,8 +718,7 @@ def store_kwargs(cfg, create=True, local=False, check_origin=True):
                   byte_budget=_C.BYTE_BUDGET_AUTO, chunk_bytes=int(cfg.chunksize * (1 << 20)),
                   dbname=cfg.dbname, prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
                   connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
-        if check_origin:
-            kw["origin_id"], kw["origin_name"] = local_origin(cfg)
+        kw["origin_id"], kw["origin_name"] = local_origin(cfg)
         return kw
     return dict(
         create=create,

@@ -300,7 +300,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def _store_uri(self):
         """The store this process reads: the node-local copy under LOCAL_CACHE."""
         from .config import store_kwargs
-        return store_kwargs(self.dataset.cfg, create=False, local=True, check_origin=False)["uri"]
+        return store_kwargs(self.dataset.cfg, create=False, local=True)["uri"]
 
     def _direct_store(self):
         """This process's handle on the dataset's store: the rows its

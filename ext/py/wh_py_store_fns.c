@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-#include "wh_backend.h" /* only for shm_layout, which tests use to forge damage */
+#include "wh_backend.h" /* only for shm_layout (tests forge damage) and shm_origin */
 
 /* ---- store configuration from keyword arguments ---- */
 
@@ -157,6 +157,22 @@ static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
                          (Py_ssize_t)l.slot_holes, "hdr_size", (Py_ssize_t)l.hdr_size);
 }
 
+/* shm_origin(name) -> None when no shm store is under name, else
+ * (origin_id, origin_name) its segment records ("", "": a plain store):
+ * whose copy `status` is looking at, without opening it as one. */
+static PyObject *wh__shm_origin(PyObject *m, PyObject *args) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    char id[WH_ORIGIN_ID_LEN], oname[WH_ORIGIN_NAME_LEN];
+    bool found = false, ok;
+    wh_err_t err = {0};
+    Py_BEGIN_ALLOW_THREADS ok = wh_shm_origin(name, &found, id, oname, &err);
+    Py_END_ALLOW_THREADS if (!ok) return wh_py_raise(S, &err);
+    if (!found) Py_RETURN_NONE;
+    return Py_BuildValue("(ss)", id, oname);
+}
+
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
     (void)m;
     (void)unused;
@@ -172,6 +188,8 @@ static PyMethodDef wh__store_functions[] = {
     {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
+    {"shm_origin", wh__shm_origin, METH_VARARGS,
+     "shm_origin(name): the source an shm store's segment records, or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -221,27 +221,43 @@ void wh__shm_hdr_text(char *out, const char *in, size_t n) {
     out[i] = 0;
 }
 
-/* A node-local copy serves only configs of the store it mirrors: one
+/* A node-local copy serves only configs of the store it mirrors (one
  * LOCAL_CACHE name given to two stores must not hand one the other's
- * samples, and a plain store is no copy. */
-static bool wh__origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err) {
-    char id[WH_ORIGIN_ID_LEN], name[WH_ORIGIN_NAME_LEN];
-    wh__shm_hdr_text(id, h->origin_id, sizeof id);
-    if (!strcmp(id, s->origin_id)) return true;
-    if (!id[0])
-        return wh_err_set(
-            err, WH_E_SCHEMA,
-            "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
-            "store, not a relay's copy of %s; give LOCAL_CACHE a name of its own "
-            "(or auto), or remove that store (`wirehead-torch clean` or wt.clean(config))",
-            s->shm_name + 10, s->origin_name);
-    wh__shm_hdr_text(name, h->origin_name, sizeof name);
+ * samples), a plain store is no copy, and a copy is no plain store (only
+ * its relay writes it). want: the opener's source ("": a plain store),
+ * have: the segment's. */
+static bool wh__origin_ok(const char *shm, const char *want, const char *want_name,
+                          const char *have, const char *have_name, wh_err_t *err) {
+    if (!strcmp(want, have)) return true;
+    if (!have[0])
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "shm store '%s' (LOCAL_CACHE) records no source: it is a plain shm "
+                          "store, not a relay's copy of %s; give LOCAL_CACHE a name of its "
+                          "own (or auto), or remove that store with `wirehead-torch clean` and "
+                          "a config whose STORE is shm://%s",
+                          shm, want_name, shm);
+    if (!want[0])
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "shm store '%s' is this node's copy of %s, made by a relay for its "
+                          "LOCAL_CACHE, not a store of its own: only that relay writes it; "
+                          "give this config's STORE another name, or remove the copy once "
+                          "nothing uses it (`wirehead-torch clean --local-only` with a config "
+                          "of that store)",
+                          shm, have_name);
     return wh_err_set(err, WH_E_SCHEMA,
                       "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s (this "
-                      "config's STORE); give one of them another LOCAL_CACHE name (or auto), or "
-                      "remove that copy once nothing uses it (`wirehead-torch clean "
-                      "--local-only`)",
-                      s->shm_name + 10, name, s->origin_name);
+                      "config's STORE); give one of them another LOCAL_CACHE name (or auto), "
+                      "or remove that copy once nothing uses it (`wirehead-torch clean "
+                      "--local-only` with a config of that store)",
+                      shm, have_name, want_name);
+}
+
+/* The segment's recorded source against the handle's (wh__origin_ok). */
+static bool wh__hdr_origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err) {
+    char id[WH_ORIGIN_ID_LEN], name[WH_ORIGIN_NAME_LEN];
+    wh__shm_hdr_text(id, h->origin_id, sizeof id);
+    wh__shm_hdr_text(name, h->origin_name, sizeof name);
+    return wh__origin_ok(s->shm_name + 10, s->origin_id, s->origin_name, id, name, err);
 }
 
 /* Waits (bounded) for the creator to finish; maps and checks the store. */
@@ -335,6 +351,8 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                         "it with `wirehead-torch clean` or wt.clean(config)",
                         s->shm_name + 10, h->format_version, (unsigned long long)h->hdr_size,
                         WH_FORMAT_VERSION, sizeof(wh__hdr_t));
+    } else if (!wh__hdr_origin_ok(s, h, err)) {
+        ok = false; /* before SAMPLE and the rest: whose copy it is says most */
     } else if (h->pidns && ns && h->pidns != ns) {
         ok = wh_err_set(err, WH_E_INVALID,
                         "shm store '%s' was created in another PID namespace "
@@ -380,7 +398,6 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
                         s->shm_name + 10);
     }
-    if (ok && s->origin_id[0]) ok = wh__origin_ok(s, h, err);
     wh_guard_munmap(h, sizeof(wh__hdr_t));
     if (!ok) return false;
     void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -636,9 +653,68 @@ void wh_shm_layout(wh_shm_layout_t *l) {
     l->hdr_size = sizeof(wh__hdr_t);
 }
 
-bool wh_shm_clean(const char *name, wh_err_t *err) {
-    char n[256];
+/* The source the segment open as fd records, when its header is a whole
+ * one of this build (read, not mapped: a cut file is a short read). */
+static bool wh__origin_of(int fd, char *id, char *name) {
+    uint64_t magic = 0, hdr_size = 0;
+    uint32_t version = 0;
+    char rid[WH_ORIGIN_ID_LEN], rname[WH_ORIGIN_NAME_LEN];
+    if (pread(fd, &magic, sizeof magic, offsetof(wh__hdr_t, magic)) != sizeof magic ||
+        pread(fd, &version, sizeof version, offsetof(wh__hdr_t, format_version)) !=
+            sizeof version ||
+        pread(fd, &hdr_size, sizeof hdr_size, offsetof(wh__hdr_t, hdr_size)) != sizeof hdr_size ||
+        magic != WH__SHM_MAGIC || version != WH_FORMAT_VERSION || hdr_size != sizeof(wh__hdr_t) ||
+        pread(fd, rid, sizeof rid, offsetof(wh__hdr_t, origin_id)) != sizeof rid ||
+        pread(fd, rname, sizeof rname, offsetof(wh__hdr_t, origin_name)) != sizeof rname)
+        return false;
+    wh__shm_hdr_text(id, rid, WH_ORIGIN_ID_LEN);
+    wh__shm_hdr_text(name, rname, WH_ORIGIN_NAME_LEN);
+    return true;
+}
+
+bool wh_shm_origin(const char *name, bool *found, char *id, char *oname, wh_err_t *err) {
+    char n[256], path[300];
+    *found = false;
     if (!wh__shm_name(name, n, sizeof n, err)) return false;
+    snprintf(path, sizeof path, "/dev/shm%s", n);
+    int fd = wh_shmfile_open(path, 0, err);
+    if (fd == -ENOENT) return true;
+    if (fd < 0) return false;
+    *found = wh__origin_of(fd, id, oname);
+    close(fd);
+    return *found || wh_err_set(err, WH_E_SCHEMA,
+                                "shm store '%s' is not a whole segment of this build (being "
+                                "made, cut, or another build's)",
+                                name);
+}
+
+bool wh_shm_clean(const wh_store_config_t *cfg, wh_err_t *err) {
+    const char *name = cfg->uri + strlen("shm://");
+    char n[256], path[300], id[WH_ORIGIN_ID_LEN], oname[WH_ORIGIN_NAME_LEN];
+    if (!wh__shm_name(name, n, sizeof n, err)) return false;
+    snprintf(path, sizeof path, "/dev/shm%s", n);
+    /* a copy is removed only as the copy of its store, a plain store only
+     * as one: clean must not take a store for another's copy (or the
+     * reverse). A segment that is not a whole one of this build (another
+     * user's, being made, cut, an older layout) records nothing to check:
+     * every opener refuses it, naming clean, so it goes as before. */
+    wh_err_t e = {0};
+    int fd = wh_shmfile_open(path, 0, &e);
+    if (fd >= 0) {
+        struct stat mine, named;
+        bool ok = true;
+        if (wh__origin_of(fd, id, oname) &&
+            !wh__origin_ok(name, cfg->origin_id ? cfg->origin_id : "",
+                           cfg->origin_name ? cfg->origin_name : "", id, oname, err))
+            ok = wh_err_prefix(err, "nothing removed");
+        /* removed only while the name still names the segment checked */
+        if (ok && (fstat(fd, &mine) != 0 || stat(path, &named) != 0 ||
+                   mine.st_dev != named.st_dev || mine.st_ino != named.st_ino))
+            ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was replaced while being removed",
+                            name);
+        close(fd);
+        if (!ok) return false;
+    }
     if (shm_unlink(n) != 0 && errno != ENOENT)
         return wh_err_set(err, WH_E_SYS, "shm_unlink %s: %s", n, strerror(errno));
     return true;

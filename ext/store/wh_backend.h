@@ -100,7 +100,16 @@ static inline bool wh_store_pos_check(const wh_store_t *st, uint32_t pos, wh_err
 
 /* Backends. */
 wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err);
-bool wh_shm_clean(const char *name, wh_err_t *err);
+/* Removes the segment cfg->uri names. One that records a source other
+ * than cfg->origin_id (NULL: none, a plain store) is refused (WH_E_SCHEMA,
+ * nothing removed): a copy goes only as its store's copy, a plain store
+ * never as one. */
+bool wh_shm_clean(const wh_store_config_t *cfg, wh_err_t *err);
+/* The source the segment of shm store name records: *found false when
+ * there is none; id ("" in a plain store, WH_ORIGIN_ID_LEN bytes) and
+ * oname (WH_ORIGIN_NAME_LEN) when there is. False with err when the file
+ * is refused or is no whole segment of this build. */
+bool wh_shm_origin(const char *name, bool *found, char *id, char *oname, wh_err_t *err);
 /* Byte offsets inside an shm segment, for tests and fuzzers that forge
  * damage (the layout is private to wh_shm.c). */
 typedef struct {

@@ -118,7 +118,7 @@ bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
 
 bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     if (cfg->uri && wh__is(cfg->uri, "shm://"))
-        return wh_shm_clean(cfg->uri + 6, err) && wh_pfile_clean(cfg->uri + 6, err);
+        return wh_shm_clean(cfg, err) && wh_pfile_clean(cfg->uri + 6, err);
     if (cfg->uri && (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
         return wh_mongo_clean(cfg, err);
     return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");

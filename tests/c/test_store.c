@@ -1194,7 +1194,9 @@ out:
 
 /* A node-local copy records its source at creation: openers with another
  * source, or with one where the store records none, are refused naming
- * both; an opener with none (a plain store) is not checked. */
+ * both; so is an opener with none (a plain store's: a copy is written by
+ * its relay alone). clean removes a copy only as its store's copy, a plain
+ * store only as one; a refused clean removes nothing. */
 static void t_store_origin(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
     wh_store_config_t c = mkcfg(new_uri(), 4, 64 << 10, &s), d, p;
@@ -1224,9 +1226,20 @@ static void t_store_origin(void) {
     wh_store_destroy(o);
     d = c;
     d.origin_id = d.origin_name = NULL;
-    o = wh_store_open(&d, &e); /* a plain opener */
-    CHECK(o, "plain opener refused: %s", e.message);
+    o = wh_store_open(&d, &e); /* a plain opener: a generator, a manager, a plain reader */
+    CHECK(!o && e.code == WH_E_SCHEMA && strstr(e.message, "is this node's copy of") &&
+              strstr(e.message, c.origin_name),
+          "plain opener of a copy: %s", o ? "opened" : e.message);
     wh_store_destroy(o);
+    o = NULL;
+    CHECK(!wh_store_clean(&d, &e) && e.code == WH_E_SCHEMA && strstr(e.message, c.origin_name) &&
+              strstr(e.message, "nothing removed") && seg_exists(c.uri),
+          "plain clean of a copy: %s", e.message);
+    d.origin_id = "fedcba9876543210";
+    d.origin_name = "mongodb://b:2/db2 (prefix wh)";
+    CHECK(!wh_store_clean(&d, &e) && e.code == WH_E_SCHEMA && strstr(e.message, c.origin_name) &&
+              seg_exists(c.uri),
+          "clean of another source's copy: %s", e.message);
     p = mkcfg(new_uri(), 4, 64 << 10, &s); /* a plain store is no copy */
     o = wh_store_open(&p, &e);
     REQUIRE(o, "plain open: %s", e.message);
@@ -1239,7 +1252,11 @@ static void t_store_origin(void) {
               strstr(e.message, c.origin_name),
           "plain store as a copy: %s", e.message);
     wh_store_destroy(o);
+    CHECK(!wh_store_clean(&d, &e) && e.code == WH_E_SCHEMA &&
+              strstr(e.message, "records no source") && seg_exists(p.uri),
+          "a copy's clean of a plain store: %s", e.message);
     clean_store(&p);
+    CHECK(!seg_exists(p.uri), "a plain clean left the plain store");
 out:
     wh_store_destroy(st);
     clean_store(&c);

@@ -164,10 +164,12 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
     from wirehead_torch.relay import _files
     wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
     # each node's copy and its relay's files, by the names the relays said
-    # (the step's end may SIGKILL a relay before it removes its lock)
+    # (the step's end may SIGKILL a relay before it removes its lock); a
+    # copy is removed only as its store's copy
     for line in fills:
         local = "shm://" + line.split("shm://", 1)[1].split()[0]
-        wt.clean({"STORE": local, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
+        wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"],
+                  "LOCAL_CACHE": local}, local_only=True)
         for path in _files(local):
             if os.path.exists(path):
                 os.unlink(path)

@@ -25,7 +25,7 @@ from wirehead_torch import _reader
 from wirehead_torch._arrays import to_store_arrays
 from wirehead_torch.admin import local_status
 from wirehead_torch.apps import cli
-from wirehead_torch.config import ConfigError, local_cache_uri, local_origin, resolve
+from wirehead_torch.config import ConfigError, local_cache_uri, local_origin, resolve, store_kwargs
 
 import whlib
 
@@ -51,7 +51,10 @@ def relay_cfg(mongo_server, tmp_path):
 
     yield make
     for cfg in made:
-        wt.clean(cfg)
+        try:
+            wt.clean(cfg)
+        except wt.SchemaMismatchError:  # its LOCAL_CACHE holds another config's copy
+            wt.clean(dict(cfg, LOCAL_CACHE=None))
         try:  # a SIGKILLed relay leaves its lock file (a clean exit removes it)
             os.unlink(f"/dev/shm/wirehead-relay.{cfg['LOCAL_CACHE'][6:]}.lock")
         except FileNotFoundError:
@@ -59,9 +62,9 @@ def relay_cfg(mongo_server, tmp_path):
 
 
 def _local(cfg):
-    """A raw handle on the node-local copy."""
-    return whlib.open_store(dict(cfg, STORE=cfg["LOCAL_CACHE"], LOCAL_CACHE=None,
-                                 BYTE_BUDGET="auto"))
+    """A raw handle on the node-local copy, opened as its store's copy (a
+    plain handle is refused: only the relay writes a copy)."""
+    return wt._C.Store(**store_kwargs(resolve(cfg), local=True))
 
 
 def _feed(store, tag, n=N):
@@ -569,11 +572,21 @@ def test_a_copy_serves_only_the_store_it_mirrors(relay_cfg, mongo_server, tmp_pa
         loc = local_status(resolve(cfg_s), 0)
         text = "\n".join(cli._fmt_local(loc, {})) + json.dumps(loc)
         assert name_a in text and name_b in text and SECRET not in text and "alice" not in text
-        # once its relay has stopped, the copy alone is removed: MongoDB keeps its data
+        # once its relay has stopped, the copy alone is removed: MongoDB keeps its
+        # data; and only as the copy of its own store: another store's clean
+        # (--local-only or whole) is refused naming it, and removes nothing
         assert whlib.stop(relay_a) == 0
         copy = f"/dev/shm/wirehead.{cfg_a['LOCAL_CACHE'][6:]}"
         assert os.path.exists(copy)
-        assert cli.main(["clean", "--local-only", "--config", path_b]) == 0
+        gen_b = wt.status(cfg_b)["read_gen"]
+        for args in (["--local-only"], []):
+            capsys.readouterr()
+            assert cli.main(["clean", *args, "--config", path_b]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("wirehead-torch clean: nothing removed: ") and \
+                f"is this node's copy of {name_a}, not of {name_b}" in err, err
+            assert os.path.exists(copy) and wt.status(cfg_b)["read_gen"] == gen_b
+        assert cli.main(["clean", "--local-only", "--config", path_a]) == 0
         assert "removed this node's copy" in capsys.readouterr().out
         assert not os.path.exists(copy)
         assert wt.status(cfg_a)["read_gen"] == gen
@@ -616,6 +629,81 @@ def test_a_plain_store_is_no_copy(relay_cfg):
         assert "no source recorded" in "\n".join(cli._fmt_local(loc, {}))
     finally:
         plain.close()
+
+
+def test_a_copy_is_written_only_by_its_relay(relay_cfg, tmp_path, capsys):
+    """A config whose plain STORE names a relay's copy (another job's
+    `STORE: shm://X`, X a LOCAL_CACHE) is refused by every participant --
+    generator, manager, reader, status, clean -- naming the copy and the
+    store it mirrors, and changes nothing: the store's readers read its
+    samples and its next relay copies on."""
+    cfg, _path = relay_cfg()
+    src = whlib.open_store(cfg)
+    relays = [wt.WireheadRelay(config=cfg, quiet=True)]
+    try:
+        gen = _feed(src, 1)
+        assert relays[0].run(max_generations=1) == 1  # then stops, between runs
+        relays[0].close()
+        copy = f"/dev/shm/wirehead.{cfg['LOCAL_CACHE'][6:]}"
+        name = local_origin(cfg)[1]
+        plain = {"STORE": cfg["LOCAL_CACHE"], "SWAP_CAP": SWAP_CAP, "SAMPLE": ["id", "data"],
+                 "READ_TIMEOUT": 5}
+        path = tmp_path / "plain.yaml"
+        path.write_text(json.dumps(plain))
+        said = f"shm store '{cfg['LOCAL_CACHE'][6:]}' is this node's copy of {name}"
+        for use in (lambda: wt.WireheadGenerator((whlib.sample(200, i, N)
+                                                  for i in range(SWAP_CAP)),
+                                                 config=plain, quiet=True).run(),
+                    lambda: wt.WireheadManager(config=plain, quiet=True).run(max_swaps=1),
+                    lambda: wt.MongoheadDataset(config=plain)[0],
+                    lambda: wt.status(plain)):
+            with pytest.raises(wt.SchemaMismatchError) as e:
+                use()
+            assert said in str(e.value) and "only that relay writes it" in str(e.value), e.value
+        capsys.readouterr()
+        assert cli.main(["clean", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"nothing removed: {said}" in err and "--local-only" in err, err
+        assert os.path.exists(copy)
+        # the copy is as its relay left it, and nothing holds its lease
+        assert _local(cfg).current() == gen
+        item = wt.MongoheadDataset(config=cfg, output="numpy")[3]
+        assert item["input"].tolist() == [1, 3], item
+        after = _feed(src, 2)
+        relays.append(wt.WireheadRelay(config=cfg, quiet=True))
+        assert relays[-1].run(max_generations=1) == 1
+        assert whlib.read_generation(_local(cfg), after, SWAP_CAP) == \
+            [(2, p) for p in range(SWAP_CAP)]
+    finally:
+        for r in relays:
+            r.close()
+        src.close()
+
+
+def test_clean_of_a_local_cache_never_removes_a_plain_store(shm_cfg, tmp_path, capsys):
+    """A LOCAL_CACHE that names a plain shm store (another config's
+    training store, no relay's copy): `clean --local-only`, and a whole
+    `clean`, are refused naming it, MongoDB unreachable or not, and the
+    store keeps its samples."""
+    store = shm_cfg(swap_cap=SWAP_CAP)
+    src = whlib.open_store(store)
+    gen = _feed(src, 3, 64)
+    src.close()
+    cfg = {"STORE": "mongodb://127.0.0.1:1/db", "SWAP_CAP": SWAP_CAP, "SAMPLE": ["id", "data"],
+           "CONNECT_TIMEOUT": 1, "LOCAL_CACHE": store["STORE"]}
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(cfg))
+    for args in (["--local-only"], []):
+        capsys.readouterr()
+        assert cli.main(["clean", *args, "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"wirehead-torch clean: nothing removed: shm store "
+                              f"'{store['STORE'][6:]}' (LOCAL_CACHE) records no source: it is "
+                              f"a plain shm store, not a relay's copy of "
+                              f"{local_origin(cfg)[1]}"), err
+        src = whlib.open_store(store)
+        assert whlib.read_generation(src, gen, SWAP_CAP) == [(3, p) for p in range(SWAP_CAP)]
+        src.close()
 
 
 def test_a_segment_of_another_layout_is_refused(relay_cfg):

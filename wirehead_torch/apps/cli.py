@@ -103,10 +103,12 @@ def _fmt_local(loc, st):
         # the copy's relay and readers serve another store: this config's refuse it
         what = (f"the copy of {loc['source']}" if loc["source"] else
                 "no source recorded (a plain shm store, no relay's copy)")
+        # this config's clean refuses it: a plain store is another config's data
+        fix = (", or remove the copy once nothing uses it (wirehead-torch clean --local-only "
+               "with a config of that store)" if loc["source"] else "")
         out.append(f"  source         {what}, NOT of this config's {loc['config_source']}: "
                    f"its readers and relay refuse it; give LOCAL_CACHE another name (or "
-                   f"auto), or remove the copy once nothing uses it (wirehead-torch clean "
-                   f"--local-only)")
+                   f"auto){fix}")
     elif loc.get("source"):
         out.append(f"  source         {loc['source']}")
     r = loc.get("relay")
