@@ -221,6 +221,23 @@ void wh__shm_hdr_text(char *out, const char *in, size_t n) {
     out[i] = 0;
 }
 
+/* Whether two sources' names (scheme://HOSTS/DB (prefix P)) differ only
+ * in HOSTS, which then go to *a and *b (lengths *al, *bl): one server may
+ * be named two ways (localhost, 127.0.0.1), but a copy records the
+ * spelling only, so it stays refused and the message says what differs.
+ * False where they differ elsewhere, or a name was cut short. */
+static bool wh__hosts_only(const char *x, const char *y, const char **a, int *al, const char **b,
+                           int *bl) {
+    const char *xs = strstr(x, "://"), *ys = strstr(y, "://");
+    const char *xr = xs ? strchr(xs + 3, '/') : NULL, *yr = ys ? strchr(ys + 3, '/') : NULL;
+    size_t xl = strlen(x), yl = strlen(y);
+    if (!xr || !yr || xs - x != ys - y || strncmp(x, y, (size_t)(xs - x)) || strcmp(xr, yr) ||
+        (xl >= 3 && !strcmp(x + xl - 3, "...")) || (yl >= 3 && !strcmp(y + yl - 3, "...")))
+        return false;
+    *a = xs + 3, *al = (int)(xr - xs - 3), *b = ys + 3, *bl = (int)(yr - ys - 3);
+    return true;
+}
+
 /* A node-local copy serves only configs of the store it mirrors (one
  * LOCAL_CACHE name given to two stores must not hand one the other's
  * samples), a plain store is no copy, and a copy is no plain store (only
@@ -244,6 +261,16 @@ static bool wh__origin_ok(const char *shm, const char *want, const char *want_na
                           "nothing uses it (`wirehead-torch clean --local-only` with a config "
                           "of that store)",
                           shm, have_name);
+    const char *hc, *hm;
+    int hcl, hml;
+    if (wh__hosts_only(have_name, want_name, &hc, &hcl, &hm, &hml))
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s "
+                          "(this config's STORE): the two differ only in how the hosts are "
+                          "written (%.*s in the copy, %.*s here); a copy records them as "
+                          "written, so if both name one server write STORE's hosts as the "
+                          "copy does, else give one config another LOCAL_CACHE name (or auto)",
+                          shm, have_name, want_name, hcl, hc, hml, hm);
     return wh_err_set(err, WH_E_SCHEMA,
                       "shm store '%s' (LOCAL_CACHE) is this node's copy of %s, not of %s (this "
                       "config's STORE); give one of them another LOCAL_CACHE name (or auto), "

@@ -1240,6 +1240,20 @@ static void t_store_origin(void) {
     CHECK(!wh_store_clean(&d, &e) && e.code == WH_E_SCHEMA && strstr(e.message, c.origin_name) &&
               seg_exists(c.uri),
           "clean of another source's copy: %s", e.message);
+    /* one server, two spellings: refused all the same, saying so */
+    d.origin_name = "mongodb://b:2/db1 (prefix wh)";
+    o = wh_store_open(&d, &e);
+    CHECK(!o && strstr(e.message, "differ only in how the hosts are written (a:1 in the copy, "
+                                  "b:2 here)"),
+          "hosts spelled differently: %s", o ? "opened" : e.message);
+    wh_store_destroy(o);
+    o = NULL;
+    d.origin_name = "mongodb://a:1/db2 (prefix wh)"; /* another database: no such hint */
+    o = wh_store_open(&d, &e);
+    CHECK(!o && !strstr(e.message, "hosts are written"), "hint for another database: %s",
+          o ? "opened" : e.message);
+    wh_store_destroy(o);
+    o = NULL;
     p = mkcfg(new_uri(), 4, 64 << 10, &s); /* a plain store is no copy */
     o = wh_store_open(&p, &e);
     REQUIRE(o, "plain open: %s", e.message);

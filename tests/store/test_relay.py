@@ -636,7 +636,9 @@ def test_a_copy_is_written_only_by_its_relay(relay_cfg, tmp_path, capsys):
     `STORE: shm://X`, X a LOCAL_CACHE) is refused by every participant --
     generator, manager, reader, status, clean -- naming the copy and the
     store it mirrors, and changes nothing: the store's readers read its
-    samples and its next relay copies on."""
+    samples and its next relay copies on. One MongoDB server named another
+    way (localhost for 127.0.0.1) is refused, saying that is the
+    difference."""
     cfg, _path = relay_cfg()
     src = whlib.open_store(cfg)
     relays = [wt.WireheadRelay(config=cfg, quiet=True)]
@@ -674,6 +676,14 @@ def test_a_copy_is_written_only_by_its_relay(relay_cfg, tmp_path, capsys):
         assert relays[-1].run(max_generations=1) == 1
         assert whlib.read_generation(_local(cfg), after, SWAP_CAP) == \
             [(2, p) for p in range(SWAP_CAP)]
+        # the same server, its host written another way: still another source
+        port = cfg["STORE"].split("/")[2].rsplit(":", 1)[1]
+        assert cfg["STORE"].startswith(f"mongodb://127.0.0.1:{port}/")
+        other = dict(cfg, STORE=cfg["STORE"].replace("127.0.0.1", "localhost", 1))
+        with pytest.raises(wt.SchemaMismatchError) as e:
+            wt.MongoheadDataset(config=other)[0]
+        assert (f"differ only in how the hosts are written (127.0.0.1:{port} in the copy, "
+                f"localhost:{port} here)") in str(e.value), e.value
     finally:
         for r in relays:
             r.close()
