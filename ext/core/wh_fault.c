@@ -2,7 +2,9 @@
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "wh.h"
@@ -52,6 +54,60 @@ void wh_fault_seal_step(int step) {
     fflush(stderr);
     kill(getpid(), SIGKILL);
     for (;;) pause(); /* never run past the step, even before the signal lands */
+}
+
+/* WIREHEAD_FAULT_CUT: read once per process like the pauses. */
+static char wh__cut_site[64];
+static bool wh__cut_inside;
+static int wh__cut_pid = 0;
+static int wh__cut_done = 0;
+
+/* The file mapped at addr and addr's offset in it, from /proc/self/maps. */
+static bool wh__mapped_file(const void *addr, char *path, size_t cap, unsigned long long *at) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return false;
+    char line[4352];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        unsigned long long off;
+        int name = 0;
+        if (sscanf(line, "%lx-%lx %*s %llx %*s %*s %n", &lo, &hi, &off, &name) < 3 || !name)
+            continue;
+        if ((uintptr_t)addr < lo || (uintptr_t)addr >= hi || line[name] != '/') continue;
+        line[strcspn(line, "\n")] = 0;
+        snprintf(path, cap, "%s", line + name);
+        *at = off + ((uintptr_t)addr - lo);
+        found = true;
+    }
+    fclose(f);
+    return found;
+}
+
+void wh_fault_cut(const char *site, const void *addr) {
+    if (__atomic_load_n(&wh__cut_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
+        const char *v = getenv("WIREHEAD_FAULT_CUT");
+        snprintf(wh__cut_site, sizeof wh__cut_site, "%s", v ? v : "");
+        char *colon = strchr(wh__cut_site, ':');
+        wh__cut_inside = colon && !strcmp(colon, ":inside");
+        if (colon) *colon = 0;
+        __atomic_store_n(&wh__cut_done, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&wh__cut_pid, (int)getpid(), __ATOMIC_RELEASE);
+    }
+    if (strcmp(site, wh__cut_site) != 0 || __atomic_exchange_n(&wh__cut_done, 1, __ATOMIC_ACQ_REL))
+        return;
+    char path[4096];
+    unsigned long long at = 0;
+    if (!wh__mapped_file(addr, path, sizeof path, &at) || strncmp(path, "/dev/shm/", 9) != 0) {
+        fprintf(stderr, "wirehead: fault cut at %s: no /dev/shm file is mapped there\n", site);
+        return;
+    }
+    /* inside: one byte past addr, so the rest of its page reads as zeros
+     * in place (no fault) and the pages after it are past the end */
+    off_t to = wh__cut_inside ? (off_t)at + 1 : 0;
+    fprintf(stderr, "wirehead: fault cut at %s: %s to %lld bytes\n", site, path, (long long)to);
+    fflush(stderr);
+    if (truncate(path, to) != 0) perror("wirehead: fault cut");
 }
 
 #else

@@ -25,11 +25,23 @@ void wh_fault_seal_midway(void);
  * in the order the writes happen; a seal with fewer writes is unaffected. */
 void wh_fault_seal_step(int step);
 
+/* WIREHEAD_FAULT_CUT=<site>[:inside]: the first time a process reaches
+ * the point named site (once per process), the /dev/shm file mapped at
+ * addr is truncated to 0 bytes (inside: to one byte past addr), printing
+ * "wirehead: fault cut at <site>: <path> to <n> bytes" to stderr first.
+ * The points sit between a copy's check and the copy out of a shared
+ * mapping, so a test cuts the file there and nowhere else. */
+void wh_fault_cut(const char *site, const void *addr);
+
 #else
 #define WH_FAULTS_BUILT 0
 static inline void wh_fault_put_midway(void) {}
 static inline void wh_fault_seal_midway(void) {}
 static inline void wh_fault_seal_step(int step) { (void)step; }
+static inline void wh_fault_cut(const char *site, const void *addr) {
+    (void)site;
+    (void)addr;
+}
 #endif
 
 #endif

@@ -5,12 +5,14 @@
 #include "wh_guard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define WH__GUARD_CHUNK 64
@@ -20,6 +22,8 @@ typedef struct {
     size_t len;     /* page-rounded */
     int prot;
     int shrunk;
+    int fd;        /* the file (our own descriptor), for wh_guard_cut; -1: none */
+    uint64_t need; /* bytes of the file the mapping shows */
 } wh__guard_ent_t;
 
 typedef struct wh__guard_chunk {
@@ -153,6 +157,8 @@ void *wh_guard_mmap(size_t len, int prot, int flags, int fd, off_t off) {
         e->len = (len + wh__page - 1) & ~(wh__page - 1);
         e->prot = prot;
         e->shrunk = 0;
+        e->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        e->need = (uint64_t)off + len;
         __atomic_store_n(&e->base, (uintptr_t)p, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&wh__mu);
@@ -163,7 +169,11 @@ void wh_guard_munmap(void *addr, size_t len) {
     if (!addr) return;
     pthread_mutex_lock(&wh__mu);
     wh__guard_ent_t *e = wh__find((uintptr_t)addr);
-    if (e) __atomic_store_n(&e->base, 0, __ATOMIC_RELEASE);
+    if (e) {
+        __atomic_store_n(&e->base, 0, __ATOMIC_RELEASE);
+        if (e->fd >= 0) close(e->fd);
+        e->fd = -1;
+    }
     munmap(addr, len);
     pthread_mutex_unlock(&wh__mu);
 }
@@ -171,4 +181,15 @@ void wh_guard_munmap(void *addr, size_t len) {
 bool wh_guard_shrunk(const void *addr) {
     wh__guard_ent_t *e = wh__find((uintptr_t)addr);
     return e && __atomic_load_n(&e->shrunk, __ATOMIC_ACQUIRE);
+}
+
+bool wh_guard_cut(const void *addr, long long *size) {
+    if (size) *size = -1;
+    wh__guard_ent_t *e = wh__find((uintptr_t)addr);
+    if (!e) return false;
+    struct stat sb;
+    bool known = e->fd >= 0 && fstat(e->fd, &sb) == 0;
+    if (known && size) *size = (long long)sb.st_size;
+    return __atomic_load_n(&e->shrunk, __ATOMIC_ACQUIRE) ||
+           (known && (sb.st_size < 0 || (uint64_t)sb.st_size < e->need));
 }

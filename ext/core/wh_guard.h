@@ -29,6 +29,14 @@ void wh_guard_munmap(void *addr, size_t len);
  * addr: from then on it shows zero pages, not the file. */
 bool wh_guard_shrunk(const void *addr);
 
+/* True when the registered mapping holding addr no longer shows its whole
+ * file: shrunk (above), or the file is now shorter than the mapping (a cut
+ * inside a page zeroes the rest of that page in place, and no touch of it
+ * faults). *size (may be NULL) gets the file's size now, -1 if unknown.
+ * False for an address in no registered mapping. The check after a copy
+ * out of such a mapping: one fstat. */
+bool wh_guard_cut(const void *addr, long long *size);
+
 /* Puts the guard's SIGBUS handler back in front when other code installed
  * its own since (torch's DataLoader workers do at start; faulthandler does
  * when enabled or disabled); the displaced handler is chained to. One

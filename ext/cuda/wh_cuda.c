@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wh_fault.h"
 #include "wh_ring.h"
 
 /* ---- the GPU stage ---- */
@@ -544,11 +545,15 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
         }
         /* the batch whole in page-locked memory: its host part and its rows */
         wh_buf_t *h = wh_gpu_pinned(g, b->size, err);
+        uint64_t rows = 0;
+        if (h && b->n) wh_fault_cut("gather", b->views[0]->data);
+        if (h && !wh_batch_gather(b, b->buf->data, h->data, &rows, err)) {
+            wh_buf_unref(h);
+            h = NULL;
+        }
         if (!h) return NULL;
-        wh_batch_gather_t c = {h->data, 0};
-        wh_batch_parts(b, b->buf->data, b->size, wh_batch_gather_put, &c);
         pthread_mutex_lock(&g->mu);
-        g->stats.host_copy_bytes += c.rows;
+        g->stats.host_copy_bytes += rows;
         pthread_mutex_unlock(&g->mu);
         wh_buf_t *dev = wh__copy(g, h, b->size, NULL, err);
         wh_buf_unref(h); /* the stage holds it until the copy's event */
@@ -621,10 +626,16 @@ wh_buf_t *wh_gpu_copy_slot(wh_gpu_t *g, wh_buf_t *held, bool *direct_out, wh_err
         *direct_out = dev != NULL;
         return dev;
     }
-    /* staged: one host copy into page-locked memory, counted */
+    /* staged: one host copy into page-locked memory, counted, then the
+     * slot file checked: a cut under the copy read zero pages */
     wh_buf_t *h = wh_gpu_pinned(g, held->size, err);
     if (!h) return NULL;
+    wh_fault_cut("slot-copy", held->data);
     memcpy(h->data, held->data, held->size);
+    if (!wh_ring_held_intact(held, err)) {
+        wh_buf_unref(h);
+        return NULL;
+    }
     pthread_mutex_lock(&g->mu);
     g->stats.host_copy_bytes += held->size;
     pthread_mutex_unlock(&g->mu);
@@ -873,15 +884,16 @@ wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t
         *direct_out = dev != NULL;
     } else {
         wh_buf_t *h = wh_gpu_pinned(g, b.size, err);
-        if (h) {
-            wh_batch_gather_t c = {h->data, 0};
-            wh_batch_parts(&b, slot, b.size, wh_batch_gather_put, &c);
+        uint64_t rows = 0;
+        /* the slot's part and the rows, each file checked after the copy */
+        if (h) wh_fault_cut("gather", hold->views[0]->data);
+        if (h && wh_batch_gather(&b, slot, h->data, &rows, err) && wh_ring_held_intact(held, err)) {
             pthread_mutex_lock(&g->mu);
-            g->stats.host_copy_bytes += c.rows;
+            g->stats.host_copy_bytes += rows;
             pthread_mutex_unlock(&g->mu);
             dev = wh__copy(g, h, b.size, NULL, err);
-            wh_buf_unref(h); /* the stage holds it until the copy's event */
         }
+        wh_buf_unref(h); /* the stage holds it until the copy's event */
     }
     wh_buf_unref(&hold->buf); /* a queued copy holds its own reference */
     free(src);

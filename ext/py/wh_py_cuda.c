@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "wh_dlpack.h"
+#include "wh_fault.h"
+#include "wh_guard.h"
 
 static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
     wh_py_state_t *S = wh_py_mstate(mod);
@@ -135,7 +137,19 @@ static bool wh__stage_copy_c(wh_gpu_t *g, wh__stage_item_t *it, Py_ssize_t k, si
                              wh_buf_t **dev, wh_err_t *err) {
     wh_buf_t *h = wh_gpu_pinned(g, total, err);
     if (!h) return false;
+    if (k) wh_fault_cut("stage-copy", it[0].src);
     for (Py_ssize_t i = 0; i < k; i++) memcpy((char *)h->data + it[i].off, it[i].src, it[i].n);
+    /* a tensor over a shared file (a store view, a ring batch) cut under
+     * the copy read zero pages: an error, not a batch */
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (it[i].n && wh_guard_cut(it[i].src, NULL)) {
+            wh_buf_unref(h);
+            return wh_err_set(err, WH_E_CORRUPT,
+                              "to_device: tensor %zd of the batch views a shared-memory file "
+                              "(a store or a ring slot) that was truncated while it was copied; "
+                              "its reader's next call names the file",
+                              i);
+        }
     *dev = wh_gpu_copy(g, h, total, err);
     wh_buf_unref(h); /* the stage holds it until the copy's event */
     return *dev != NULL;

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "wh_fault.h"
+
 bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
                      wh_err_t *err) {
     uint64_t off = 0, part;
@@ -209,17 +211,21 @@ static bool wh__view_row(const wh_batch_fill_t *rq, wh__bfill_t *c, wh_read_at_t
     }
     void *dst[WH_MAX_FIELDS] = {0};
     if (!wh__bdest(c, meta, dst, err)) return false;
+    bool copied = false;
     for (int f = 0; f < meta->nfields; f++) {
         if (!(rq->want & (1u << f))) continue;
         const char *from = (const char *)v->data + meta->f[f].offset;
         if (b->direct & (1u << f)) {
             rq->src[(uint64_t)i * WH_MAX_FIELDS + f] = from;
         } else {
+            if (!copied) wh_fault_cut("view-copy", v->data);
             memcpy(dst[f], from, meta->f[f].nbytes);
             c->stats->host_bytes += meta->f[f].nbytes;
+            copied = true;
         }
     }
-    return true;
+    /* the view was checked before the copy; a cut since read zero pages */
+    return !copied || wh_store_view_intact(v, err);
 }
 
 bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
@@ -293,9 +299,23 @@ int wh_batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh_batch_p
     return rc;
 }
 
-int wh_batch_gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
-    wh_batch_gather_t *g = ctx;
+typedef struct {
+    char *to;
+    uint64_t rows;
+} wh__gather_t;
+
+static int wh__gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row) {
+    wh__gather_t *g = ctx;
     memcpy(g->to + at, src, len);
     if (row) g->rows += len;
     return 0;
+}
+
+bool wh_batch_gather(const wh_batch_t *b, const char *h, char *to, uint64_t *rows, wh_err_t *err) {
+    wh__gather_t g = {to, 0};
+    wh_batch_parts(b, h, b->size, wh__gather_put, &g);
+    *rows = g.rows;
+    for (uint32_t i = 0; b->direct && b->views && i < b->n; i++)
+        if (!wh_store_view_intact(b->views[i], err)) return false;
+    return true;
 }

@@ -113,12 +113,9 @@ void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
 typedef int (*wh_batch_put_fn)(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
 int wh_batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh_batch_put_fn put,
                    void *ctx);
-/* A put that gathers the parts into one buffer (to: the whole layout),
- * counting the rows' bytes. */
-typedef struct {
-    char *to;
-    uint64_t rows;
-} wh_batch_gather_t;
-int wh_batch_gather_put(void *ctx, uint64_t at, const char *src, uint64_t len, bool row);
+/* The parts gathered into to (the whole layout, b->size bytes), *rows
+ * getting the rows' bytes copied; then every row's view checked, so a row
+ * cut under the copy is an error naming its store, not zeros. */
+bool wh_batch_gather(const wh_batch_t *b, const char *h, char *to, uint64_t *rows, wh_err_t *err);
 
 #endif

@@ -16,6 +16,7 @@
 #include <xxh_x86dispatch.h> /* XXH3 with the widest SIMD the CPU has, chosen at run time */
 #endif
 
+#include "wh_fault.h"
 #include "wh_guard.h"
 #include "wh_shmfile.h"
 
@@ -670,6 +671,11 @@ wh_buf_t *wh_ring_slot_map(wh_buf_t *held) {
     return &h->map->buf;
 }
 
+bool wh_ring_held_intact(const wh_buf_t *held, wh_err_t *err) {
+    if (!held || held->release != wh__held_release) return true;
+    return wh_map_intact(&((const wh__held_t *)held)->map->m, err);
+}
+
 /* ---- a worker's fill ---- */
 
 typedef struct {
@@ -730,9 +736,13 @@ static bool wh__rfill_gather(wh__rfill_t *c, wh_batch_t *b, void **data, wh_batc
     if (!whole)
         return wh_err_set(err, WH_E_SYS, "out of memory for a %llu-byte batch",
                           (unsigned long long)b->size);
-    wh_batch_gather_t g = {whole->data, 0};
-    wh_batch_parts(b, c->heap->data, b->size, wh_batch_gather_put, &g);
-    stats->host_bytes += g.rows;
+    uint64_t rows = 0;
+    if (b->n && b->views[0]) wh_fault_cut("heap-gather", b->views[0]->data);
+    if (!wh_batch_gather(b, c->heap->data, whole->data, &rows, err)) {
+        wh_buf_unref(whole);
+        return false;
+    }
+    stats->host_bytes += rows;
     wh_buf_unref(c->heap);
     c->heap = whole;
     *data = whole->data;

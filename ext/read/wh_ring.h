@@ -168,6 +168,10 @@ bool wh_ring_local(wh_ring_t *r, int j, uint64_t size, wh_buf_t **out, wh_err_t 
  * until then); NULL when held is no slot's. A GPU stage registers it once
  * and copies from it directly. */
 wh_buf_t *wh_ring_slot_map(wh_buf_t *held);
+/* Called after every copy out of held (as above), before the copy is
+ * handed on: false (an error naming the slot file) when the file was cut
+ * so that the copy read zero pages. True for a buffer that is no slot's. */
+bool wh_ring_held_intact(const wh_buf_t *held, wh_err_t *err);
 
 /* Worker: reads a batch (wh_batch_fill; rq->mem is set here) into a slot of
  * r, taken once the first sample gives the batch's size, waiting up to

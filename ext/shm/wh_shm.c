@@ -466,6 +466,7 @@ static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
     m->len = s->map_len;
     m->dev = sb->st_dev;
     m->ino = sb->st_ino;
+    snprintf(m->shm_name, sizeof m->shm_name, "%s", s->shm_name);
     m->next = wh__maps;
     wh__maps = m;
     pthread_mutex_unlock(&wh__shm_maps_mu);

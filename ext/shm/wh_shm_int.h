@@ -143,6 +143,7 @@ typedef struct wh__map {
      * map (one mapping to register with a GPU runtime, not one per handle) */
     dev_t dev;
     ino_t ino;
+    char shm_name[256]; /* its store's, for messages */
     struct wh__map *next;
     /* the GPU path's positions verified in this process, per area and for
      * the generation it held then (docs/gpu.md, "Checks") */
@@ -215,6 +216,8 @@ extern pthread_mutex_t wh__shm_maps_mu;
 void wh__shm_destroy(wh_store_t *st);
 /* wh_shm_put.c */
 bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err);
+/* The error of a segment cut under this process: size -1 when unknown. */
+bool wh__shm_cut(wh_err_t *err, const char *shm_name, long long size, size_t len);
 void wh__shm_prune_writers(wh__slot_t *sl);
 bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                  wh_put_status_t *ps, uint64_t *gen_out, wh_err_t *err);

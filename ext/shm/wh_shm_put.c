@@ -13,12 +13,21 @@ bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err) {
      * the mapping shows zero pages past the old end, not the file */
     if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len || wh_guard_shrunk(s->hdr) ||
         wh_guard_shrunk(s->ro))
-        return wh_err_set(
-            err, WH_E_CORRUPT,
-            "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
-            "under this process; remove it with `wirehead-torch clean` or wt.clean(config)",
-            s->shm_name + 10, s->shm_name, (long long)sb.st_size, s->map_len);
+        return wh__shm_cut(err, s->shm_name, (long long)sb.st_size, s->map_len);
     return true;
+}
+
+bool wh__shm_cut(wh_err_t *err, const char *shm_name, long long size, size_t len) {
+    if (size < 0)
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "shm store '%s' (/dev/shm%s) was truncated under this process; "
+                          "remove it with `wirehead-torch clean` or wt.clean(config)",
+                          shm_name + 10, shm_name);
+    return wh_err_set(err, WH_E_CORRUPT,
+                      "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
+                      "under this process; remove it with `wirehead-torch clean` or "
+                      "wt.clean(config)",
+                      shm_name + 10, shm_name, size, len);
 }
 
 /* An area's bookkeeping checked against the store's own limits before a

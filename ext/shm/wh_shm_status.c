@@ -74,7 +74,8 @@ bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
         if (b.token && b.pid > 0 && b.pid <= INT32_MAX && wh__pid_alive(b.pid))
             wh_status_add_reader(o, &b, "", now);
     }
-    return true;
+    /* figures copied out of a segment cut meanwhile are zero pages' */
+    return wh__shm_intact(s, err);
 }
 
 /* A beat entry another reader may take: free, stale, or its process gone. */

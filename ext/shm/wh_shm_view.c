@@ -432,6 +432,13 @@ void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len) {
 
 void wh_store_map_unref(void *map) { wh__shm_map_unref(map); }
 
+bool wh_store_view_intact(const wh_buf_t *view, wh_err_t *err) {
+    if (!view || view->release != wh__view_release) return true;
+    const wh__map_t *m = ((const wh__view_t *)view->owner)->map;
+    long long size;
+    return !wh_guard_cut(m->ro, &size) || wh__shm_cut(err, m->shm_name, size, m->len);
+}
+
 bool wh_store_map_in_use(void *map) {
     return __atomic_load_n(&((wh__map_t *)map)->refs, __ATOMIC_ACQUIRE) > 1;
 }

@@ -221,6 +221,11 @@ void wh_store_map_unref(void *map);
  * handle on its segment or a live view. False: no view of it is left, and
  * only a handle attaching to the segment anew could make one. */
 bool wh_store_map_in_use(void *map);
+/* Called after every copy out of a view, before the copy is handed on:
+ * false (WH_E_CORRUPT naming the store's file) when the file was cut so
+ * that the copy read zero pages (docs/design.md, "Shared mappings can
+ * shrink"). True for a buffer that is not a store view. */
+bool wh_store_view_intact(const wh_buf_t *view, wh_err_t *err);
 /* The read policy above, taking a view instead of copying. */
 bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                           wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err);

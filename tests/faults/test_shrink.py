@@ -89,3 +89,81 @@ m[4096]  # not a wirehead mapping: SIGBUS for the handler before the guard
     finally:
         import wirehead_torch as wt
         wt.clean({"STORE": f"shm://{name}", "SWAP_CAP": 1, "SAMPLE": ["x"]})
+
+
+HEAP_GATHER = r"""
+import json, os, sys
+import numpy as np
+import wirehead_torch as wt
+from wirehead_torch import _C, _ring
+import whlib
+cfg = json.loads(sys.argv[1])
+st = whlib.open_store(cfg)
+path = _ring.region_path(os.getpid(), "cut", 0)
+ring = _C.Ring(path, 1, True, os.getpid(), "0")
+pos = np.arange(2, dtype=np.uint32).tobytes()
+fill = lambda: _C.ring_fill(ring, st, st.current(), pos, b"", [0, 1], 10.0, True, 0.0, None,
+                            None, 1024)
+try:
+    first = fill()  # the ring's one slot, kept: the next batch gets none
+    assert first.slot == 0 and first.direct, first
+    got = fill()  # outside the ring: its rows gathered out of the store
+    ids = np.frombuffer(got.memory, np.int64, 4, got.offsets[0]).reshape(2, 2)
+    data = np.frombuffer(got.memory, np.float32, 2 * 256, got.offsets[1]).reshape(2, 256)
+    for i, d in zip(ids, data):
+        whlib.check_sample(i, d)
+    print("no error")
+except wt.CorruptSampleError as e:
+    print("error:", e)
+finally:
+    del ring
+    for f in os.listdir("/dev/shm"):
+        if ("/dev/shm/" + f).startswith(path):
+            os.unlink("/dev/shm/" + f)
+"""
+
+
+def test_cut_under_a_workers_gather_outside_the_ring_is_an_error(shm_cfg):
+    """A DataLoader worker with no ring slot free gathers the rows it would
+    have left in the store into a batch of its own: the store cut between
+    their check and that copy (the fault point) is an error, not rows of
+    zeros sent to the main process."""
+    import wirehead_torch as wt
+    cfg = shm_cfg(swap_cap=2)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    env = whlib.env_for_child({"WIREHEAD_FAULT_CUT": "heap-gather"})
+    proc = subprocess.run([sys.executable, "-c", HEAP_GATHER, json.dumps(cfg)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wirehead: fault cut at heap-gather: /dev/shm/wirehead." in proc.stderr, proc.stderr
+    assert proc.stdout.startswith("error:") and "was truncated" in proc.stdout, proc.stdout
+
+
+def test_status_of_a_store_cut_under_its_handle_is_an_error():
+    """Status figures copied out of a cut segment are the guard's zero
+    pages (no generation, no readers): an error naming the file instead."""
+    code = r"""
+import sys
+import whlib
+cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 2, "SAMPLE": ["id", "data"]}
+import wirehead_torch as wt
+try:
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg, quiet=True).run()
+    st = whlib.open_store(cfg)
+    assert st.status()["read_gen"] > 0
+    path = "/dev/shm/wirehead." + sys.argv[1]
+    import os
+    os.truncate(path, 0)
+    try:
+        print("no error:", st.status()["read_gen"])
+    except wt.CorruptSampleError as e:
+        print("error:", e)
+finally:
+    wt.clean(cfg)
+"""
+    proc = subprocess.run([sys.executable, "-c", code, whlib.unique_name()],
+                          env=whlib.env_for_child(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("error:") and "was truncated to 0 of its" in proc.stdout, \
+        proc.stdout

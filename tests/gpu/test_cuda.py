@@ -1300,6 +1300,45 @@ def test_dataloader_refused_registration_falls_back_once(fake, consumer, shm_cfg
     assert fake.violations() == []
 
 
+# ---- a file cut between a copy's check and the copy ----
+
+CUT_PROC = os.path.join(os.path.dirname(HERE), "helpers", "cut_copy_proc.py")
+REFUSED = {"FAKECUDA_REGISTER_LIMIT": "1"}
+
+
+@pytest.mark.parametrize("kind, site, env, says", [
+    # a loader thread copies a small row out of its checked store view
+    ("loader", "view-copy", {}, "was truncated"),
+    # the same, the file cut inside the row's page: zeros in place, no fault
+    ("loader", "view-copy:inside", {}, "was truncated"),
+    # registration refused: the rows gathered into page-locked memory
+    ("loader", "gather", REFUSED, "was truncated"),
+    # the main process gathers the rows its worker left in the store
+    ("dataloader", "gather", REFUSED, "was truncated"),
+    # whole batches in the slots: a slot file copied into page-locked memory
+    ("dataloader", "slot-copy", {**REFUSED, "WIREHEAD_GPU_DIRECT_MIN_ROW": "off"},
+     "was truncated"),
+    # to_device of store views
+    ("to-device", "stage-copy", {}, "was truncated while it was copied"),
+])
+def test_a_file_cut_under_a_copy_is_an_error_not_a_batch(fake_lib, shm_cfg, kind, site, env,
+                                                        says):
+    """The guard turns the pages of a cut file into zeros, so a check
+    before a copy is not enough: the file cut right after it (the fault
+    point), each copy out of a store or ring file is checked again before
+    its bytes go on, and the loop gets an error, never a row of zeros."""
+    import json
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    e = whlib.env_for_child({"WIREHEAD_CUDA_LIB": fake_lib.path, "WIREHEAD_FAULT_CUT": site,
+                             **env})
+    r = subprocess.run([sys.executable, CUT_PROC, kind, json.dumps(cfg)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"wirehead: fault cut at {site.split(':')[0]}: /dev/shm/" in r.stderr, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["error"] and says in out["error"][1], (out, r.stderr[-3000:])
+
+
 def test_stats_while_another_thread_closes(fake, consumer, shm_cfg):
     """info() reads the GPU stage's figures under the loader's lock: a close
     in another thread (which frees the stage) either waits for it or makes
