@@ -77,31 +77,64 @@ bool wh_shmfile_reserve(int fd, const char *path, uint64_t size, wh_err_t *err) 
     return wh__reserve(fd, path, size, err) == 0;
 }
 
-int wh_shmfile_create(const char *path, uint64_t size, wh_err_t *err) {
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+/* A create or link of path that failed with errno e: -e, err saying why. */
+static int wh__not_made(const char *path, int e, const char *what, wh_err_t *err) {
+    struct stat st;
+    char why[96];
+    int errnum;
+    const char *bad =
+        e == EEXIST && lstat(path, &st) == 0 ? wh__refusal(&st, why, sizeof why, &errnum) : NULL;
+    if (bad)
+        wh__refuse(path, bad, errnum, err);
+    else if (e == EEXIST)
+        wh_err_set(err, WH_E_INVALID, "%s exists already (left by an earlier run?)", path);
+    else
+        wh_err_set(err, WH_E_SYS, "%s: cannot %s it: %s", path, what, strerror(e));
+    return -e;
+}
+
+/* 0600 whatever the umask (openers refuse any other mode): 0 or -errno. */
+static int wh__mode(int fd, const char *path, wh_err_t *err) {
+    if (fchmod(fd, 0600) == 0) return 0;
+    int e = errno;
+    wh_err_set(err, WH_E_SYS, "%s: fchmod: %s", path, strerror(e));
+    return -e;
+}
+
+int wh_shmfile_create_unnamed(const char *path, wh_err_t *err) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path || (size_t)(slash - path) >= sizeof dir) return -EOPNOTSUPP;
+    memcpy(dir, path, (size_t)(slash - path));
+    dir[slash - path] = 0;
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
-        struct stat st;
-        char why[96];
-        int errnum;
-        const char *bad = e == EEXIST && lstat(path, &st) == 0
-                              ? wh__refusal(&st, why, sizeof why, &errnum)
-                              : NULL;
-        if (bad)
-            wh__refuse(path, bad, errnum, err);
-        else if (e == EEXIST)
-            wh_err_set(err, WH_E_INVALID, "%s exists already (left by an earlier run?)", path);
-        else
-            wh_err_set(err, WH_E_SYS, "%s: cannot create it: %s", path, strerror(e));
-        return -e;
+        if (e == EOPNOTSUPP || e == EISDIR || e == EINVAL) return -EOPNOTSUPP;
+        return wh__not_made(path, e, "create", err);
     }
-    /* 0600 whatever the umask: openers refuse any other mode */
-    if (fchmod(fd, 0600) != 0) {
-        int e = errno;
-        wh_err_set(err, WH_E_SYS, "%s: fchmod: %s", path, strerror(e));
+    int e = wh__mode(fd, path, err);
+    if (e) close(fd);
+    return e ? e : fd;
+}
+
+int wh_shmfile_link(int fd, const char *path, wh_err_t *err) {
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    if (linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0) return 0;
+    int e = errno;
+    if (e == ENOENT && access(self, F_OK) != 0) return -EOPNOTSUPP; /* no /proc */
+    return wh__not_made(path, e, "name", err);
+}
+
+int wh_shmfile_create(const char *path, uint64_t size, wh_err_t *err) {
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return wh__not_made(path, errno, "create", err);
+    int m = wh__mode(fd, path, err);
+    if (m) {
         unlink(path);
         close(fd);
-        return -e;
+        return m;
     }
     int e = size ? wh__reserve(fd, path, size, err) : 0;
     if (e) {

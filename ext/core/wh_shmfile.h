@@ -26,6 +26,20 @@
  * another for any other failure. */
 int wh_shmfile_create(const char *path, uint64_t size, wh_err_t *err);
 
+/* A new file for path that no one can open yet: unnamed (O_TMPFILE) in
+ * path's folder, mode 0600 whatever the umask, read-write, close-on-exec,
+ * for a creator that makes it ready before wh_shmfile_link names it path.
+ * Returns the descriptor, or a negative errno with err set; -EOPNOTSUPP
+ * (err not set) where the file system makes no unnamed files: then use
+ * wh_shmfile_create. */
+int wh_shmfile_create_unnamed(const char *path, wh_err_t *err);
+
+/* Names the unnamed file fd path (linkat): 0, or a negative errno with err
+ * set as wh_shmfile_create sets it: -EEXIST when anything is at path
+ * already (never replaced, never followed); -EOPNOTSUPP (err not set)
+ * where it cannot be named (no /proc): then use wh_shmfile_create. */
+int wh_shmfile_link(int fd, const char *path, wh_err_t *err);
+
 /* Opens the existing file at path read-write, close-on-exec, without
  * following a symlink and without blocking on a FIFO, then checks it
  * before anything reads or writes it: a regular file, owned by this

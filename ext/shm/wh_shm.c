@@ -148,16 +148,38 @@ static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_o
     return true;
 }
 
-static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
-    const wh_store_config_t *c = &s->base.cfg;
-    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, data_off = 0, total = 0;
-    if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
-    /* Name the creator before the (possibly slow) fallocate, so openers
-     * keep waiting for a live creator instead of calling it stale. */
+/* The segment's first state: its header's pages, naming its creator, so
+ * openers wait for a live creator instead of calling the store stale. */
+static bool wh__name_creator(const wh__shm_t *s, int fd, wh_err_t *err) {
     int64_t me = getpid();
     if (ftruncate(fd, (off_t)wh__page_up(sizeof(wh__hdr_t))) != 0 ||
         pwrite(fd, &me, sizeof me, offsetof(wh__hdr_t, creator_pid)) != (ssize_t)sizeof me)
         return wh_err_set(err, WH_E_SYS, "shm store '%s': %s", s->shm_name + 10, strerror(errno));
+    return true;
+}
+
+/* A new segment at path, named only once it is in its first state (above):
+ * so a segment shorter than its header, 0 bytes included, was cut by
+ * someone (wh__attach). Where /dev/shm makes no unnamed files it is named
+ * empty and put in that state at once. Returns the descriptor, or a
+ * negative errno (-EEXIST: something is at path) with err set. */
+static int wh__create_file(const wh__shm_t *s, const char *path, wh_err_t *err) {
+    int fd = wh_shmfile_create_unnamed(path, err);
+    int e = fd;
+    if (fd >= 0) {
+        e = wh__name_creator(s, fd, err) ? wh_shmfile_link(fd, path, err) : -EIO;
+        if (e) close(fd);
+    }
+    if (e == -EOPNOTSUPP) return wh_shmfile_create(path, 0, err);
+    return e ? e : fd;
+}
+
+static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, data_off = 0, total = 0;
+    if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
+    /* (already so unless made by the fallback of wh__create_file) */
+    if (!wh__name_creator(s, fd, err)) return false;
     int r = posix_fallocate(fd, 0, (off_t)total);
     if (r != 0) {
         struct statvfs vfs;
@@ -328,9 +350,9 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                               "with `wirehead-torch clean` or wt.clean(config)",
                               s->shm_name + 10);
         }
-        /* a creator sets the size to 0, then to the header's pages, then to
-         * the whole: anything between 0 and the header was cut by someone */
-        if (sb.st_size > 0 && (uint64_t)sb.st_size < wh__page_up(sizeof(wh__hdr_t))) {
+        /* a creator names the segment once it holds the header's pages
+         * (wh__create_file): anything shorter, 0 bytes too, was cut */
+        if ((uint64_t)sb.st_size < wh__page_up(sizeof(wh__hdr_t))) {
             if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_CORRUPT,
                               "shm store '%s' (/dev/shm%s) is %lld bytes, less than its header "
@@ -490,7 +512,7 @@ bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
     snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
     for (int attempt = 0; attempt < 5; attempt++) {
         /* made exclusively (never through a planted symlink), mode 0600 */
-        int fd = budget ? wh_shmfile_create(path, 0, err) : -EEXIST;
+        int fd = budget ? wh__create_file(s, path, err) : -EEXIST;
         if (fd >= 0) {
             if (!wh__create(s, fd, budget, err)) {
                 wh__unmap_partial(s);

@@ -2078,11 +2078,12 @@ out:
 
 /* ---- creation ---------------------------------------------------------- */
 
-/* A segment left by a creator that died before finishing (zero bytes, so
- * no magic and creator pid 0) is replaced within the open timeout. */
+/* A segment left by a creator that died before finishing (its header's
+ * pages and more, zero-filled, so no magic and creator pid 0) is replaced
+ * within the open timeout. */
 static void t_stale_segment(void) {
     wh_schema_t s = schema_of(2, NAMES_ID_DATA);
-    off_t sizes[2] = {0, 1 << 20};
+    off_t sizes[2] = {64 << 10, 1 << 20};
     for (int k = 0; k < 2; k++) {
         wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
         char sn[128];
@@ -2111,6 +2112,32 @@ static void t_stale_segment(void) {
         wh_store_destroy(st);
         clean_store(&c);
     }
+}
+
+/* A creator names its segment only once it holds the header's pages: a
+ * segment of 0 bytes was cut, not half-made, and is refused at once,
+ * naming the truncation, rather than waited for and removed. */
+static void t_empty_segment_was_cut(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    char sn[128], p[160];
+    seg_name(c.uri, sn, sizeof sn);
+    snprintf(p, sizeof p, "/dev/shm%s", sn);
+    int fd = shm_open(sn, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0, "shm_open: %s", strerror(errno));
+    if (fd < 0) return;
+    close(fd);
+    wh_err_t e;
+    uint64_t t0 = wh_now_mono_ns();
+    wh_store_t *st = wh_store_open(&c, &e);
+    CHECK(!st && e.code == WH_E_CORRUPT && strstr(e.message, "is 0 bytes") &&
+              strstr(e.message, "truncated"),
+          "open over an empty segment: %s", st ? "opened" : e.message);
+    CHECK(secs_since(t0) < 1.0, "took %.1f s", secs_since(t0));
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && sb.st_size == 0, "the cut segment was removed or replaced");
+    wh_store_destroy(st);
+    clean_store(&c);
 }
 
 static void t_too_big_for_shm(void) {
@@ -2987,6 +3014,7 @@ int main(int argc, char **argv) {
         {"live paused writer blocks slot recycling", t_live_writer_blocks_recycle, false},
         {"killed put with a tight budget does not wedge", t_killed_put_tight_budget, false},
         {"stale half-created segment is replaced", t_stale_segment, false},
+        {"an empty segment was cut: refused at once", t_empty_segment_was_cut, false},
         {"store too big for /dev/shm fails at creation", t_too_big_for_shm, false},
         {"generation ids increase across re-creation", t_gen_ids_survive_recreate, false},
         {"3 writers + manager + reader through 320 swaps", t_concurrent, false},

@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the problem and loses nothing stored."""
 import glob
 import os
+import time
 
 import numpy as np
 import pytest
@@ -85,20 +86,40 @@ def test_corrupted_bytes_are_detected(shm_cfg):
         whlib.check_sample(*raw)
 
 
-def test_segment_cut_below_its_header_is_an_error_for_a_new_opener(shm_cfg):
-    """A segment cut shorter than its header (no creator ever leaves one so)
-    is an error naming the truncation for readers and generators that open
-    it afterwards, not a store taken for half-made and removed, nor a wait."""
-    cfg = shm_cfg(swap_cap=2)
+@pytest.mark.parametrize("size", [0, 4096])
+def test_segment_cut_below_its_header_is_an_error_for_a_new_opener(shm_cfg, size):
+    """A segment cut shorter than its header, 0 bytes too (a creator names
+    its segment only once it holds the header's pages), is an error naming
+    the truncation for readers and generators that open it afterwards, at
+    once: not a store taken for half-made and removed, nor a wait."""
+    cfg = shm_cfg(swap_cap=2, budget="1MiB")
     filled(cfg)
     path = f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}"
-    os.truncate(path, 4096)
-    with pytest.raises(wt.CorruptSampleError, match=r"is 4096 bytes, less than its header .*"
-                                                    r"truncated"):
+    os.truncate(path, size)
+    t0 = time.monotonic()
+    with pytest.raises(wt.CorruptSampleError, match=rf"is {size} bytes, less than its header "
+                                                    r".*truncated"):
         wt.MongoheadDataset(config=cfg)[0]
     with pytest.raises(wt.CorruptSampleError, match="truncated"):
         wt.WireheadGenerator((whlib.sample(1, i) for i in range(1)), config=cfg).run()
-    assert os.path.getsize(path) == 4096  # left for the user to look at and clean
+    assert time.monotonic() - t0 < 2  # no wait for a creator
+    assert os.path.getsize(path) == size  # left for the user to look at and clean
+
+
+def test_segment_cut_to_nothing_under_dataloader_workers_is_an_error_at_once(shm_cfg):
+    """Workers that open the store after it was cut to 0 bytes (a new
+    epoch's) get the truncation error, as for any other short size, not a
+    wait for a generation that ends in a TimeoutError."""
+    cfg = shm_cfg(swap_cap=4, budget="1MiB", READ_TIMEOUT=20)
+    filled(cfg, n=4)
+    dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg), batch_size=2, num_workers=1)
+    assert len(list(dl)) == 2
+    os.truncate(f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}", 0)
+    t0 = time.monotonic()
+    with pytest.raises(wt.CorruptSampleError, match=r"(?s)worker.*is 0 bytes, less than its "
+                                                    r"header.*truncated"):
+        list(dl)
+    assert time.monotonic() - t0 < 10  # workers start, and say so
 
 
 def test_store_too_big_for_dev_shm_fails_at_creation(shm_cfg):
