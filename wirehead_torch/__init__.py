@@ -28,6 +28,7 @@ except ImportError as _e:
         "without a built extension, found before any installed copy (is the working "
         "directory the checkout?). Run from another directory to use the installed "
         "package, or build the checkout in place with `make build`.") from _e
+from . import _guard  # noqa: E402
 from ._C import (  # noqa: E402
     CorruptSampleError,
     CudaError,
@@ -59,6 +60,8 @@ from .params import (  # noqa: E402
 )
 from .relay import WireheadRelay  # noqa: E402
 from .shards import ShardError, export_shards, from_shards, mix  # noqa: E402
+
+_guard.keep_in_front()  # faulthandler and signal.signal leave the SIGBUS guard in front
 
 # The readers need torch (the map-style ones also run without it, with
 # output="numpy"); generators, the manager and the CLI do not, so readers are

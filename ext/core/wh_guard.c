@@ -36,6 +36,7 @@ static wh__guard_chunk_t *wh__chunks;
 static struct sigaction wh__prev; /* the handler the guard chains to */
 static uintptr_t wh__page = 4096;
 static int wh__chaining;
+static int wh__installed; /* the guard was installed once in this process */
 
 static void wh__on_bus(int sig, siginfo_t *si, void *uc);
 
@@ -43,24 +44,43 @@ static bool wh__is_mine(const struct sigaction *sa) {
     return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == wh__on_bus;
 }
 
-/* A fault this guard does not own: the handler before it decides, called
- * as a function; the default (or a loop back here) is the default action,
- * so the process dies of SIGBUS as it would have without the guard. A
- * SIGBUS sent by kill or raise has no address to repair and gets the
- * default action too. */
+/* A SIGBUS this guard does not own goes where it would have gone without
+ * the guard. A handler installed before it (torch's, faulthandler's,
+ * Python's, which notes the signal for the interpreter) is called as a
+ * function, with its sa_mask blocked and its SA_SIGINFO form, for a fault
+ * and for a signal sent by kill or raise (no address) alike. Ignored
+ * before (SIG_IGN): a sent one is dropped; a fault cannot be ignored (the
+ * access would fault again for ever), so it gets the default, as the
+ * kernel gives it. The default (or a loop back here): the process dies of
+ * SIGBUS as it would have. */
 static void wh__chain(int sig, siginfo_t *si, void *uc) {
     struct sigaction p = wh__prev;
-    if (si && si->si_code > 0 && !wh__is_mine(&p) &&
-        !__atomic_exchange_n(&wh__chaining, 1, __ATOMIC_ACQ_REL)) {
-        bool called = true;
-        if ((p.sa_flags & SA_SIGINFO) && p.sa_sigaction)
+    bool info = p.sa_flags & SA_SIGINFO, sent = !si || si->si_code <= 0;
+    /* SIG_DFL and SIG_IGN are what sa_handler holds, whatever the flags */
+    bool ign = p.sa_handler == SIG_IGN, fn = !ign && p.sa_handler != SIG_DFL;
+    if (ign && sent) return;
+    if (fn && !wh__is_mine(&p) && !__atomic_exchange_n(&wh__chaining, 1, __ATOMIC_ACQ_REL)) {
+        sigset_t was;
+        pthread_sigmask(SIG_BLOCK, &p.sa_mask, &was);
+        if (p.sa_flags & SA_RESETHAND) { /* a one-shot handler: the default from now on */
+            memset(&wh__prev, 0, sizeof wh__prev);
+            wh__prev.sa_handler = SIG_DFL;
+        }
+        if (info)
             p.sa_sigaction(sig, si, uc);
-        else if (!(p.sa_flags & SA_SIGINFO) && p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN)
-            p.sa_handler(sig);
         else
-            called = false;
+            p.sa_handler(sig);
+        pthread_sigmask(SIG_SETMASK, &was, NULL);
         __atomic_store_n(&wh__chaining, 0, __ATOMIC_RELEASE);
-        if (called) return;
+        /* It raised the signal again for the handler before it, and that
+         * is this guard (it was installed over the guard, which then went
+         * in front of it again): a circle, in which the signal can only
+         * end in the default. faulthandler ends so, after its report. */
+        sigset_t pend;
+        struct sigaction cur;
+        if (sigpending(&pend) != 0 || !sigismember(&pend, sig) || sigaction(sig, NULL, &cur) != 0 ||
+            !wh__is_mine(&cur))
+            return;
     }
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
@@ -69,7 +89,7 @@ static void wh__chain(int sig, siginfo_t *si, void *uc) {
     sigaction(sig, &dfl, NULL);
     /* a fault repeats on return, now under the default; a sent signal is
      * pending (blocked in this handler) and is delivered on return */
-    if (!si || si->si_code <= 0) raise(sig);
+    if (sent) raise(sig);
 }
 
 static void wh__on_bus(int sig, siginfo_t *si, void *uc) {
@@ -109,6 +129,7 @@ void wh_guard_ensure(void) {
     pthread_once(&wh__atfork_once, wh__atfork);
     if (sigaction(SIGBUS, NULL, &cur) != 0 || wh__is_mine(&cur)) return;
     pthread_mutex_lock(&wh__mu);
+    wh__installed = 1;
     if (sigaction(SIGBUS, NULL, &cur) == 0 && !wh__is_mine(&cur)) {
         long pg = sysconf(_SC_PAGESIZE);
         if (pg > 0) wh__page = (uintptr_t)pg;
@@ -120,6 +141,17 @@ void wh_guard_ensure(void) {
         if (sigaction(SIGBUS, &mine, &old) == 0 && !wh__is_mine(&old)) wh__prev = old;
     }
     pthread_mutex_unlock(&wh__mu);
+}
+
+void wh_guard_step_aside(void) {
+    struct sigaction cur;
+    pthread_mutex_lock(&wh__mu);
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && wh__is_mine(&cur)) sigaction(SIGBUS, &wh__prev, NULL);
+    pthread_mutex_unlock(&wh__mu);
+}
+
+void wh_guard_restore(void) {
+    if (__atomic_load_n(&wh__installed, __ATOMIC_ACQUIRE)) wh_guard_ensure();
 }
 
 /* A free entry (wh__mu held), the registry grown by a chunk if need be. */

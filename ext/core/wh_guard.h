@@ -43,4 +43,16 @@ bool wh_guard_cut(const void *addr, long long *size);
  * sigaction call: every entry point that touches a shared mapping calls it. */
 void wh_guard_ensure(void);
 
+/* For Python code that installs a SIGBUS handler outside any store call
+ * (faulthandler.enable, signal.signal: wirehead_torch/_guard.py wraps
+ * them). Before a call that saves the handler in front to chain to
+ * (faulthandler's enable and register): the guard steps aside, putting
+ * back the one it displaced, so that the new handler chains past the
+ * guard, not back into it. After the call: wh_guard_restore, which is
+ * wh_guard_ensure once the guard was installed in this process (a no-op
+ * before). Between the two, a cut page faults as it would without the
+ * guard. */
+void wh_guard_step_aside(void);
+void wh_guard_restore(void);
+
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "wh_backend.h" /* only for shm_layout (tests forge damage) and shm_origin */
+#include "wh_guard.h"
 
 /* ---- store configuration from keyword arguments ---- */
 
@@ -180,6 +181,20 @@ static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *wh__guard_step_aside(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_guard_step_aside();
+    Py_RETURN_NONE;
+}
+
+static PyObject *wh__guard_restore(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    wh_guard_restore();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef wh__store_functions[] = {
     {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
      "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
@@ -190,6 +205,11 @@ static PyMethodDef wh__store_functions[] = {
     {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
     {"shm_origin", wh__shm_origin, METH_VARARGS,
      "shm_origin(name): the source an shm store's segment records, or None"},
+    {"guard_step_aside", wh__guard_step_aside, METH_NOARGS,
+     "the SIGBUS guard puts back the handler it displaced (before a call that saves the handler "
+     "in front to chain to)"},
+    {"guard_restore", wh__guard_restore, METH_NOARGS,
+     "the SIGBUS guard back in front, once it was installed in this process"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -61,6 +61,18 @@ def test_cut_under_the_relay_is_an_error_not_a_signal(mongo_server):
     assert out["exits"].get("0", 0) >= ROUNDS // 2, out
 
 
+# a SIGBUS the guard does not own: a page past the end of a file no store maps
+FOREIGN_FAULT = r"""
+fd, path = tempfile.mkstemp()
+os.write(fd, b"x" * 8192)
+m = mmap.mmap(fd, 8192)
+os.ftruncate(fd, 0)
+os.unlink(path)
+print("touching", flush=True)
+m[4096]
+"""
+
+
 def test_guard_chains_to_the_handler_before_it():
     """A SIGBUS the guard does not own still reaches the handler installed
     before it (here Python's faulthandler), and the process dies of it."""
@@ -71,14 +83,7 @@ faulthandler.enable()
 import wirehead_torch as wt
 cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 1, "SAMPLE": ["x"], "BYTE_BUDGET": "1MiB"}
 wt.WireheadGenerator(iter([(np.zeros(4),)]), config=cfg).run()  # the guard goes in front
-fd, path = tempfile.mkstemp()
-os.write(fd, b"x" * 8192)
-m = mmap.mmap(fd, 8192)
-os.ftruncate(fd, 0)
-os.unlink(path)
-print("touching", flush=True)
-m[4096]  # not a wirehead mapping: SIGBUS for the handler before the guard
-"""
+""" + FOREIGN_FAULT
     name = whlib.unique_name()
     proc = subprocess.run([sys.executable, "-c", code, name], env=whlib.env_for_child(),
                           capture_output=True, text=True, timeout=120)
@@ -167,3 +172,107 @@ finally:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("error:") and "was truncated to 0 of its" in proc.stdout, \
         proc.stdout
+
+
+SENT = r"""
+import os, signal, sys
+import numpy as np
+got = []
+if sys.argv[2] == "handler":
+    signal.signal(signal.SIGBUS, lambda signum, frame: got.append(signum))
+else:
+    signal.signal(signal.SIGBUS, signal.SIG_IGN)
+import wirehead_torch as wt
+cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 1, "SAMPLE": ["x"], "BYTE_BUDGET": "1MiB"}
+try:
+    wt.WireheadGenerator(iter([(np.zeros(4),)]), config=cfg, quiet=True).run()  # guard in front
+    os.kill(os.getpid(), signal.SIGBUS)  # sent by kill: no address
+    signal.raise_signal(signal.SIGBUS)  # and by raise
+    print("alive", got)
+finally:
+    wt.clean(cfg)
+"""
+
+
+@pytest.mark.parametrize("how, says", [("handler", "alive [7, 7]"), ("ignore", "alive []")])
+def test_a_sent_sigbus_reaches_the_handler_installed_before_the_guard(how, says):
+    """signal.signal(SIGBUS, ...) before the package: a SIGBUS sent by kill
+    or raise (no fault address, nothing for the guard to repair) reaches
+    that handler, or is ignored under SIG_IGN, as without the guard."""
+    proc = subprocess.run([sys.executable, "-c", SENT, whlib.unique_name(), how],
+                          env=whlib.env_for_child(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.strip() == says, proc.stdout
+
+
+LATE = r"""
+import faulthandler, mmap, os, signal, sys, tempfile
+import numpy as np
+how = sys.argv[2]
+if how == "disable":
+    faulthandler.enable()  # before the package, as pytest does
+import wirehead_torch as wt
+cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 1, "SAMPLE": ["x", "y"],
+       "BYTE_BUDGET": "1MiB"}
+try:
+    wt.WireheadGenerator(iter([(np.ones(1 << 16), np.ones(1))]), config=cfg, quiet=True).run()
+    x = wt.MongoheadDataset(config=cfg, views=True)[0]["input"]  # a view of the store, held
+    # the last store call is over: what follows puts its handler in front
+    if how == "disable":
+        faulthandler.disable()
+    elif how == "signal":
+        signal.signal(signal.SIGBUS, lambda signum, frame: None)
+    else:
+        faulthandler.enable()
+    os.truncate("/dev/shm/wirehead." + sys.argv[1], 0)
+    print("view", float(x.sum()), flush=True)  # zero pages, not SIGBUS
+finally:
+    wt.clean(cfg)
+if how != "enable":
+    sys.exit(0)
+# a SIGBUS the guard does not own still ends in faulthandler's report
+""" + FOREIGN_FAULT
+
+
+@pytest.mark.parametrize("how", ["enable", "disable", "signal"])
+def test_guard_stays_in_front_of_handlers_installed_after_the_last_store_call(how):
+    """faulthandler.enable() or .disable() or signal.signal(SIGBUS, ...)
+    after the last store call would put another handler in front of the
+    guard: a view held over a store cut then would kill the process (or
+    loop in Python's handler). The guard goes back in front at once, and
+    a SIGBUS it does not own still reaches faulthandler."""
+    proc = subprocess.run([sys.executable, "-c", LATE, whlib.unique_name(), how],
+                          env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
+    assert "view 0.0" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    if how == "enable":
+        assert proc.returncode == -7 and "Bus error" in proc.stderr, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+CIRCLE = r"""
+import mmap, os, sys, tempfile
+from faulthandler import enable  # a reference the package's wrapper never sees
+import numpy as np
+import wirehead_torch as wt
+cfg = {"STORE": "shm://" + sys.argv[1], "SWAP_CAP": 1, "SAMPLE": ["x"], "BYTE_BUDGET": "1MiB"}
+try:
+    wt.WireheadGenerator(iter([(np.zeros(4),)]), config=cfg, quiet=True).run()
+    enable()  # chains to the guard it displaced
+    wt.status(cfg)  # a store call: the guard in front again, chaining to faulthandler
+finally:
+    wt.clean(cfg)
+""" + FOREIGN_FAULT
+
+
+def test_a_circle_of_handlers_ends_in_the_default():
+    """faulthandler enabled after the guard, past the wrapper, chains back to
+    the guard, which a store call then puts in front of it again: a SIGBUS
+    the guard does not own goes to faulthandler, whose report raises it
+    again for the guard. It ends in the default once, not in reports for
+    ever."""
+    proc = subprocess.run([sys.executable, "-c", CIRCLE, whlib.unique_name()],
+                          env=whlib.env_for_child(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -7, (proc.returncode, proc.stderr[-2000:])
+    assert "touching" in proc.stdout
+    assert proc.stderr.count("Fatal Python error: Bus error") == 1, proc.stderr[-2000:]
