@@ -76,6 +76,11 @@ PyObject *wh_py_record(PyTypeObject *type, int n, ...);
 /* s as a str, or None when s is NULL. */
 PyObject *wh_py_str_or_none(const char *s);
 
+/* An "O&" converter: a Python int in 0..UINT32_MAX into the uint32_t at out;
+ * anything else an OverflowError or TypeError, never a value cut to 32 bits
+ * as the "I" format cuts it (wh_py_util.c). */
+int wh_py_u32(PyObject *obj, void *out);
+
 /* A store configuration from keyword arguments (wh_py_store_fns.c). */
 typedef struct {
     wh_store_config_t cfg;
@@ -92,11 +97,12 @@ int wh_py_store_call(wh_py_state_t *S, PyObject *store,
                      bool (*fn)(wh_store_t *, void *, wh_err_t *), void *ctx, bool *ok,
                      wh_err_t *err);
 
-/* The cut-over for rows copied straight from a store at uri (0: none, and
- * why says why): the registered path where the store is a mapping this
- * process can register; WIREHEAD_GPU_DIRECT_MIN_ROW sets it in bytes, or
- * "off" (to measure either path). wh_py_cuda.c */
-uint64_t wh_py_gpu_direct_min(const char *uri, char *why, size_t cap);
+/* The cut-over for rows copied straight from a store at uri into *min (0:
+ * none, and why says why): the registered path where the store is a mapping
+ * this process can register; WIREHEAD_GPU_DIRECT_MIN_ROW sets it in bytes,
+ * or "off" (to measure either path); a value that is neither is false with
+ * err naming it. wh_py_cuda.c */
+bool wh_py_gpu_direct_min(const char *uri, uint64_t *min, char *why, size_t cap, wh_err_t *err);
 
 /* The GPU stage's counters merged into dict d (wh_py_cuda.c). */
 int wh_py_gpu_stats_into(PyObject *d, const wh_gpu_stats_t *st);

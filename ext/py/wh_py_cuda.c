@@ -3,6 +3,7 @@
 #include "wh_py.h"
 
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "wh_dlpack.h"
@@ -21,10 +22,34 @@ static PyObject *wh__cuda_init_py(PyObject *mod, PyObject *args) {
                          wh_cuda_runtime_version());
 }
 
-uint64_t wh_py_gpu_direct_min(const char *uri, char *why, size_t cap) {
-    const char *env = getenv("WIREHEAD_GPU_DIRECT_MIN_ROW");
+/* WIREHEAD_GPU_DIRECT_MIN_ROW: unset or empty 0, "off" (any case) UINT64_MAX,
+ * else a byte count of decimal digits only (strtoull would read "1e9" as 1
+ * and "-1" as the largest count); anything else false with err naming it. */
+static bool wh__direct_env(uint64_t *v, wh_err_t *err) {
+    const uint64_t most = (uint64_t)1 << 48;
+    const char *e = getenv("WIREHEAD_GPU_DIRECT_MIN_ROW");
+    *v = 0;
+    if (!e || !*e) return true;
+    if (!strcasecmp(e, "off")) {
+        *v = UINT64_MAX;
+        return true;
+    }
+    bool ok = true;
+    for (const char *p = e; ok && *p; p++)
+        ok = *p >= '0' && *p <= '9' && (*v = *v * 10 + (uint64_t)(*p - '0')) <= most;
+    if (ok && *v >= 1) return true;
+    return wh_err_set(err, WH_E_INVALID,
+                      "WIREHEAD_GPU_DIRECT_MIN_ROW=%.40s is neither a row size in bytes "
+                      "(decimal digits, 1..%llu) nor off",
+                      e, (unsigned long long)most);
+}
+
+bool wh_py_gpu_direct_min(const char *uri, uint64_t *min, char *why, size_t cap, wh_err_t *err) {
+    uint64_t env;
     why[0] = 0;
-    if (env && !strcmp(env, "off"))
+    *min = 0;
+    if (!wh__direct_env(&env, err)) return false;
+    if (env == UINT64_MAX)
         snprintf(why, cap, "WIREHEAD_GPU_DIRECT_MIN_ROW=off");
     else if (strncmp(uri, "shm://", 6) != 0)
         snprintf(why, cap,
@@ -32,19 +57,20 @@ uint64_t wh_py_gpu_direct_min(const char *uri, char *why, size_t cap) {
                  "node to register");
     else if (!wh_cuda_can_register())
         snprintf(why, cap, "the CUDA runtime %s has no cudaHostRegister", wh_cuda_lib_name());
-    if (why[0]) return 0;
-    unsigned long long min = env && *env ? strtoull(env, NULL, 10) : 0;
-    return min ? min : WH_GPU_DIRECT_MIN_ROW;
+    if (!why[0]) *min = env ? env : WH_GPU_DIRECT_MIN_ROW;
+    return true;
 }
 
 /* direct_min(uri) -> (bytes, why): rows at least this size go straight
  * from a store at uri (0: none, why says why). */
 static PyObject *wh__stage_direct_min(PyObject *self, PyObject *arg) {
-    (void)self;
     const char *uri = PyUnicode_AsUTF8(arg);
     if (!uri) return NULL;
     char why[WH_ERR_LEN];
-    uint64_t min = wh_py_gpu_direct_min(uri, why, sizeof why);
+    uint64_t min;
+    wh_err_t err = {0};
+    if (!wh_py_gpu_direct_min(uri, &min, why, sizeof why, &err))
+        return wh_py_raise(wh_py_tstate(self), &err);
     return Py_BuildValue("(Ks)", (unsigned long long)min, why);
 }
 

@@ -28,7 +28,11 @@ static void wh__loader_gpu_new(wh__pyloader_t *self, wh_loader_config_t *lc, int
     lc->alloc.free = wh_cuda_host_free;
     lc->alloc.ctx = (void *)(intptr_t)device;
     char why[WH_ERR_LEN];
-    lc->direct_min = wh_py_gpu_direct_min(lc->store.uri, why, sizeof why);
+    if (!wh_py_gpu_direct_min(lc->store.uri, &lc->direct_min, why, sizeof why, err)) {
+        wh_gpu_destroy(self->gpu);
+        self->gpu = NULL;
+        return;
+    }
     if (!lc->direct_min) wh_gpu_set_staged(self->gpu, why);
 }
 
@@ -38,7 +42,7 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
                              "rank",    "shuffle",   "seed",    "pad",      "pad_batches", "want",
                              "refresh", "timeout_s", "device",  NULL};
     PyObject *store, *want;
-    unsigned int batch, threads, prefetch, world, rank;
+    uint32_t batch, threads, prefetch, world, rank;
     int drop_last, shuffle, pad, pad_batches, refresh;
     unsigned long long seed;
     double timeout_s;
@@ -47,10 +51,10 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "Loader already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!IIIpIIpKipOid|i", kwlist, &PyDict_Type, &store,
-                                     &batch, &threads, &prefetch, &drop_last, &world, &rank,
-                                     &shuffle, &seed, &pad, &pad_batches, &want, &refresh,
-                                     &timeout_s, &device))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "O!O&O&O&pO&O&pKipOid|i", kwlist, &PyDict_Type, &store, wh_py_u32, &batch,
+            wh_py_u32, &threads, wh_py_u32, &prefetch, &drop_last, wh_py_u32, &world, wh_py_u32,
+            &rank, &shuffle, &seed, &pad, &pad_batches, &want, &refresh, &timeout_s, &device))
         return -1;
     if (!(timeout_s > 0 && timeout_s < 1e6)) {
         PyErr_SetString(S->value, "READ_TIMEOUT must be a positive number of seconds below "

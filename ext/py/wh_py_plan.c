@@ -13,16 +13,17 @@ static bool wh__parse_plan(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_pl
                            unsigned long long *c) {
     char *kwlist[14] = {"swap_cap", "world", "rank",      "workers", "worker", "batch", "shuffle",
                         "seed",     "pad",   "drop_last", NULL,      NULL,     NULL,    NULL};
-    char fmt[16] = "IIIIIIpKi|p";
+    char fmt[32] = "O&O&O&O&O&O&pKi|p"; /* O&: wh_py_u32, never an int cut to 32 bits */
     for (int i = 0; extra && extra[i] && i < 3; i++) {
         kwlist[10 + i] = (char *)extra[i];
         strcat(fmt, "K");
     }
     int shuffle = 0, drop_last = 0;
     memset(p, 0, sizeof *p);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &p->swap_cap, &p->world, &p->rank,
-                                     &p->workers, &p->worker, &p->batch, &shuffle, &p->seed,
-                                     &p->pad, &drop_last, a, b, c))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, wh_py_u32, &p->swap_cap, wh_py_u32,
+                                     &p->world, wh_py_u32, &p->rank, wh_py_u32, &p->workers,
+                                     wh_py_u32, &p->worker, wh_py_u32, &p->batch, &shuffle,
+                                     &p->seed, &p->pad, &drop_last, a, b, c))
         return false;
     p->shuffle = shuffle;
     p->drop_last = drop_last;

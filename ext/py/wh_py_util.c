@@ -94,3 +94,17 @@ PyObject *wh_py_str_or_none(const char *s) {
     Py_INCREF(Py_None);
     return Py_None;
 }
+
+int wh_py_u32(PyObject *obj, void *out) {
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "an integer is required, got %.100s", Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    unsigned long v = PyLong_AsUnsignedLong(obj); /* negative: OverflowError */
+    if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R is not in 0..%lu", obj, (unsigned long)UINT32_MAX);
+        return 0;
+    }
+    *(uint32_t *)out = (uint32_t)v;
+    return 1;
+}

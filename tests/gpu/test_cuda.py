@@ -9,6 +9,7 @@ import ctypes
 import glob
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 
@@ -416,6 +417,34 @@ def test_loader_device_bytes_under_a_slow_copy_engine(fake, consumer, store_cfg)
     assert fake.counter("host_syncs") == 0  # no host synchronize in the steady state
     assert fake.violations() == []
     loader.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "1e9", "OFFF", "0", " 12", "99999999999999999999"])
+def test_direct_min_row_env_is_checked(fake, shm_cfg, monkeypatch, value):
+    """WIREHEAD_GPU_DIRECT_MIN_ROW is a byte count of digits or off: -1 once
+    was the largest count (a raw error later), 1e9 was read as 1 byte and
+    OFF as the default; now each is refused naming the variable, and the
+    loader on a device says so when it is made."""
+    stage = _C.CudaStage(device=0)
+    monkeypatch.setenv("WIREHEAD_GPU_DIRECT_MIN_ROW", value)
+    with pytest.raises(ValueError, match=f"WIREHEAD_GPU_DIRECT_MIN_ROW={re.escape(value)} is "
+                                         f"neither a row size in bytes"):
+        stage.direct_min("shm://x")
+    cfg = fill(shm_cfg(swap_cap=N))
+    loader = wt.WireheadLoader(config=cfg, batch_size=2, device="cuda")
+    with pytest.raises(ValueError, match="WIREHEAD_GPU_DIRECT_MIN_ROW"):
+        loader._loader()
+    loader.close()
+
+
+def test_direct_min_row_env_values(fake, monkeypatch):
+    stage = _C.CudaStage(device=0)
+    for value, want in (("1000000000", 10 ** 9), ("", 256 * 1024), ("1", 1)):
+        monkeypatch.setenv("WIREHEAD_GPU_DIRECT_MIN_ROW", value)
+        assert stage.direct_min("shm://x") == (want, "")
+    for value in ("off", "OFF", "Off"):  # any case means off
+        monkeypatch.setenv("WIREHEAD_GPU_DIRECT_MIN_ROW", value)
+        assert stage.direct_min("shm://x") == (0, "WIREHEAD_GPU_DIRECT_MIN_ROW=off")
 
 
 def test_loader_ring_slot_reused_only_after_its_copy(fake, shm_cfg):
