@@ -1,12 +1,16 @@
 """Options shared by WireheadIterableDataset and WireheadLoader: who this
 process is in the job, and the order/padding settings."""
 import logging
+import numbers
 import os
 
 log = logging.getLogger("wirehead_torch")
 
 PAD_CODES = {"repeat": 0, "ignore": 1, "drop": 2}
 REFRESH = ("epoch", "step")
+# The most ranks a job may have (world_size, WORLD_SIZE): the C order takes
+# 32-bit counts, and ranks times workers must fit it.
+MAX_WORLD = 1 << 20
 
 
 def _found_rank_world():
@@ -19,8 +23,8 @@ def _found_rank_world():
     except ImportError:
         pass
     if os.environ.get("WORLD_SIZE"):
-        w = _int_env("WORLD_SIZE")
-        return (_int_env("RANK") if os.environ.get("RANK") else None), w
+        w = env_int("WORLD_SIZE", 1, MAX_WORLD)
+        return (env_int("RANK", 0, MAX_WORLD - 1) if os.environ.get("RANK") else None), w
     return None
 
 
@@ -36,8 +40,8 @@ def rank_world(rank=None, world_size=None, inherited=None):
     if rank is not None:
         r = rank
     w = 1 if w is None else int(w)
-    if w < 1:
-        raise ValueError(f"world_size must be at least 1, got {w}")
+    if not 1 <= w <= MAX_WORLD:
+        raise ValueError(f"world_size must be in 1..{MAX_WORLD}, got {w}")
     if r is None:
         if w > 1:
             raise ValueError(f"WORLD_SIZE is {w} but no rank is known: initialise "
@@ -49,12 +53,20 @@ def rank_world(rank=None, world_size=None, inherited=None):
     return r, w
 
 
-def _int_env(name):
-    v = os.environ[name]
+def env_int(name, lo, hi, default=None):
+    """The integer environment variable name, in lo..hi (default when
+    unset or empty): a ValueError naming it, its value and the range."""
+    v = os.environ.get(name, "")
+    if not v.strip():
+        return default
     try:
-        return int(v)
+        n = int(v)
     except ValueError:
-        raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise ValueError(f"environment variable {name}={v!r} is not an integer in "
+                         f"{lo}..{hi}")
+    return n
 
 
 class Order:
@@ -82,7 +94,10 @@ class Order:
         self.fields = fields
         self.want = [names.index(f) for f in fields]
         self.shuffle = bool(shuffle)
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not (
+                0 <= seed < 1 << 64):
+            raise ValueError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
+        self.seed = int(seed)
         self.pad = pad
         self.ignore_index = ignore_index
         self.label_fields = list(label_fields)

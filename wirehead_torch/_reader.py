@@ -3,6 +3,7 @@ generation (the datasets, the loader, export, the demo go through it),
 refresh='step', and a sample read or viewed through the store's one C
 read policy."""
 import logging
+import numbers
 import os
 import time
 
@@ -15,6 +16,8 @@ log = logging.getLogger("wirehead_torch")
 
 # How often a reader waiting for a generation says what it waits for.
 WAIT_NOTE_EVERY = 5.0
+# A reader's timeout=: below 10^6 s, as READ_TIMEOUT in a config.
+MAX_TIMEOUT = 1e6
 # How often a reader of the node-local copy looks whether its relay lives
 # (and says so when it does not).
 RELAY_CHECK_EVERY = 60.0
@@ -22,6 +25,29 @@ _relay_checked = {}  # LOCAL_CACHE URI -> when this process last looked
 # The store's own wait runs in slices this long while a stop flag or a
 # check is to be looked at between them.
 _STOP_SLICE = 1.0
+
+
+def check_int(what, value, lo, hi):
+    """value as an int when it is an integer (not a bool) in lo..hi; else a
+    ValueError naming what, the value and the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
+            lo <= value <= hi):
+        raise ValueError(f"{what} must be an integer in {lo}..{hi}, got {value!r}")
+    return int(value)
+
+
+def reader_timeout(cfg, timeout, zero=True):
+    """The seconds a reader waits for a generation: READ_TIMEOUT when
+    timeout is None, else timeout, a number in 0..10^6 (zero=False: above
+    0); a ValueError naming timeout= otherwise."""
+    if timeout is None:
+        return float(cfg["READ_TIMEOUT"])
+    ok = (not isinstance(timeout, bool) and isinstance(timeout, numbers.Real)
+          and (0 <= timeout if zero else 0 < timeout) and timeout < MAX_TIMEOUT)
+    if not ok:
+        raise ValueError(f"timeout must be a number of seconds {'>=' if zero else '>'} 0 and "
+                         f"below {MAX_TIMEOUT:g}, got {timeout!r}")
+    return float(timeout)
 
 
 def original_layout_hint(cfg):

@@ -8,6 +8,7 @@ import torch
 
 from . import _C
 from ._order import check_yields, plan_sizes, rank_world, warn_padding
+from ._reader import reader_timeout
 from .dataset import _CurrentGenerationReader
 from .iterable import _DIRECT, _GEN, WireheadIterableDataset
 
@@ -100,12 +101,16 @@ class DataLoader(torch.utils.data.DataLoader):
             raise TypeError(f"{what} reads WireheadIterableDataset, MongoheadDataset or "
                             f"MongoTupleheadDataset; got {type(dataset).__name__} (use "
                             f"torch.utils.data.DataLoader for other datasets)")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                or not 1 <= batch_size <= _C.SWAP_CAP_MAX):
             raise ValueError(f"{what}: batch_size must be a positive integer, got "
-                             f"{batch_size!r} (unbatched items: torch.utils.data.DataLoader)")
+                             f"{batch_size!r} (at most {_C.SWAP_CAP_MAX}; unbatched items: "
+                             f"torch.utils.data.DataLoader)")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"{what}: num_workers must be a non-negative integer, got "
                              f"{num_workers!r}")
+        if timeout:  # torch's own wait for a worker's batch (0: none)
+            reader_timeout(None, timeout)
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
             if value is not None:
                 raise ValueError(

@@ -6,7 +6,13 @@ import numpy as np
 
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._reader import check_views_store, read_sample, view_sample, wait_for_generation
+from ._reader import (
+    check_views_store,
+    read_sample,
+    reader_timeout,
+    view_sample,
+    wait_for_generation,
+)
 from ._store import ProcessStore, check_min_params
 from .config import get_config
 
@@ -82,7 +88,7 @@ class _CurrentGenerationReader(_Base):
                                  f"{names[0]!r} twice")
         self.batches = bool(batches)
         self.ring_slots = ring_slots
-        self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        self.timeout = reader_timeout(self.cfg, timeout)
         if not keeptrying:
             self.timeout = 0.001  # one look, no wait
         self.output = output

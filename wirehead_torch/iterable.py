@@ -10,8 +10,10 @@ from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
 from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
 from ._reader import (
+    check_int,
     check_views_store,
     read_sample,
+    reader_timeout,
     step_generation,
     view_sample,
     wait_for_generation,
@@ -77,8 +79,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self.views = bool(views)
         self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
                            refresh, rank, world_size)
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size is not None:
+            check_int("batch_size", batch_size, 1, _C.SWAP_CAP_MAX)
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0
                                         or num_workers > _MAX_WORKERS):
             raise ValueError(f"num_workers must be 0..{_MAX_WORKERS}, got {num_workers!r}")
@@ -95,7 +97,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self._pad_warn = True  # False: the wirehead_torch.DataLoader reports it
         self.transform = transform
         self.cast = cast
-        self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        self.timeout = reader_timeout(self.cfg, timeout)
         self._fresh_state()
 
     def _fresh_state(self):

@@ -7,12 +7,18 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
-from ._reader import wait_for_generation
+from ._reader import check_int, reader_timeout, wait_for_generation
 from ._store import PerProcess, ProcessStore, check_min_params
 from .config import get_config, secrets_hidden, store_kwargs
 
 _REFRESH = {"epoch": 0, "step": 1}
 _ITER_LOCK = threading.Lock()  # guards WireheadLoader._active only
+# The most batches a loader reads ahead: its ring holds prefetch + 1 batches
+# of batch_size samples each, and their slots are made up front (10**7 once
+# took 23 GB before a sample was read). And the most reader threads (the C
+# loader's bound).
+MAX_PREFETCH = 64
+MAX_THREADS = 256
 
 
 class WireheadLoader:
@@ -30,7 +36,10 @@ class WireheadLoader:
     (large rows), or gathered in page-locked memory (small rows, or where
     registration is refused: a warning says why); the tensors are on the
     device and your current stream waits on their copy. ``stats()`` says
-    which ``path`` ran and ``host_copy_bytes`` (docs/gpu.md)."""
+    which ``path`` ran and ``host_copy_bytes`` (docs/gpu.md).
+
+    ``batch_size`` is 1..SWAP_CAP's maximum, ``num_threads`` 1..256,
+    ``prefetch`` 1..64: the ring holds at most 65 batches."""
 
     def __init__(self, config_path=None, config=None, *, batch_size, num_threads=2, prefetch=2,
                  drop_last=False, device="cpu", fields=None, shuffle=True, seed=0,
@@ -39,15 +48,11 @@ class WireheadLoader:
                  min_params_version=None):
         self.cfg = get_config(config_path, config)
         self.min_params_version = check_min_params(min_params_version)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if num_threads < 1 or prefetch < 1:
-            raise ValueError("num_threads and prefetch must be at least 1")
+        self.batch_size = check_int("batch_size", batch_size, 1, _C.SWAP_CAP_MAX)
+        self.num_threads = check_int("num_threads", num_threads, 1, MAX_THREADS)
+        self.prefetch = check_int("prefetch", prefetch, 1, MAX_PREFETCH)
         self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
                            refresh, rank, world_size)
-        self.batch_size = batch_size
-        self.num_threads = int(num_threads)
-        self.prefetch = int(prefetch)
         self.drop_last = bool(drop_last)
         self.device = torch.device(device)
         if self.device.type == "cuda":
@@ -55,7 +60,7 @@ class WireheadLoader:
             refuse_in_worker("WireheadLoader")
         self.transform = transform
         self.cast = cast
-        self.timeout = float(self.cfg["READ_TIMEOUT"] if timeout is None else timeout)
+        self.timeout = reader_timeout(self.cfg, timeout, zero=False)
         self._epoch = 0          # the epoch the next iteration runs
         self._resume = None      # (epoch, start_batch, generation)
         self._current = None     # (epoch, generation) of the running iteration

@@ -178,3 +178,58 @@ def test_dataloader_ring_errors_name_the_dataloader_not_batches(shm_cfg):
     assert "wirehead_torch.DataLoader (ring=True, its default) stacks samples of one shape" \
         in said and "pass ring=False to the DataLoader" in said, said
     assert "batches=" not in said and "generation #1 position 2" in said, said
+
+
+B = 2 ** 32 + 2  # once cut to 32 bits on its way into C: a batch of 2
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda c: wt.WireheadLoader(config=c, batch_size=B),
+     f"batch_size must be an integer in 1..1073741824, got {B}"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=True), "batch_size .* got True"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, prefetch=10 ** 7),
+     "prefetch must be an integer in 1..64, got 10000000"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, prefetch=2.5), "prefetch .* got 2.5"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, num_threads=2 ** 32 + 1),
+     "num_threads must be an integer in 1..256"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, timeout=float("inf")),
+     "timeout must be a number of seconds > 0 and below 1e\\+06, got inf"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, timeout=float("nan")), "got nan"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, seed=-1),
+     "seed must be an integer in 0..2\\*\\*64-1, got -1"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, seed=2.5), "seed .* got 2.5"),
+    (lambda c: wt.WireheadLoader(config=c, batch_size=2, rank=0, world_size=2 ** 32 + 1),
+     "world_size must be in 1..1048576"),
+    (lambda c: wt.WireheadIterableDataset(config=c, batch_size=B, batches=True),
+     f"batch_size must be an integer in 1..1073741824, got {B}"),
+    (lambda c: wt.WireheadIterableDataset(config=c, timeout=-1), "timeout .* got -1"),
+    (lambda c: wt.MongoheadDataset(config=c, timeout=float("nan")), "timeout .* got nan"),
+    (lambda c: wt.DataLoader(wt.WireheadIterableDataset(config=c), batch_size=B),
+     f"batch_size must be a positive integer, got {B} \\(at most 1073741824;"),
+    (lambda c: wt.DataLoader(wt.WireheadIterableDataset(config=c), batch_size=2,
+                             timeout=float("nan")), "timeout .* got nan"),
+])
+def test_reader_numbers_are_checked(shm_cfg, make, match):
+    """Every number a reader takes is checked when it is made, naming the
+    keyword, the value and the range: none is cut to 32 bits, floored or
+    taken as inf."""
+    cfg = shm_cfg(swap_cap=4)
+    with pytest.raises(ValueError, match=match):
+        make(cfg)
+
+
+def test_numbers_into_c_are_never_cut_to_32_bits(monkeypatch, shm_cfg):
+    from wirehead_torch import _C
+    plan = dict(swap_cap=8, world=1, rank=0, workers=0, worker=0, batch=4, shuffle=False,
+                seed=0, pad=0)
+    assert _C.plan_info(**plan)["rank_batches"] == 2
+    for key, value in (("batch", B), ("world", 2 ** 32 + 1), ("swap_cap", -1)):
+        with pytest.raises(OverflowError, match=f"{value} is not in 0..4294967295"):
+            _C.plan_info(**dict(plan, **{key: value}))
+    # the environment's ranks, named as they were given
+    monkeypatch.setenv("WORLD_SIZE", str(2 ** 32 + 1))
+    monkeypatch.setenv("RANK", "0")
+    loader = wt.WireheadLoader(config=shm_cfg(swap_cap=4), batch_size=2)
+    with pytest.raises(ValueError, match="environment variable WORLD_SIZE='4294967297' is not "
+                                         "an integer in 1..1048576"):
+        len(loader)
