@@ -14,8 +14,10 @@ from .config import redact, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
 
-# How often a reader waiting for a generation says what it waits for.
-WAIT_NOTE_EVERY = 5.0
+# How often a reader waiting for a generation says what it waits for, after
+# its first note (a job waiting two minutes for its generators says it five
+# times, not twenty-four).
+WAIT_NOTE_EVERY = 30.0
 # A reader's timeout=: below 10^6 s, as READ_TIMEOUT in a config.
 MAX_TIMEOUT = 1e6
 # How often a reader of the node-local copy looks whether its relay lives
@@ -98,7 +100,7 @@ def _check_relay(cfg, gen, who):
     if fig and fig["running"]:
         return
     last = f"the last one, pid {fig['pid']}, has ended" if fig else "none has run"
-    log.warning("%s (pid %d): no relay runs on this node (%s): reading generation %s of its "
+    log.warning("%s: pid %d: no relay runs on this node (%s): reading generation %s of its "
                 "copy %s, which no longer follows %s; start one relay per node (%s)", who,
                 os.getpid(), last, gen_label(gen, (fig or {}).get("labels")), local,
                 redact(cfg["STORE"]), RELAY_COMMAND)
@@ -216,7 +218,7 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
             if hint:
                 log.warning("%s: no generation yet%s", who, hint)
         what, advice = _waiting_for(store, cfg, newer_than, min_params)
-        log.warning("%s (pid %d): waiting %.0fs of its %gs timeout for %s; %s", who,
+        log.warning("%s: pid %d waiting %.0fs of its %gs timeout for %s; %s", who,
                     os.getpid(), now - start, timeout, what or _absent_note(cfg), advice)
     if stop:
         return None

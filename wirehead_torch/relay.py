@@ -179,7 +179,7 @@ class WireheadRelay:
             now = time.monotonic()
             if noted is None or now - noted >= NOTE_EVERY:
                 noted = now
-                log.warning("wirehead relay (pid %d): %s; waiting to take over", os.getpid(),
+                log.warning("wirehead relay: pid %d: %s; waiting to take over", os.getpid(),
                             what)
             if self._stop.wait(0.1):
                 os.close(fd)

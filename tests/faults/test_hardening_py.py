@@ -380,3 +380,30 @@ def test_relay_of_another_user_finds_ours_in_one_line(tmp_path, which):
     assert (r.returncode, r.stderr) == (
         2, f"wirehead-torch relay: {planted}: the relay's file is a file of uid 0 with mode "
            f"0644, it must be a regular file of uid 65534 with mode 0600; remove it\n")
+
+
+def test_a_reader_waiting_for_a_missing_store_says_so_every_30_s(monkeypatch, caplog):
+    """A reader waiting 120 s for a store that does not exist said a line
+    every 5 s (24 lines); after its first line (at 2 s) it says one per
+    30 s. The store's wait is a fake here that moves a fake clock, so the
+    two minutes take none."""
+    from wirehead_torch import _reader
+    from wirehead_torch.config import resolve
+    clock = [1000.0]
+
+    class Absent:
+        def wait_generation(self, newer_than, timeout):
+            clock[0] += timeout
+            raise _C.StoreNotCreatedError("no shm store")
+
+        def status(self):
+            raise _C.StoreNotCreatedError("no shm store")
+
+    monkeypatch.setattr(_reader.time, "monotonic", lambda: clock[0])
+    cfg = resolve({"STORE": "shm://h38-absent", "SWAP_CAP": 4, "SAMPLE": ["a"]})
+    with caplog.at_level("WARNING", logger="wirehead_torch"):
+        with pytest.raises(TimeoutError, match="does not exist yet after 120s"):
+            _reader.wait_for_generation(Absent(), cfg, 120.0)
+    said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert [int(x.split("waiting ")[1].split("s ")[0]) for x in said] == [2, 32, 62, 92], said
+    assert all(x.startswith(f"wirehead reader: pid {os.getpid()} waiting ") for x in said)
