@@ -10,7 +10,7 @@ import time
 from . import _C
 from ._order import warn_skipped
 from ._store import gen_label
-from .config import redact, store_kwargs
+from .config import database, redact, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
 
@@ -65,7 +65,7 @@ def original_layout_hint(cfg):
                              f"{cfg['TEMP_COLLECTION']}.bin", "status"})
     if not theirs:
         return ""
-    return (f"; database {cfg['DBNAME']!r} holds collections of the original wirehead "
+    return (f"; database {database(cfg)!r} holds collections of the original wirehead "
             f"({', '.join(theirs)}), which wirehead_torch does not read: run the generators "
             f"with wirehead_torch (or `from wirehead import ...` of this package) to fill "
             f"its own collections ({cfg['COLLECTION_PREFIX']}.state, "

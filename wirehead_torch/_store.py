@@ -96,8 +96,9 @@ class ProcessStore:
     handle follows a store removed or re-created under its name
     (``wirehead-torch clean``) by itself."""
 
-    def __init__(self, cfg, create=True, local=False, min_params=0):
+    def __init__(self, cfg, create=True, local=False, min_params=0, who="wirehead"):
         self.cfg = cfg
+        self.who = who  # the prefix of the process's lines, for the line said here
         self.create = create
         self.local = local  # a reader's: the node-local copy under LOCAL_CACHE
         # readers: generations made entirely under params >= this only
@@ -130,7 +131,7 @@ class ProcessStore:
         if say is not None:  # said once: on stdout, or in the log
             say(text)
         else:
-            log.info("wirehead: %s", text)
+            log.info("%s: %s", self.who, text)
 
     def get(self):
         """This process's handle."""
@@ -153,7 +154,8 @@ class ProcessStore:
 
     def __getstate__(self):
         return {"cfg": self.cfg, "create": self.create, "local": self.local,
-                "min_params": self.min_params, "_h": PerProcess(), "_noted": False}
+                "min_params": self.min_params, "_h": PerProcess(), "_noted": False,
+                "who": self.who}
 
 
 def check_min_params(value):

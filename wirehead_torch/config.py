@@ -679,6 +679,16 @@ def local_cache_uri(cfg):
     return f"shm://relay-{safe}-{tag}"
 
 
+def database(cfg):
+    """The name of the database a store opens: for MongoDB the one named in
+    the URI, else DBNAME (as the C store picks it); for shm://NAME, NAME."""
+    cfg = resolve(cfg)
+    scheme, _userinfo, hosts, _opts = _parse_uri(cfg.store)
+    if scheme == "shm":
+        return hosts
+    return unquote(hosts.partition("/")[2]) or cfg.dbname or "wirehead"
+
+
 def local_origin(cfg):
     """(id, name) of the store a LOCAL_CACHE copy mirrors, as the copy
     records it: id a digest of what names that store (scheme, hosts,
@@ -686,8 +696,8 @@ def local_origin(cfg):
     status. Neither holds the URI's credentials or options."""
     cfg = resolve(cfg)
     scheme, _userinfo, hosts, _opts = _parse_uri(cfg.store)
-    hosts, _s, path = hosts.partition("/")  # the credentials went with the userinfo
-    db = unquote(path) or cfg.dbname or "wirehead"  # the database the store opens
+    hosts = hosts.partition("/")[0]  # the credentials went with the userinfo
+    db = database(cfg)
     key = "\0".join((scheme, ",".join(sorted(h.lower() for h in hosts.split(","))), db,
                      cfg.collection_prefix))
     name = f"{scheme}://{hosts}/{db} (prefix {cfg.collection_prefix})"

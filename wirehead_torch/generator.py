@@ -37,14 +37,17 @@ class WireheadGenerator:
     ``summary_every`` seconds and an end line; ``verbose=True`` adds the
     original's two lines per generation sealed here, ``run(verbose=True)``
     those and one per put, ``quiet=True`` none (warnings go to the log
-    either way). Generations are named ``#N`` as ``status`` names them.
+    either way). Each line, warnings too, starts with ``name``
+    (``Generator``, the original's). Generations are named ``#N`` as
+    ``status`` names them.
 
     The first sample is checked against the store's read generation: a
     field of another dtype or shape is refused before it is put
     (``check_layout=False`` for a store meant to hold samples that vary)."""
 
     def __init__(self, generator, config_path=None, config=None, n_samples=None, quiet=False,
-                 verbose=False, summary_every=SUMMARY_EVERY, check_layout=True):
+                 verbose=False, summary_every=SUMMARY_EVERY, check_layout=True,
+                 name="Generator"):
         self.cfg = get_config(config_path, config)
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 0):
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
@@ -58,11 +61,12 @@ class WireheadGenerator:
         self.discarded = 0
         self.waits = 0
         self.sealed = 0
-        self._store = ProcessStore(self.cfg)
+        self.name = str(name)
+        self._store = ProcessStore(self.cfg, who=self.name)
         self._stop = StopFlag()
         self._it = None
         self._manager_until = 0.0  # a manager led recently: no fill checks until then
-        self._stall = StallLog("generator")
+        self._stall = StallLog(self.name)
         self._params = GeneratorParams()
         self._labels = GenLabels(self._store)
         self._summary = None  # (monotonic time, puts, seals) of the last summary line
@@ -77,7 +81,7 @@ class WireheadGenerator:
 
     def _say(self, text):
         if not self.quiet:
-            print(f"Generator: {text}", flush=True)
+            print(f"{self.name}: {text}", flush=True)
 
     def _put(self, arrays, stop):
         """Puts one sample; waits out a full write area and a server outage
@@ -92,22 +96,22 @@ class WireheadGenerator:
             except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
                 # a server outage, or an shm lock held by a stopped process
                 if not warned_down:
-                    log.warning("wirehead generator: %s; retrying", e)
+                    log.warning("%s: %s; retrying", self.name, e)
                     warned_down = True
                 if stop.wait(delay):
                     return None
                 delay = min(delay * 2, 2.0)
                 continue
             if warned_down:
-                log.warning("wirehead generator: the store answers again")
+                log.warning("%s: the store answers again", self.name)
                 warned_down = False
             if status != _C.PUT_WAIT:
                 return status, gen
             self.waits += 1
             self._self_seal(status)
             if not warned_full:
-                log.warning("wirehead generator: write area full (BYTE_BUDGET); waiting "
-                            "for the generation to be sealed")
+                log.warning("%s: write area full (BYTE_BUDGET); waiting for the generation "
+                            "to be sealed", self.name)
                 warned_full = True
             if stop:
                 return None
@@ -248,8 +252,8 @@ class WireheadGenerator:
         try:
             self._params.refresh(self._store.get())
         except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
-            log.warning("wirehead generator: params not refreshed (%s); the sample uses "
-                        "version %d", e, self._params.version)
+            log.warning("%s: params not refreshed (%s); the sample uses version %d",
+                        self.name, e, self._params.version)
             self._params.refresh_local(self._store.get())
 
     def cycle(self, verbose=False):

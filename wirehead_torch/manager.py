@@ -1,8 +1,10 @@
-"""WireheadManager: seals full write generations, one line per swap."""
+"""WireheadManager: seals full write generations and says so: a start line, a
+summary now and then and an end line (a line per swap when verbose)."""
 import collections
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -43,7 +45,7 @@ def format_record(rec):
             f"seal={rec['seal_s'] * 1e3:.3f}ms samples/s={rate}")
 
 
-# seconds between a quiet manager's summary lines
+# seconds between a manager's summary lines
 SUMMARY_EVERY = 30.0
 # seconds between repeats of a stall message while the stall lasts
 STALL_LOG_EVERY = 60.0
@@ -83,10 +85,11 @@ class StallLog:
     """Says that this process cannot seal: once when the stall has lasted
     STALL_GRACE seconds, then every STALL_LOG_EVERY seconds while it lasts,
     naming the generations readers pin and their pids (or the writer in the
-    way), and once more when sealing goes on after a stall it said."""
+    way), and once more when sealing goes on after a stall it said. who:
+    the prefix of every line the process says."""
 
-    def __init__(self, role):
-        self.role = role  # "generator" or "manager"
+    def __init__(self, who):
+        self.who = who
         self.since = None  # monotonic start of the stall
         self.said = None   # when it was last said
 
@@ -99,7 +102,7 @@ class StallLog:
         if self.said is not None and now - self.said < STALL_LOG_EVERY:
             return
         self.said = now
-        who = f"wirehead {self.role} {os.getpid()}"
+        who = self.who
         lasted = f" for {now - self.since:.0f}s"
         if not info.get("blocked_reader"):
             log.warning("%s: sealing stalled%s: the write generation is full but generator "
@@ -123,8 +126,8 @@ class StallLog:
 
     def sealed(self):
         if self.said is not None:
-            log.warning("wirehead %s %d: sealing goes on after a stall of %.0fs", self.role,
-                        os.getpid(), time.monotonic() - self.since)
+            log.warning("%s: sealing goes on after a stall of %.0fs", self.who,
+                        time.monotonic() - self.since)
         self.since = self.said = None
 
 
@@ -150,55 +153,102 @@ class WireheadManager:
     takes over within LEASE_SECONDS of the first one dying (at once on the
     embedded store when the old manager's process is gone). ``run()`` runs
     until SIGTERM/SIGINT (or ``max_swaps`` seals by this manager), then
-    gives the lease up and returns the number of swaps it made. One line per
-    swap goes to ``out`` (stdout by default); ``quiet=True`` logs a summary
-    at most every ``summary_every`` seconds instead (the swap lines at
-    DEBUG). With self-sealing generators (SELF_SEAL on in its config) a
-    manager is optional: it holds no lease between seals, logs the
-    generators' seals (``records``, one line each; ``swaps`` counts its
-    own), and seals only a generation left full for SEAL_GRACE seconds."""
+    gives the lease up and returns the number of swaps it made.
+
+    Lines go to ``out`` (stdout by default), each starting ``wirehead
+    manager:``: a start line, a summary at most every ``summary_every``
+    seconds while generations are sealed, and an end line saying what it
+    sealed and what it saw sealed; ``verbose=True`` adds a line per swap,
+    ``quiet=True`` drops the summaries (warnings go to the log either
+    way). ``json_lines=True`` writes one JSON object per swap to ``out``
+    instead, and the start and end lines to the log.
+
+    With self-sealing generators (SELF_SEAL on in its config) a manager is
+    optional: it holds no lease between seals, records the generators'
+    seals (``records``; ``seen`` counts them, ``swaps`` its own), and seals
+    only a generation left full for SEAL_GRACE seconds."""
 
     RECORDS_KEPT = 1000
+    NAME = "wirehead manager"
 
     def __init__(self, config_path=None, config=None, json_lines=False, out=None, quiet=False,
-                 summary_every=SUMMARY_EVERY):
+                 summary_every=SUMMARY_EVERY, verbose=False):
         self.cfg = get_config(config_path, config)
         self.json_lines = json_lines
         self.out = out
-        self.quiet = quiet  # a summary now and then, not a line per swap
+        self.quiet = quiet  # no summaries
+        self.verbose = verbose  # a line per swap
         self.summary_every = float(summary_every)
-        self._summary = (time.monotonic(), 0)  # (when, swaps) of the last summary
+        self._summary = None  # (monotonic time, swaps, seen) of the last summary
         self.swaps = 0
+        self.seen = 0  # seals by self-sealing generators this manager saw
         # the latest swap records only: a manager runs for weeks (a list grew
         # ~430 bytes per swap in the soak)
         self.records = collections.deque(maxlen=self.RECORDS_KEPT)
         self._store = ProcessStore(self.cfg)
         self._stop = StopFlag()
+        self._why = "stop()"
 
-    def stop(self):
+    def stop(self, why="stop()"):
         """Asks a running ``run()`` (e.g. in another thread) to give the lease
-        up and return."""
+        up and return; why: the reason its end line gives."""
+        self._why = why
         self._stop.set()
 
-    def _emit(self, rec):
+    def _say(self, text):
+        """A line for people: on out, or in the log next to JSON lines."""
+        if self.json_lines:
+            log.info("%s: %s", self.NAME, text)
+        else:
+            print(f"{self.NAME}: {text}", file=self.out or sys.stdout, flush=True)
+
+    def _emit(self, rec, mine):
+        """One swap: its own (mine) or a generator's that this manager saw."""
         self.records.append(rec)
-        line = json.dumps(rec) if self.json_lines else format_record(rec)
-        if not self.quiet:
-            print(line, file=self.out or sys.stdout, flush=True)
+        if self.json_lines:
+            print(json.dumps(rec), file=self.out or sys.stdout, flush=True)
             return
-        log.debug(line)
-        now, (t0, n0) = time.monotonic(), self._summary
-        if now - t0 >= self.summary_every:
-            self._summary = (now, self.swaps + 1)
-            log.info("wirehead manager %d: %d swaps in the last %.0fs, the last %s",
-                     os.getpid(), self.swaps + 1 - n0, now - t0, format_record(rec))
+        if self.verbose:
+            self._say(format_record(rec) + ("" if mine else " (by a generator)"))
+            return
+        now = time.monotonic()
+        t0, swaps0, seen0 = self._summary
+        if self.quiet or now - t0 < self.summary_every:
+            return
+        self._summary = (now, self.swaps, self.seen)
+        self._say(f"{self._sealed_text(self.swaps - swaps0, self.seen - seen0)} in the last "
+                  f"{now - t0:.0f}s; the last: {format_record(rec)}")
+
+    def _sealed_text(self, mine, seen):
+        if self.cfg["SELF_SEAL"]:
+            return (f"{mine + seen} generations sealed ({mine} here, {seen} by self-sealing "
+                    f"generators)")
+        return f"{mine} generations sealed"
+
+    def _start_line(self):
+        every = ("" if self.json_lines or self.verbose else
+                 "; no summaries (quiet)" if self.quiet else
+                 f"; a summary every {self.summary_every:g}s while generations are sealed")
+        store = redact(self.cfg["STORE"])
+        self._say(f"pid {os.getpid()} watches {store}: its generators seal (SELF_SEAL), this "
+                  f"manager seals what they leave full{every}" if self.cfg["SELF_SEAL"] else
+                  f"pid {os.getpid()} seals full generations of {store}{every}")
+
+    def _end_line(self, stop, max_swaps):
+        why = (signal.Signals(stop.signum).name if stop.signum is not None
+               else self._why if stop else f"max_swaps={max_swaps}")
+        last = self.records[-1] if self.records else None
+        label = (f", the last #{last['seal_number']}" if last and last.get("seal_number")
+                 else "")
+        self._say(f"stopped ({why}): {self._sealed_text(self.swaps, self.seen)}{label}")
 
     def run(self, max_swaps=None):
         poll = float(self.cfg["MANAGER_POLL"])
         lease = float(self.cfg["LEASE_SECONDS"])
         renew_every = lease / 4
         leader, last_lead, waiting_logged, down = False, 0.0, False, False
-        stall = StallLog("manager")
+        stall = StallLog(self.NAME)
+        self._summary = (time.monotonic(), self.swaps, self.seen)
         waiting_created, prev_seals = False, None
         prev_time, prev_generated = time.time(), None
         store = None
@@ -206,6 +256,7 @@ class WireheadManager:
         watch = _Watch() if self.cfg["SELF_SEAL"] else None
         try:
             with self._stop as stop:
+                self._start_line()
                 while not stop and (max_swaps is None or self.swaps < max_swaps):
                     now_store = self._store.get()
                     if now_store is not store:
@@ -224,10 +275,11 @@ class WireheadManager:
                                 prev_time = time.time() if prev_generated == 0 else None
                         mono = time.monotonic()
                         if watch is not None:
-                            info, seen = self._watch(store, watch)
+                            info, seen, others = self._watch(store, watch)
+                            self.seen += others  # more than seen when the history ran past
                             for h, number in seen:  # seals the generators made
                                 self._emit(swap_record(h, prev_time, prev_generated, h["time"],
-                                                       number))
+                                                       number), mine=False)
                                 prev_time, prev_generated = h["time"], h["generated"]
                             seals_now = watch.seals
                         elif not leader or mono - last_lead >= renew_every:
@@ -235,9 +287,10 @@ class WireheadManager:
                             last_lead = mono
                             if not leader:
                                 if not waiting_logged:
-                                    log.info("wirehead manager %d: another manager (pid %s) "
-                                             "holds the lease on %s; standing by", os.getpid(),
-                                             store.status()["leader_pid"] or "?",
+                                    other = store.status()["leader_pid"]
+                                    log.info("%s: another manager%s holds the lease on %s; "
+                                             "standing by", self.NAME,
+                                             f" (pid {other})" if other else "",
                                              redact(self.cfg["STORE"]))
                                     waiting_logged = True
                                 stop.wait(min(poll * 10, lease / 4))
@@ -255,8 +308,8 @@ class WireheadManager:
                         continue
                     except _C.StoreNotCreatedError:
                         if not waiting_created:
-                            log.info("wirehead manager: waiting for the first generator to "
-                                     "create %s", redact(self.cfg["STORE"]))
+                            log.info("%s: waiting for the first generator to create %s",
+                                     self.NAME, redact(self.cfg["STORE"]))
                             waiting_created = True
                         leader, prev_time, prev_generated, prev_seals = False, None, None, None
                         stop.wait(poll)
@@ -269,13 +322,13 @@ class WireheadManager:
                     except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
                         # a server outage, or an shm lock held by a stopped process
                         if not down:
-                            log.warning("wirehead manager: %s; retrying", e)
+                            log.warning("%s: %s; retrying", self.NAME, e)
                             down = True
                         leader = False
                         stop.wait(min(1.0, lease / 4))
                         continue
                     if down:
-                        log.warning("wirehead manager: the store answers again")
+                        log.warning("%s: the store answers again", self.NAME)
                         down = False
                     if info is not None and "blocked_pid" in info:
                         stall.blocked(info, store)
@@ -289,15 +342,17 @@ class WireheadManager:
                     if prev_seals is not None and seals_now <= prev_seals:
                         prev_time = None  # counted from a wipe we did not see: no rate
                     prev_seals = seals_now
-                    self._emit(swap_record(info, prev_time, prev_generated, now, seals_now))
-                    prev_time, prev_generated = now, info["generated"]
                     self.swaps += 1
+                    self._emit(swap_record(info, prev_time, prev_generated, now, seals_now),
+                               mine=True)
+                    prev_time, prev_generated = now, info["generated"]
+                self._end_line(stop, max_swaps)
         finally:
             try:
                 if store is not None and store is self._store._st:
                     store.resign()
             except _C.WireheadError as e:
-                log.warning("wirehead manager: could not release the lease: %s", e)
+                log.warning("%s: could not release the lease: %s", self.NAME, e)
             self._stop = StopFlag()  # a later run() starts afresh
         return self.swaps
 
@@ -307,22 +362,24 @@ class WireheadManager:
         """One look at a store whose generators seal: (the seal info of a
         full generation no generator sealed within SEAL_GRACE, sealed here
         under the lease taken for that seal only, or None; [(history entry,
-        seal number)] of the seals others made since the last look). A
+        seal number)] of the seals others made since the last look that the
+        store's history still lists; how many seals others made). A
         lease held between seals would make self-sealing generators leave
         every seal to this manager's next poll, and their puts meanwhile
         are discarded."""
         st = store.status()
-        seen = []
+        seen, others = [], 0
         if w.seals is not None and st["seals"] > w.seals:
             new = st["history"][-(st["seals"] - w.seals):]
             first = st["seals"] - len(new) + 1
             seen = [(h, first + k) for k, h in enumerate(new) if h["generation"] != w.mine]
+            others = st["seals"] - w.seals - (len(new) - len(seen))
             if seen:
                 w.generators_seal = True
         w.seals = st["seals"]  # a wiped store counts again from its own
         if st["write_fill"] < st["swap_cap"]:
             w.full = None
-            return None, seen
+            return None, seen, others
         now = time.monotonic()
         if w.full is None or w.full[0] != st["write_gen"]:
             w.full = (st["write_gen"], now)
@@ -330,9 +387,9 @@ class WireheadManager:
         # once; one left full is a stopped generator's, or SELF_SEAL is off
         # in the generators: sealed here, at once while that lasts
         if w.generators_seal and now - w.full[1] < SEAL_GRACE:
-            return None, seen
+            return None, seen, others
         if not store.lead():
-            return None, seen
+            return None, seen, others
         try:
             info = store.seal()
         finally:
@@ -341,7 +398,7 @@ class WireheadManager:
             w.mine, w.generators_seal, w.full = info["generation"], False, None
             w.seals = store.status()["seals"]
             seen = [(h, n) for h, n in seen if h["generation"] != w.mine]
-        return info, seen
+        return info, seen, others
 
     def close(self):
         self._store.close()

@@ -2,11 +2,14 @@
 default config file, --version, a closed pipe, clean of a store that is
 not there or named by a config with a broken key, rates across swaps, human times and short generation labels."""
 import importlib.metadata
+import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -61,7 +64,7 @@ def test_config_defaults_to_config_yaml(store_cfg, tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["swap_count"] == 1
     r = _cli(cwd=empty, module="wirehead_torch.apps.monitor")
     assert r.returncode == 2 and "no config.yaml in" in r.stderr
-    assert "pass the config's path: wirehead PATH" in r.stderr
+    assert "pass the config's path: wirehead --config PATH" in r.stderr
     # ... which wirehead-torch also serves, as `monitor`
     r = _cli("monitor", cwd=d)
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["swap_count"] == 1
@@ -314,13 +317,198 @@ def test_clean_needs_only_the_store_keys_and_warnings_name_the_users_key(shm_cfg
         wt.status(config=cfg)
 
 
-def test_quiet_manager_logs_a_summary_not_a_line_per_swap(shm_cfg, caplog, capsys):
-    cfg = shm_cfg(swap_cap=2, SELF_SEAL=False)
-    wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg, quiet=True).run()
-    m = wt.WireheadManager(config=cfg, quiet=True, summary_every=0)
-    with caplog.at_level("INFO", logger="wirehead_torch"):
-        assert m.run(max_swaps=1) == 1
+
+def _manager_lines(out):
+    return [x for x in out.getvalue().splitlines() if x]
+
+
+def test_manager_is_quiet_by_default_and_ends_saying_what_it_sealed(shm_cfg, monkeypatch):
+    """Beside a self-sealing generator the manager said a line per swap
+    (hundreds a second) and then `0 swaps, exiting`. Now: a start line, a
+    summary at most every summary_every seconds and an end line counting its
+    own seals and the generators' it saw, every one of them, also when more
+    were sealed between two looks than the store's history lists (16);
+    verbose=True gives a line per swap."""
+    cfg = shm_cfg(swap_cap=1, SELF_SEAL=True, MANAGER_POLL=0.01)
+    g = wt.WireheadGenerator((whlib.sample(1, i) for i in range(10 ** 6)), config=cfg, quiet=True)
+    g.cycle()  # the store exists, one generation sealed by the generator
+    out = io.StringIO()
+    m = wt.WireheadManager(config=cfg, out=out)
+    looks, go = [], threading.Event()
+    look = m._watch
+
+    def held_look(store, w):  # the second look waits until 40 seals are made
+        looks.append(1)
+        if len(looks) == 2:
+            go.wait(60)
+        return look(store, w)
+    monkeypatch.setattr(m, "_watch", held_look)
+    t = threading.Thread(target=m.run)
+    t.start()
+    try:
+        whlib.until(lambda: len(looks) >= 2, 60, "the manager's first look")
+        for _ in range(40):
+            g.cycle()
+        go.set()
+        whlib.until(lambda: m.seen == 40, 60, "the manager to count 40 seals")
+    finally:
+        go.set()
+        m.stop()
+        t.join(60)
+    g.close()
     m.close()
-    assert capsys.readouterr().out == ""
-    said = [r.getMessage() for r in caplog.records if "manager" in r.getMessage()]
-    assert len(said) == 1 and "1 swaps in the last" in said[0] and "#1" in said[0], said
+    assert len(m.records) == 16  # the history lists the last 16; all 40 are counted
+    lines = _manager_lines(out)
+    assert len(lines) == 2, lines  # no line per swap, no summary within 30 s
+    assert lines[0].startswith(f"wirehead manager: pid {os.getpid()} watches {cfg['STORE']}")
+    assert lines[1] == ("wirehead manager: stopped (stop()): 40 generations sealed (0 here, 40 by "
+                        "self-sealing generators), the last #41"), lines[1]
+
+    # a summary line once summary_every has passed, a line per swap with verbose
+    cfg2 = shm_cfg(swap_cap=2, SELF_SEAL=False)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(4)), config=cfg2).run()
+    for kw, want in (({"summary_every": 0}, 3), ({"verbose": True}, 3), ({"quiet": True}, 2)):
+        out = io.StringIO()
+        m = wt.WireheadManager(config=cfg2, out=out, **kw)
+        assert m.run(max_swaps=1) == 1
+        m.close()
+        lines = _manager_lines(out)
+        assert len(lines) == want and all(x.startswith("wirehead manager: ") for x in lines), kw
+        assert lines[-1] == ("wirehead manager: stopped (max_swaps=1): 1 generations sealed, "
+                             f"the last #{wt.status(cfg2)['seals']}"), lines
+        if want == 3:
+            assert re.search(r"swap generation #\d+ generated=", lines[1]), lines
+        wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg2).run()
+
+
+def test_cli_manager_beside_a_self_sealing_generator(shm_cfg, tmp_path):
+    """The command as the new user ran it: a few lines, not one per swap, and
+    an end line naming what it saw sealed."""
+    cfg = shm_cfg(swap_cap=4, SELF_SEAL=True, MANAGER_POLL=0.01)
+    d = _config_dir(tmp_path, cfg)
+    mgr = subprocess.Popen([sys.executable, "-m", "wirehead_torch.apps.cli", "manager"], cwd=d,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env=whlib.env_for_child())
+    try:
+        assert len(whlib.wait_line(mgr.stdout, "watches", 60)) == 1  # its first line
+        g = wt.WireheadGenerator((whlib.sample(1, i) for i in range(400)), config=cfg, quiet=True)
+        assert g.run() == 400 and g.sealed == 100
+        g.close()
+        mgr.send_signal(signal.SIGTERM)
+        lines = [x.rstrip("\n") for x in whlib.wait_line(mgr.stdout, "stopped", 60)]
+        mgr.wait(60)  # a second SIGTERM (whlib.stop's) would not be caught
+    finally:
+        code = whlib.stop(mgr, signal.SIGTERM, 60)
+    assert code == 0
+    assert len(lines) == 1, lines  # the end line only (a summary only after 30 s)
+    got = re.fullmatch(r"wirehead manager: stopped \(SIGTERM\): (\d+) generations sealed "
+                       r"\(0 here, (\d+) by self-sealing generators\)(, the last #\d+)?",
+                       lines[-1])
+    assert got and got.group(1) == got.group(2) and int(got.group(1)) <= 100, lines
+
+
+def test_monitor_names_generations_as_status_does(store_cfg, tmp_path):
+    """monitor's JSONL named generations by their 19-digit id where status
+    says #N, and gave DBNAME's default where the URI names the database; it
+    said `No swaps recorded yet.` (exit 0) for a store that does not exist,
+    and took its config only as a positional argument."""
+    cfg = store_cfg(swap_cap=2, SELF_SEAL=True)
+    d = _config_dir(tmp_path, cfg)
+    r = _cli("monitor", "--config", "config.yaml", cwd=d)
+    want = _cli("status", "--config", "config.yaml", cwd=d)
+    assert (r.returncode, want.returncode) == (2, 2) and r.stdout == "", r.stdout
+    assert r.stderr.replace("monitor", "status") == want.stderr, (r.stderr, want.stderr)
+    _put(cfg, 1, 6)
+    for args in (("--config", "config.yaml"), ("config.yaml",), ()):
+        r = _cli("monitor", *args, cwd=d)
+        assert r.returncode == 0, r.stderr
+        recs = [json.loads(x) for x in r.stdout.splitlines()]
+        assert [x["generation"] for x in recs] == ["#1", "#2", "#3"]
+        assert [x["swap_count"] for x in recs] == [1, 2, 3]
+        assert [x["generation_id"] for x in recs] == [
+            h["generation"] for h in wt.status(cfg)["history"]]
+        db = cfg["STORE"].rsplit("/", 1)[1]  # shm://NAME, or the database the URI names
+        assert {x["db_name"] for x in recs} == {db}
+    r = _cli("monitor", "--daemon", "--count", "1", "--config", "config.yaml", cwd=d)
+    snap = json.loads(r.stdout)
+    assert snap["db_name"] == db and snap["recent_swaps"][-1]["generation"] == "#3"
+    r = _cli("monitor", "config.yaml", "--config", "other.yaml", cwd=d)
+    assert r.returncode == 2 and "two configs" in r.stderr
+
+
+# Every flag of every subcommand that takes a number, with the values that
+# once ended in a traceback, ran forever or were taken silently. Each must be
+# one line on stderr naming the flag (exit 2) before anything is run.
+_BAD = ["inf", "nan", "-1", "0", "100000000000000000000", "1e30", "abc"]
+_FLAGS = [
+    ("manager", "--max-swaps", ()), ("manager", "--seconds", ()),
+    ("status", "--interval", ("--watch",)), ("status", "--count", ("--watch",)),
+    ("relay", "--max-generations", ()),
+    ("generate", "--procs", ()), ("generate", "--seconds", ()), ("generate", "--seed", ()),
+    ("generate", "--size", ()), ("generate", "--labels", ()), ("generate", "--index", ()),
+    ("generate", "--procs-total", ()),
+    ("export", "--generations", ("--out", "x")), ("export", "--samples", ("--out", "x")),
+    ("export", "--shard-size", ("--out", "x")), ("export", "--timeout", ("--out", "x")),
+    ("train", "--seconds", ()), ("train", "--batch-size", ()), ("train", "--labels", ()),
+    ("train", "--size", ()), ("train", "--lr", ()), ("train", "--threads", ()),
+    ("train", "--record-steps", ()),
+    ("demo", "--seconds", ()), ("demo", "--size", ()), ("demo", "--labels", ()),
+    ("demo", "--generators", ()), ("demo", "--swap-cap", ()), ("demo", "--batch-size", ()),
+    ("demo", "--lr", ()), ("demo", "--seed", ()), ("demo", "--gen-nice", ()),
+    ("demo", "--ddp", ()),
+    ("monitor", "--poll-interval", ("--daemon",)), ("monitor", "--count", ("--daemon",)),
+]
+# where 0 (or -1) is a value the flag takes
+_TAKES = {("generate", "--seed"): "0", ("generate", "--index"): "0",
+          ("export", "--timeout"): "0", ("train", "--record-steps"): "0",
+          ("demo", "--seed"): "0", ("demo", "--gen-nice"): "0"}
+
+
+@pytest.mark.parametrize("cmd, flag, extra", _FLAGS, ids=[f"{c} {f}" for c, f, _ in _FLAGS])
+def test_every_numeric_flag_is_checked(cmd, flag, extra, tmp_path, capsys, monkeypatch):
+    from wirehead_torch.apps import cli, demo, jobs, monitor
+
+    def ran(*args, **kw):  # a value taken: the command would run with it
+        raise AssertionError(f"{cmd} ran with {flag} {value}")
+    for mod, name in ((cli, "_cmd_manager"), (cli, "_cmd_status"), (cli, "_cmd_relay"),
+                      (jobs, "run"), (demo, "_run_demo"), (monitor, "WireheadLogger")):
+        monkeypatch.setattr(mod, name, ran)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("SWAP_CAP: 4\nSAMPLE: [input, label]\n")
+    for value in _BAD:
+        if _TAKES.get((cmd, flag)) == value:
+            continue
+        with pytest.raises(SystemExit) as e:
+            cli.main([cmd, *extra, f"{flag}={value}"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2, (cmd, flag, value, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"wirehead-torch {cmd}: argument {flag}: ") and value in err, err
+
+
+def test_generate_names_a_missing_module_and_starts_nothing(tmp_path):
+    (tmp_path / "config.yaml").write_text("SWAP_CAP: 4\nSAMPLE: [input, label]\n")
+    for procs in ("1", "2"):
+        r = _cli("generate", "--gen-module", "no_such_module_h38:make", "--procs", procs,
+                 cwd=tmp_path)
+        assert r.returncode == 2 and r.stdout == "", r.stdout
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("wirehead-torch generate: --gen-module "
+                                   "'no_such_module_h38:make': cannot import no_such_module_h38")
+    r = _cli("generate", "--gen-module", "synth", "--shards", "x.tar", cwd=tmp_path)
+    assert r.returncode == 2 and "two sources" in r.stderr
+    r = _cli("status", "--interval", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "--interval paces --watch" in r.stderr
+
+
+def test_generate_says_its_seed_and_one_prefix_per_process(shm_cfg, tmp_path):
+    """A plain generate said `seed None`, and one process spoke as
+    `generator 0 pid N`, `Generator` and `wirehead generator`."""
+    cfg = shm_cfg(swap_cap=2, SELF_SEAL=True)
+    d = _config_dir(tmp_path, cfg)
+    for seed, says in (((), "a fresh random seed"), (("--seed", "7"), "seed 7")):
+        r = _cli("generate", "--seconds", "1", "--size", "4", *seed, cwd=d)
+        assert r.returncode == 0, r.stderr
+        lines = (r.stdout + r.stderr).splitlines()
+        assert lines and all(x.startswith("generator 0: ") for x in lines), lines
+        assert says in lines[0] and "None" not in r.stdout + r.stderr, lines

@@ -122,7 +122,9 @@ def test_three_node_torchrun_on_mongodb_with_generator_array_and_manager(
     assert len(gens) == 2 and all("pushed" in t and "generators: done" in t
                                   for t in gens.values()), gens
     (mgr,) = read_log(run_dir, "manager-").values()
-    assert "swaps, exiting" in mgr
+    # its end line: why it stopped, its own seals and the generators' it saw
+    assert re.search(r"wirehead manager: stopped \(.*\): \d+ generations sealed \(\d+ here, "
+                     r"\d+ by self-sealing generators\)", mgr), mgr
     (train,) = read_log(run_dir, "train-").values()
     assert "node rank 2 of 3" in train and "train: done (0)" in train
     check_ranks(run_dir, 3, swap_cap)

@@ -437,7 +437,7 @@ def test_cli_export_then_generate_from_shards_in_two_processes(shm_cfg, tmp_path
     assert r.returncode == 2 and "holds an export already (shards-000000.tar" in r.stderr
     (tmp_path / "afile").write_text("")
     for bad, says in ((["--out", "afile"], "afile is a file, not a directory"),
-                      (["--out", "t", "--timeout", "-1"], "timeout must be")):
+                      (["--out", "t", "--timeout", "-1"], "argument --timeout: -1 is out of range")):
         r = subprocess.run(cli + ["export", "--config", "src.yaml"] + bad, cwd=tmp_path,
                            env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
@@ -739,7 +739,7 @@ def test_cli_generate_checks_shards_options_first_and_quiet(shm_cfg, tmp_path):
     assert "pushed 2 samples" in r.stdout and "started" in r.stdout
     r = run("--shards", "kept/shards-*.tar")  # default: no line per generation
     assert r.returncode == 0 and "swap success" not in r.stdout, r.stdout
-    assert "Generator: done: 2 samples" in r.stdout, r.stdout
+    assert "generator 0: done: 2 samples" in r.stdout, r.stdout
     r = run("--verbose", "--shards", "kept/shards-*.tar")
     assert r.returncode == 0 and r.stdout.count("swap success: generation #") == 2, r.stdout
 

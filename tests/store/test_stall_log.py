@@ -65,13 +65,13 @@ def test_generator_says_which_generations_are_pinned(shm_cfg, caplog, monkeypatc
         with caplog.at_level(logging.WARNING, logger="wirehead_torch"):
             for _ in range(4):  # fills the write generation, then every put is surplus
                 g.cycle()
-            assert not _stall_lines(caplog, "wirehead generator"), "said before STALL_GRACE"
-            whlib.until(lambda: g.cycle() and _stall_lines(caplog, "wirehead generator"), 30,
+            assert not _stall_lines(caplog, "Generator"), "said before STALL_GRACE"
+            whlib.until(lambda: g.cycle() and _stall_lines(caplog, "Generator"), 30,
                         "the generator's stall line")
             for _ in range(5):
                 g.cycle()
             assert g.sealed == sealed, "sealed with no free area"
-            lines = _stall_lines(caplog, "wirehead generator")
+            lines = _stall_lines(caplog, "Generator")
             assert len(lines) == 1, f"said once per stall, not per attempt: {lines}"
             for r, gen in zip(readers, pinned):
                 assert f"generation {wt.gen_label(gen, wt.status(cfg))} by pid {r.pid}" in lines[0], lines[0]
@@ -83,7 +83,7 @@ def test_generator_says_which_generations_are_pinned(shm_cfg, caplog, monkeypatc
             # said again once the interval has passed
             monkeypatch.setattr(manager, "STALL_LOG_EVERY", 0.0)
             g.cycle()
-            assert len(_stall_lines(caplog, "wirehead generator")) == 2
+            assert len(_stall_lines(caplog, "Generator")) == 2
             # a reader gone: its pin is pruned, sealing goes on, and that is said
             whlib.stop(readers[0], signal.SIGKILL)
             _cycle_until_sealed(g)

@@ -14,20 +14,20 @@ from .. import _C
 from .._store import gen_label
 from ..config import DEFAULT_CONFIG_PATH
 from . import jobs
+from ._args import MAX_INTERVAL, Parser, integer, number, seconds
 from .monitor import closed_pipe_exit, human_time
 
 
 def _cmd_manager(args):
     from ..manager import WireheadManager
     m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout,
-                        quiet=args.quiet)
+                        quiet=args.quiet, verbose=args.verbose)
     if args.seconds is not None:
         # a batch job's manager ends by itself, as a SIGTERM would end it
-        t = threading.Timer(args.seconds, m.stop)
+        t = threading.Timer(args.seconds, m.stop, (f"--seconds {args.seconds:g}",))
         t.daemon = True
         t.start()
-    n = m.run(max_swaps=args.max_swaps)
-    logging.getLogger("wirehead_torch").info("wirehead manager: %d swaps, exiting", n)
+    m.run(max_swaps=args.max_swaps)  # its end line says what it sealed and saw sealed
     return 0
 
 
@@ -193,7 +193,7 @@ def _cmd_status(args):
     try:
         while args.count is None or n < args.count:
             if n:
-                time.sleep(args.interval)
+                time.sleep(2.0 if args.interval is None else args.interval)
             try:
                 st = status(config_path=args.config)
                 text = json.dumps(st) if args.json else _fmt_status(st)
@@ -291,27 +291,36 @@ def main(argv=None):
 
 def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="wirehead-torch", description=__doc__)
+    p = Parser(prog="wirehead-torch", description=__doc__)
     p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manager", help="seal generations (one manager leads at a time)")
     _config_arg(m)
-    m.add_argument("--json", action="store_true", help="one JSON object per swap")
-    m.add_argument("--max-swaps", type=int, default=None)
-    m.add_argument("--seconds", type=float, default=None, help="stop after this long")
-    m.add_argument("--quiet", action="store_true",
-                   help="a summary line every 30 s on stderr instead of a line per swap")
+    m.add_argument("--json", action="store_true",
+                   help="one JSON object per swap on stdout (start and end lines on stderr)")
+    m.add_argument("--max-swaps", type=integer(1), default=None, metavar="N",
+                   help="stop after sealing N generations")
+    m.add_argument("--seconds", type=seconds(), default=None, metavar="T",
+                   help="stop after this long (below 10^6)")
+    loud = m.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true",
+                      help="no summary lines (the start and end lines and warnings stay)")
+    loud.add_argument("--verbose", action="store_true", help="also a line per swap")
     s = sub.add_parser("status", help="current generation, write fill, swaps, rates")
     _config_arg(s)
     s.add_argument("--json", action="store_true",
                    help="one JSON object: full generation ids, every figure")
     s.add_argument("--watch", action="store_true", help="print the figures every --interval s")
-    s.add_argument("--interval", type=float, default=2.0, help="seconds between --watch prints")
-    s.add_argument("--count", type=int, default=None, help="with --watch: stop after N prints")
+    s.add_argument("--interval", type=number(0, MAX_INTERVAL, "a number of seconds"),
+                   default=None, metavar="S",
+                   help=f"with --watch: seconds between prints (default 2, at most "
+                        f"{MAX_INTERVAL:g})")
+    s.add_argument("--count", type=integer(1), default=None, metavar="N",
+                   help="with --watch: stop after N prints")
     r = sub.add_parser("relay", help="copy each MongoDB generation once into this node's "
                        "LOCAL_CACHE store (one per node; docs/relay.md)")
     _config_arg(r)
-    r.add_argument("--max-generations", type=int, default=None,
+    r.add_argument("--max-generations", type=integer(1), default=None, metavar="N",
                    help="stop after copying this many generations")
     r.add_argument("--no-wait", action="store_true",
                    help="exit if another relay fills this node's store (default: wait)")
@@ -340,8 +349,12 @@ def _main(argv):
             return _cmd_demo(None, argv[1:])
         if argv and argv[0] == "monitor":
             from .monitor import main as monitor_main
-            return monitor_main(argv[1:], prog="wirehead-torch monitor")
+            return monitor_main(argv[1:], prog="wirehead-torch monitor", missing_ok=False)
         args = p.parse_args(argv)
+        if args.cmd == "status" and not args.watch:
+            for flag, given in (("--interval", args.interval), ("--count", args.count)):
+                if given is not None:
+                    s.error(f"{flag} paces --watch; add --watch")
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
         try:
             if args.cmd in ("generate", "train", "export"):

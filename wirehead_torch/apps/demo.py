@@ -32,8 +32,10 @@ import time
 
 import numpy as np
 
+from .. import _C
 from .._store import gen_label
-from ..config import ConfigError, check_value, redact
+from ..config import redact
+from ._args import MAX_BATCH, MAX_SIZE, Parser, integer, number, seconds, seed
 
 __all__ = ["main", "demo_config", "tiny_unet"]
 
@@ -41,6 +43,8 @@ __all__ = ["main", "demo_config", "tiny_unet"]
 _STOP_GRACE_S = 10.0
 # How long to wait for the first sealed generation before giving up.
 _FIRST_GEN_TIMEOUT_S = 120.0
+# The most generator processes, and training ranks, the demo starts on one machine.
+MAX_DEMO_PROCS = 64
 
 
 # --------------------------------------------------------------------------
@@ -48,32 +52,33 @@ _FIRST_GEN_TIMEOUT_S = 120.0
 
 
 def _parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="wirehead-torch demo",
         description="Run synthetic generators, a manager and a small 3D "
         "segmentation training loop against one wirehead cache, then clean up.",
     )
-    p.add_argument("--seconds", type=float, default=60.0,
+    p.add_argument("--seconds", type=seconds(), default=60.0, metavar="T",
                    help="how long to train (default 60)")
-    p.add_argument("--size", type=int, default=32,
-                   help="edge of the cubic volumes, even, >= 8 (default 32)")
-    p.add_argument("--labels", type=int, default=8,
-                   help="number of label classes incl. background (default 8)")
-    p.add_argument("--generators", type=int, default=2,
-                   help="generator processes to start (default 2)")
-    p.add_argument("--swap-cap", type=int, default=32,
-                   help="samples per generation, SWAP_CAP (default 32)")
-    p.add_argument("--batch-size", type=int, default=4,
+    p.add_argument("--size", type=integer(8, MAX_SIZE), default=32, metavar="N",
+                   help=f"edge of the cubic volumes, even, 8..{MAX_SIZE} (default 32)")
+    p.add_argument("--labels", type=integer(2, 255), default=8, metavar="K",
+                   help="number of label classes incl. background, 2..255 (default 8)")
+    p.add_argument("--generators", type=integer(1, MAX_DEMO_PROCS), default=2, metavar="N",
+                   help=f"generator processes to start (default 2, at most {MAX_DEMO_PROCS})")
+    p.add_argument("--swap-cap", type=integer(_C.SWAP_CAP_MIN, _C.SWAP_CAP_MAX), default=32,
+                   metavar="N", help="samples per generation, SWAP_CAP (default 32)")
+    p.add_argument("--batch-size", type=integer(1, MAX_BATCH), default=4, metavar="B",
                    help="training batch size per rank (default 4)")
-    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--lr", type=number(0, 10.0, "a learning rate"), default=2e-3,
+                   help="Adam learning rate")
     p.add_argument("--store", default=None,
                    help="store URL (default shm://wh-demo-<pid>)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=seed(), default=None, metavar="S",
                    help="base seed of the generators (default: random)")
-    p.add_argument("--gen-nice", type=int, default=10,
+    p.add_argument("--gen-nice", type=integer(0, 19), default=10, metavar="N",
                    help="niceness added to generator processes so training "
                    "keeps its CPU on small machines (default 10; 0 = off)")
-    p.add_argument("--ddp", type=int, default=1, metavar="N",
+    p.add_argument("--ddp", type=integer(1, MAX_DEMO_PROCS), default=1, metavar="N",
                    help="train with N local ranks under torchrun (gloo)")
     p.add_argument("--json", action="store_true",
                    help="progress and summary as JSON lines")
@@ -83,22 +88,8 @@ def _parser():
 
 
 def _check_args(p, a):
-    if a.seconds <= 0:
-        p.error("--seconds must be > 0")
-    if a.size < 8 or a.size % 2:
-        p.error("--size must be even and >= 8 (the net halves it once)")
-    if not 2 <= a.labels <= 255:
-        p.error("--labels must be in 2..255 (labels are stored as uint8)")
-    if a.generators < 1:
-        p.error("--generators must be >= 1")
-    try:
-        check_value("SWAP_CAP", a.swap_cap, where="--swap-cap")
-    except ConfigError as e:
-        p.error(str(e))
-    if a.batch_size < 1:
-        p.error("--batch-size must be >= 1")
-    if a.ddp < 1:
-        p.error("--ddp must be >= 1")
+    if a.size % 2:
+        p.error(f"argument --size: {a.size} is odd: give an even edge (the net halves it once)")
 
 
 def demo_config(store, swap_cap, size):

@@ -36,16 +36,41 @@ import sys
 import threading
 import time
 
+from .. import _C
 from .._files import write_file
+from .._order import MAX_WORLD, env_int
+from ._args import MAX_BATCH, MAX_PROCS, MAX_SIZE, integer, number, seconds, seed
 
 __all__ = ["load_generator", "parser", "run"]
 
 # How long after --seconds a generator's last put may still wait for room.
 _PUT_GRACE_S = 5.0
+# train --record-steps: a recorded step keeps a few numbers and its batch's
+# items, so the record grows with it.
+MAX_RECORD_STEPS = 10 ** 7
 
 
 # --------------------------------------------------------------------------
 # generate
+
+
+def _gen_function(spec):
+    """The function --gen-module names ("module:function"), imported: a
+    module that is missing or fails to import is a ValueError naming it."""
+    mod, sep, fn = spec.partition(":")
+    if not sep or not mod or not fn:
+        raise ValueError(f"--gen-module must be 'synth' or 'module:function', got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a user's module next to the job script
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValueError(f"--gen-module {spec!r}: cannot import {mod}: {e} (the module must "
+                         f"be importable from {os.getcwd()} or the Python path)") from None
+    func = getattr(module, fn, None)
+    if not callable(func):
+        raise ValueError(f"--gen-module {spec!r}: {mod} has no function {fn!r}")
+    return func
 
 
 def load_generator(spec, seed=None, size=32, labels=8):
@@ -54,14 +79,7 @@ def load_generator(spec, seed=None, size=32, labels=8):
     if spec == "synth":
         from .synth import synth_generator
         return synth_generator(size=size, n_labels=labels, seed=seed)
-    mod, sep, fn = spec.partition(":")
-    if not sep or not mod or not fn:
-        raise ValueError(f"--gen-module must be 'synth' or 'module:function', got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a user's module next to the job script
-    func = getattr(importlib.import_module(mod), fn, None)
-    if not callable(func):
-        raise ValueError(f"--gen-module {spec!r}: {mod} has no function {fn!r}")
+    func = _gen_function(spec)
     try:
         takes_seed = "seed" in inspect.signature(func).parameters
     except (TypeError, ValueError):
@@ -78,6 +96,17 @@ def _until(deadline, items):
 
 
 def _generate_one(a):
+    """One generator process. Every line it says starts with its name,
+    ``generator N`` (N: --index), its errors too."""
+    name = f"generator {a.index}"
+    try:
+        return _run_generator(a, name)
+    except (ValueError, _C.WireheadError, TimeoutError, RuntimeError) as e:
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run_generator(a, name):
     from ..generator import WireheadGenerator
     seed = None if a.seed is None else a.seed + a.index
     deadline = None if a.seconds is None else time.monotonic() + a.seconds
@@ -91,25 +120,28 @@ def _generate_one(a):
         source = from_shards(mine, shuffle=seed is not None, seed=seed or 0, loop=a.loop,
                              config_path=a.config)
     else:
-        source = load_generator(a.gen_module, seed, a.size, a.labels)
+        source = load_generator(a.gen_module or "synth", seed, a.size, a.labels)
     gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet,
-                            verbose=a.verbose)
+                            verbose=a.verbose, name=name)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
         t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
         t.daemon = True
         t.start()
-    what = f"shards {' '.join(a.shards)}" if a.shards else a.gen_module
-    print(f"generator {a.index} pid {os.getpid()}: started ({what}, seed {seed})",
-          flush=True)
+    if a.shards:
+        what = (f"shards {' '.join(a.shards)}, "
+                + (f"shuffled with seed {seed}" if seed is not None else "in order"))
+    else:
+        what = (f"{a.gen_module or 'synth'}, "
+                + (f"seed {seed}" if seed is not None else "a fresh random seed"))
+    print(f"{name}: started (pid {os.getpid()}, {what})", flush=True)
     t0 = time.monotonic()
     n = gen.run()
     dt = time.monotonic() - t0
     gen.close()
-    print(f"generator {a.index} pid {os.getpid()}: pushed {n} samples in {dt:.1f}s "
-          f"({n / max(dt, 1e-9):.2f}/s), {gen.accepted} accepted, {gen.discarded} surplus",
-          flush=True)
+    print(f"{name}: pushed {n} samples in {dt:.1f}s ({n / max(dt, 1e-9):.2f}/s), "
+          f"{gen.accepted} accepted, {gen.discarded} surplus", flush=True)
     return 0
 
 
@@ -146,7 +178,8 @@ def _generate(a, argv):
     signal.signal(signal.SIGINT, forward)
     codes = [k.wait() for k in kids]
     bad = [c for c in codes if c != 0]
-    print(f"generate: {a.procs} processes ended, exit codes {codes}", flush=True)
+    print(f"wirehead-torch generate: {a.procs} processes ended, exit codes {codes}",
+          flush=True)
     return 1 if bad else 0
 
 
@@ -191,7 +224,7 @@ class _GpuSampler:
         try:
             import pynvml
             pynvml.nvmlInit()
-            idx = int(os.environ.get("LOCAL_RANK", "0"))
+            idx = env_int("LOCAL_RANK", 0, MAX_PROCS - 1, 0)
             self._h = pynvml.nvmlDeviceGetHandleByIndex(idx)
             self._nvml = pynvml
         except Exception:
@@ -214,12 +247,13 @@ def _train(a):
 
     from .demo import _train_step, tiny_unet
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_int("WORLD_SIZE", 1, MAX_WORLD, 1)
+    local_rank = env_int("LOCAL_RANK", 0, MAX_PROCS - 1, 0)
     cuda = torch.cuda.is_available() and not a.cpu
     if world > 1:
         dist.init_process_group(backend="nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(a.threads)
@@ -313,54 +347,78 @@ def parser(sub):
     g = sub.add_parser("generate", help="run N generator processes into the store")
     g.add_argument("--config", default="config.yaml",
                    help="the store's config file (default: config.yaml)")
-    g.add_argument("--gen-module", default="synth",
-                   help="'synth' (built-in SynthSeg-like volumes) or module:function")
-    g.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
-    g.add_argument("--seconds", type=float, default=None, help="stop after this long")
-    g.add_argument("--seed", type=int, default=None,
+    g.add_argument("--gen-module", default=None, metavar="synth|MODULE:FUNCTION",
+                   help="'synth' (built-in SynthSeg-like volumes, the default) or "
+                        "module:function")
+    g.add_argument("--procs", type=integer(1, MAX_PROCS), default=1, metavar="N",
+                   help=f"generator processes (default 1, at most {MAX_PROCS})")
+    g.add_argument("--seconds", type=seconds(), default=None, metavar="T",
+                   help="stop after this long (below 10^6)")
+    g.add_argument("--seed", type=seed(), default=None, metavar="S",
                    help="seed of the first process (the others: +1, +2, ...); with --shards "
-                        "it also shuffles the shard order (default: in order)")
+                        "it also shuffles the shard order (default: a fresh random seed, "
+                        "shards in order)")
     loud = g.add_mutually_exclusive_group()
     loud.add_argument("--quiet", action="store_true",
                       help="only each process's start and end lines (and errors)")
     loud.add_argument("--verbose", action="store_true",
                       help="also two lines per generation a process seals")
-    g.add_argument("--size", type=int, default=32, help="synth: volume edge")
-    g.add_argument("--labels", type=int, default=8, help="synth: label classes")
+    g.add_argument("--size", type=integer(4, MAX_SIZE), default=32, metavar="N",
+                   help=f"synth: volume edge (default 32, 4..{MAX_SIZE})")
+    g.add_argument("--labels", type=integer(2, 255), default=8, metavar="K",
+                   help="synth: label classes (default 8, 2..255)")
     g.add_argument("--shards", default=None, nargs="+", metavar="PATTERN",
                    help="read samples from tar shards instead of --gen-module: paths, "
                         "brace patterns ('kept/shards-{000000..000009}.tar') or globs "
                         "('kept/shards-*.tar', expanded in sorted order); every shard must "
                         "exist")
     g.add_argument("--loop", action="store_true", help="--shards: read them again and again")
-    g.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    g.add_argument("--procs-total", type=int, default=1, help=argparse.SUPPRESS)
+    g.add_argument("--index", type=integer(0, MAX_PROCS - 1), default=0, help=argparse.SUPPRESS)
+    g.add_argument("--procs-total", type=integer(1, MAX_PROCS), default=1,
+                   help=argparse.SUPPRESS)
     e = sub.add_parser("export", help="write sealed generations as tar shards (WebDataset)")
     e.add_argument("--config", default="config.yaml",
                    help="the store's config file (default: config.yaml)")
     e.add_argument("--out", required=True, help="directory for the shards and index.json")
     n = e.add_mutually_exclusive_group()
-    n.add_argument("--generations", type=int, default=None,
+    n.add_argument("--generations", type=integer(1), default=None, metavar="N",
                    help="whole generations to write (default 1)")
-    n.add_argument("--samples", type=int, default=None, help="samples to write")
-    e.add_argument("--shard-size", default="1GiB", help="bytes per shard (default 1GiB)")
-    e.add_argument("--timeout", type=float, default=None,
-                   help="seconds (>= 0) to wait for each generation (default READ_TIMEOUT)")
+    n.add_argument("--samples", type=integer(1), default=None, metavar="N",
+                   help="samples to write")
+    e.add_argument("--shard-size", type=_byte_count, default="1GiB", metavar="BYTES",
+                   help="bytes per shard (default 1GiB, at least 2KiB)")
+    e.add_argument("--timeout", type=seconds(lo_open=False), default=None, metavar="S",
+                   help="seconds (0 to below 10^6) to wait for each generation (default "
+                        "READ_TIMEOUT)")
     t = sub.add_parser("train", help="one training rank of the demo's 3D U-Net")
     t.add_argument("--config", default=None, help="store config (not needed with --inline)")
-    t.add_argument("--seconds", type=float, default=None,
+    t.add_argument("--seconds", type=seconds(), default=None, metavar="T",
                    help="stop after this long (default: at SIGTERM)")
-    t.add_argument("--batch-size", type=int, default=4)
-    t.add_argument("--labels", type=int, default=8)
-    t.add_argument("--size", type=int, default=32, help="--inline: volume edge")
-    t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
+    t.add_argument("--batch-size", type=integer(1, MAX_BATCH), default=4, metavar="B")
+    t.add_argument("--labels", type=integer(2, 255), default=8, metavar="K")
+    t.add_argument("--size", type=integer(4, MAX_SIZE), default=32, metavar="N",
+                   help="--inline: volume edge")
+    t.add_argument("--lr", type=number(0, 10.0, "a learning rate"), default=2e-3)
+    t.add_argument("--threads", type=integer(1, 1024), default=1, metavar="N",
+                   help="torch CPU threads per rank")
     t.add_argument("--inline", action="store_true",
                    help="generate batches in the loop (baseline), no cache")
     t.add_argument("--cpu", action="store_true", help="stay on the CPU with a GPU present")
     t.add_argument("--out", default=None, help="write DIR/train.rank<R>.json")
-    t.add_argument("--record-steps", type=int, default=100000,
-                   help="--out: per-step detail for this many steps (default 100000)")
+    t.add_argument("--record-steps", type=integer(0, MAX_RECORD_STEPS), default=100000,
+                   metavar="N", help=f"--out: per-step detail for this many steps (default "
+                                     f"100000, at most {MAX_RECORD_STEPS})")
+
+
+def _byte_count(text):
+    """--shard-size: a byte count such as 1073741824 or 1GiB (export_shards
+    says when it is too small for a shard)."""
+    from ..config import ConfigError, parse_bytes
+    try:
+        return parse_bytes(text, key="--shard-size", where="export")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count like 1073741824 or "
+                                         f"1GiB") from None
 
 
 def run(args, argv):
@@ -385,19 +443,17 @@ def run(args, argv):
             return 130 if index["interrupted"] == "SIGINT" else 143
         return 0
     if args.cmd == "generate":
-        if args.procs < 1:
-            raise ValueError("--procs must be >= 1")
-        if args.seconds is not None and args.seconds <= 0:
-            raise ValueError("--seconds must be > 0")
         if args.loop and not args.shards:
             raise ValueError("--loop reads --shards again and again; it needs --shards")
+        if args.shards and args.gen_module is not None:
+            raise ValueError("--gen-module and --shards are two sources; give one")
+        if args.gen_module not in (None, "synth") and args.procs_total == 1:
+            _gen_function(args.gen_module)  # a module missing is said once, before any process
         if args.shards and args.procs_total == 1:  # checked once, before any process starts
             _check_shards(args.shards, args.procs)
             from ..shards import check_store_layout
             check_store_layout(args.shards, config_path=args.config)
         return _generate(args, argv[1:])
-    if args.seconds is not None and args.seconds <= 0:
-        raise ValueError("--seconds must be > 0")
     if not args.inline and not args.config:
         raise ValueError("--config is required unless --inline")
     rc = _train(args)

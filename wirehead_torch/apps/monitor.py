@@ -4,7 +4,6 @@ prints swap history as JSONL, streams snapshots (``--daemon``) or draws a
 curses dashboard (``--tui``). Works on both stores: it reads the seal
 history and counters every store keeps (``status()``), so it needs no
 collection of its own."""
-import argparse
 import json
 import math
 import os
@@ -16,8 +15,9 @@ from typing import List, Optional
 import numpy as np
 
 from .. import _C
-from .._store import ProcessStore
-from ..config import DEFAULT_CONFIG_PATH, get_config, redact
+from .._store import ProcessStore, gen_label
+from ..config import DEFAULT_CONFIG_PATH, database, get_config, redact
+from ._args import MAX_INTERVAL, Parser, integer, number
 
 
 def human_time(ts, now):
@@ -82,13 +82,16 @@ def wirehead_package():
 @dataclass
 class SwapLog:
     """One swap (seal). swap_duration: seconds the swapped-out generation was
-    the newest, i.e. since the previous swap (None for the first seen)."""
+    the newest, i.e. since the previous swap (None for the first seen).
+    generation names the generation sealed as ``status`` does (``#N``);
+    generation_id is its full id (batches, ``status --json``)."""
     swap_timestamp: float
     prev_swap_timestamp: Optional[float] = None
     swap_duration: Optional[float] = None
     swap_count: int = 0
     db_name: str = ""
-    generation: int = 0  # ours: the generation sealed
+    generation: str = ""  # ours from here on
+    generation_id: int = 0
 
     def to_jsonl(self) -> str:
         return json.dumps(asdict(self))
@@ -145,14 +148,16 @@ class WireheadLogger:
     """Follows a store's swaps. ``history()`` gives the swaps the store
     still records (its last 16), ``run()`` prints them and then each new
     one, ``run_daemon()`` prints a snapshot per poll, ``run_tui()`` draws
-    them; ``count`` (ours) ends a loop after that many polls."""
+    them; ``count`` (ours) ends a loop after that many polls. ``db_name`` is
+    the database the store opens (the one a MongoDB URI names wins over
+    DBNAME; an shm store's name)."""
 
     RECENT = 10
 
     def __init__(self, config_path="config.yaml", poll_interval=2.0, config=None, out=None):
         self.cfg = get_config(None if config is not None else config_path, config)
         self.poll_interval = float(poll_interval)
-        self.db_name = str(self.cfg["DBNAME"])
+        self.db_name = database(self.cfg)
         self.swap_cap = self.cfg["SWAP_CAP"]
         self.out = out
         self.swap_count = 0
@@ -206,7 +211,8 @@ class WireheadLogger:
             self.swap_count = max(self.swap_count + 1, first + i + 1)
             rec = SwapLog(swap_timestamp=ts, prev_swap_timestamp=self.prev_swap_timestamp,
                           swap_duration=dur, swap_count=self.swap_count,
-                          db_name=self.db_name, generation=h["generation"])
+                          db_name=self.db_name, generation=gen_label(h["generation"], st),
+                          generation_id=h["generation"])
             self.prev_swap_timestamp = ts
             self.last_generation = h["generation"]
             self.swap_logs.append(rec)
@@ -216,6 +222,11 @@ class WireheadLogger:
 
     def history(self) -> List[SwapLog]:
         return self._new_swaps(self._status())
+
+    def recorded(self) -> List[SwapLog]:
+        """The swaps the store records, as ``history()``, but a store that
+        does not exist raises NotFoundError (as ``status`` says it)."""
+        return self._new_swaps(self._store.get().status())
 
     def snapshot(self) -> WireheadSnapshot:
         now = time.time()
@@ -336,35 +347,45 @@ def tui_lines(s):
     lines.append("recent swaps:")
     for r in reversed(s.recent_swaps[-5:]):
         life = "-" if r.swap_duration is None else f"{r.swap_duration:.2f}s"
-        lines.append(f"  #{r.swap_count:<5} {human_time(r.swap_timestamp, s.timestamp)}  "
+        lines.append(f"  {r.generation:<6} {human_time(r.swap_timestamp, s.timestamp)}  "
                      f"lifetime={life}")
     return lines
 
 
-def main(argv=None, prog="wirehead"):
+def main(argv=None, prog="wirehead", missing_ok=True):
     """The ``wirehead CONFIG [--daemon|--tui]`` command of the original
-    (also ``wirehead-torch monitor``)."""
-    p = argparse.ArgumentParser(prog=prog, description="Wirehead swap history and "
-                                "monitoring (the original's command)")
-    p.add_argument("config", nargs="?", default=DEFAULT_CONFIG_PATH,
-                   help=f"path to the wirehead config (default: {DEFAULT_CONFIG_PATH})")
+    (also ``wirehead-torch monitor --config CONFIG``). missing_ok: a store
+    that does not exist has no swaps, as the original says (False: the
+    error ``status`` gives, exit 2)."""
+    p = Parser(prog=prog, description="Wirehead swap history and monitoring (the original's "
+               "command)")
+    p.add_argument("config", nargs="?", default=None,
+                   help=f"path to the wirehead config, the original's form (default: "
+                        f"{DEFAULT_CONFIG_PATH})")
+    p.add_argument("--config", dest="config_opt", default=None, metavar="CONFIG",
+                   help="the same, as every wirehead-torch subcommand takes it")
     p.add_argument("--daemon", action="store_true", help="a JSONL snapshot per poll")
     p.add_argument("--tui", action="store_true", help="a curses dashboard")
-    p.add_argument("--poll-interval", type=float, default=2.0,
-                   help="seconds between polls (default 2.0)")
-    p.add_argument("--count", type=int, default=None, help="stop after this many polls")
+    p.add_argument("--poll-interval", type=number(0, MAX_INTERVAL, "a number of seconds"),
+                   default=2.0, metavar="S",
+                   help=f"seconds between polls (default 2.0, at most {MAX_INTERVAL:g})")
+    p.add_argument("--count", type=integer(1), default=None, metavar="N",
+                   help="stop after this many polls")
     args = p.parse_args(argv)
+    if args.config and args.config_opt and args.config != args.config_opt:
+        p.error(f"two configs: {args.config} and --config {args.config_opt}; give one")
+    config = args.config_opt or args.config or DEFAULT_CONFIG_PATH
     try:
-        if args.config == DEFAULT_CONFIG_PATH and not os.path.isfile(args.config):
+        if not (args.config_opt or args.config) and not os.path.isfile(config):
             raise ValueError(f"no {DEFAULT_CONFIG_PATH} in {os.getcwd()} (the default); "
-                             f"pass the config's path: {prog} PATH")
-        logger = WireheadLogger(args.config, poll_interval=args.poll_interval)
+                             f"pass the config's path: {prog} --config PATH")
+        logger = WireheadLogger(config, poll_interval=args.poll_interval)
         if args.tui:
             logger.run_tui()
         elif args.daemon:
             logger.run_daemon(count=args.count)
         else:
-            logs = logger.history()
+            logs = logger.history() if missing_ok else logger.recorded()
             if not logs:
                 print("No swaps recorded yet.")
             for rec in logs:
