@@ -159,8 +159,10 @@ class WireheadManager:
     manager:``: a start line, a summary at most every ``summary_every``
     seconds while generations are sealed, and an end line saying what it
     sealed and what it saw sealed; ``verbose=True`` adds a line per swap,
-    ``quiet=True`` drops the summaries (warnings go to the log either
-    way). ``json_lines=True`` writes one JSON object per swap to ``out``
+    ``summary_every=None`` drops the summaries; ``quiet=True`` prints
+    nothing: the start and end lines go to the log, as a quiet generator's
+    do (warnings go to the log either way).
+    ``json_lines=True`` writes one JSON object per swap to ``out``
     instead, and the start and end lines to the log.
 
     With self-sealing generators (SELF_SEAL on in its config) a manager is
@@ -178,7 +180,7 @@ class WireheadManager:
         self.out = out
         self.quiet = quiet  # no summaries
         self.verbose = verbose  # a line per swap
-        self.summary_every = float(summary_every)
+        self.summary_every = None if summary_every is None else float(summary_every)
         self._summary = None  # (monotonic time, swaps, seen) of the last summary
         self.swaps = 0
         self.seen = 0  # seals by self-sealing generators this manager saw
@@ -196,8 +198,9 @@ class WireheadManager:
         self._stop.set()
 
     def _say(self, text):
-        """A line for people: on out, or in the log next to JSON lines."""
-        if self.json_lines:
+        """A line for people: on out, or in the log when quiet or next to
+        JSON lines."""
+        if self.json_lines or self.quiet:
             log.info("%s: %s", self.NAME, text)
         else:
             print(f"{self.NAME}: {text}", file=self.out or sys.stdout, flush=True)
@@ -213,7 +216,7 @@ class WireheadManager:
             return
         now = time.monotonic()
         t0, swaps0, seen0 = self._summary
-        if self.quiet or now - t0 < self.summary_every:
+        if self.quiet or self.summary_every is None or now - t0 < self.summary_every:
             return
         self._summary = (now, self.swaps, self.seen)
         self._say(f"{self._sealed_text(self.swaps - swaps0, self.seen - seen0)} in the last "
@@ -226,8 +229,8 @@ class WireheadManager:
         return f"{mine} generations sealed"
 
     def _start_line(self):
-        every = ("" if self.json_lines or self.verbose else
-                 "; no summaries (quiet)" if self.quiet else
+        every = ("" if self.json_lines or self.verbose or self.quiet else
+                 "; no summaries" if self.summary_every is None else
                  f"; a summary every {self.summary_every:g}s while generations are sealed")
         store = redact(self.cfg["STORE"])
         self._say(f"pid {os.getpid()} watches {store}: its generators seal (SELF_SEAL), this "

@@ -367,12 +367,16 @@ def test_manager_is_quiet_by_default_and_ends_saying_what_it_sealed(shm_cfg, mon
     # a summary line once summary_every has passed, a line per swap with verbose
     cfg2 = shm_cfg(swap_cap=2, SELF_SEAL=False)
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(4)), config=cfg2).run()
-    for kw, want in (({"summary_every": 0}, 3), ({"verbose": True}, 3), ({"quiet": True}, 2)):
+    for kw, want in (({"summary_every": 0}, 3), ({"verbose": True}, 3), ({"quiet": True}, 0)):
         out = io.StringIO()
         m = wt.WireheadManager(config=cfg2, out=out, **kw)
         assert m.run(max_swaps=1) == 1
         m.close()
         lines = _manager_lines(out)
+        if not want:  # quiet: nothing printed, as a quiet generator
+            assert lines == [], lines
+            wt.WireheadGenerator((whlib.sample(1, i) for i in range(2)), config=cfg2).run()
+            continue
         assert len(lines) == want and all(x.startswith("wirehead manager: ") for x in lines), kw
         assert lines[-1] == ("wirehead manager: stopped (max_swaps=1): 1 generations sealed, "
                              f"the last #{wt.status(cfg2)['seals']}"), lines
@@ -405,6 +409,17 @@ def test_cli_manager_beside_a_self_sealing_generator(shm_cfg, tmp_path):
                        r"\(0 here, (\d+) by self-sealing generators\)(, the last #\d+)?",
                        lines[-1])
     assert got and got.group(1) == got.group(2) and int(got.group(1)) <= 100, lines
+
+
+def test_cli_manager_quiet_keeps_its_start_and_end_lines(shm_cfg, tmp_path):
+    """`manager --quiet` drops the summaries only (the API's quiet=True
+    prints nothing, as a quiet generator does)."""
+    cfg = shm_cfg(swap_cap=2, SELF_SEAL=False)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(4)), config=cfg, quiet=True).run()
+    r = _cli("manager", "--quiet", "--max-swaps", "1", cwd=_config_dir(tmp_path, cfg))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2, (r.stdout, r.stderr)
+    assert lines[0].endswith("; no summaries") and "stopped (max_swaps=1)" in lines[1], lines
 
 
 def test_monitor_names_generations_as_status_does(store_cfg, tmp_path):

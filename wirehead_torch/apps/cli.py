@@ -19,9 +19,11 @@ from .monitor import closed_pipe_exit, human_time
 
 
 def _cmd_manager(args):
-    from ..manager import WireheadManager
+    from ..manager import SUMMARY_EVERY, WireheadManager
+    # --quiet keeps the start and end lines (quiet=True would print none)
     m = WireheadManager(config_path=args.config, json_lines=args.json, out=sys.stdout,
-                        quiet=args.quiet, verbose=args.verbose)
+                        summary_every=None if args.quiet else SUMMARY_EVERY,
+                        verbose=args.verbose)
     if args.seconds is not None:
         # a batch job's manager ends by itself, as a SIGTERM would end it
         t = threading.Timer(args.seconds, m.stop, (f"--seconds {args.seconds:g}",))
