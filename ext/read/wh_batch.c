@@ -37,11 +37,6 @@ uint64_t wh_batch_host_off(const wh_batch_t *b, uint64_t off) {
     return off - skip;
 }
 
-void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad) {
-    *pos = ((const uint32_t *)ctx)[i];
-    *pad = false;
-}
-
 typedef struct {
     const wh_batch_fill_t *rq;
     wh_batch_t *b;

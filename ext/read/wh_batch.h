@@ -102,9 +102,6 @@ typedef struct {
 bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void **data,
                    wh_batch_stats_t *stats, wh_err_t *err);
 
-/* row i's positions from an array (at_ctx: const uint32_t *) */
-void wh_batch_at_array(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
-
 /* The parts of a laid-out batch whose direct fields are left in the store
  * (b->direct, b->src): put(ctx, at, src, len, row) for every run of the
  * host part h between them and every direct row, in batch order (at: the

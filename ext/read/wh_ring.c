@@ -277,8 +277,6 @@ void wh_ring_close(wh_ring_t *r) {
 
 void wh_ring_unlock(wh_ring_t *r) { wh_map_unlock(&r->words); }
 
-uint32_t wh_ring_slots(const wh_ring_t *r) { return r->nslots; }
-
 /* Removes path if it is a file of this user's (left by a worker that died
  * while growing the slot); anything else stays, and making the file there
  * is then refused naming it. */

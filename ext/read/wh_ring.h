@@ -124,7 +124,6 @@ wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bo
 void wh_ring_close(wh_ring_t *r);
 /* Releases the region's lock (a worker's ring stays usable). */
 void wh_ring_unlock(wh_ring_t *r);
-uint32_t wh_ring_slots(const wh_ring_t *r);
 
 /* Worker: takes a free slot of at least nbytes (one too small is grown: a
  * new, page-rounded file version made first, so a failure, a full /dev/shm
