@@ -39,14 +39,15 @@
 #define WH_BENCH_DISPATCH 0
 #endif
 
-#include "wh_backend.h"
+#include "wh_store.h"
 
 #define MIB (1024.0 * 1024.0)
 
 static char g_uri[96];
 
 static void bench_cleanup(void) {
-    if (g_uri[0]) wh_shm_clean(&(wh_store_config_t){.uri = g_uri}, NULL);
+    wh_store_config_t c = {.uri = g_uri};
+    if (g_uri[0]) wh_store_clean(&c, NULL);
 }
 
 static void on_signal(int sig) {

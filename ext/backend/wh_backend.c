@@ -1,9 +1,19 @@
-/* The parts of a store status, and of a generation's params figures, both
- * backends fill the same way. */
+/* What every backend's table says and fills alike: its capabilities, the
+ * readers of a store status, a generation's params figures. */
 #include <stdio.h>
 #include <string.h>
 
 #include "wh_backend.h"
+
+unsigned wh_backend_caps(const wh_store_ops_t *ops) {
+    unsigned c = ops->flags;
+    if (ops->view) c |= WH_CAP_VIEWS;
+    if (ops->read_held) c |= WH_CAP_PINS;
+    if (ops->view_map && ops->map_unref && ops->map_in_use) c |= WH_CAP_MAPPABLE;
+    if (ops->read_encoded) c |= WH_CAP_RELAY_SOURCE;
+    if (ops->mirror_begin && ops->mirror_reserve && ops->mirror_commit) c |= WH_CAP_RELAY_TARGET;
+    return c;
+}
 
 void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char *host,
                           uint64_t now_ns) {
@@ -36,7 +46,7 @@ void wh_status_add_reader(wh_status_t *o, const wh_reader_beat_t *b, const char 
     if (age < r->age_s) r->age_s = age;
 }
 
-void wh__gen_params_add(wh_gen_params_t *out, uint64_t v) {
+void wh_gen_params_add(wh_gen_params_t *out, uint64_t v) {
     if (!out->samples || v < out->min) out->min = v;
     if (!out->samples || v > out->max) {
         out->max = v;

@@ -17,7 +17,7 @@
 
 /* SWAP_CAP, positions per generation: the one range every C guard checks
  * (config.py reads it as _C.SWAP_CAP_MAX). 2**30 keeps positions, and
- * their sums over the 4 areas, well inside uint32. */
+ * their sums over a segment's areas, well inside uint32. */
 #define WH_SWAP_CAP_MIN 1u
 #define WH_SWAP_CAP_MAX (1u << 30)
 /* BYTE_BUDGET, bytes per generation area: 0 is auto (a put sizes the shm

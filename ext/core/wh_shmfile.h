@@ -14,6 +14,15 @@
 
 #include "wh.h"
 
+/* Where those files are, and how each one's name starts: every name the
+ * package makes there is spelled here (Python reads them through
+ * _C.SHM_DIR, _C.RING_PREFIX and _C.shm_files). */
+#define WH_SHMFILE_DIR "/dev/shm"
+#define WH_SHMFILE_SEGMENT "wirehead."       /* + NAME: the segment of shm://NAME */
+#define WH_SHMFILE_PARAMS "wirehead-params." /* + NAME: its params file (never a segment) */
+#define WH_SHMFILE_RELAY "wirehead-relay."   /* + NAME + .lock, .json: the relay filling it */
+#define WH_SHMFILE_RING "wirehead-ring."     /* + main pid . token . w<k>...: a batch ring */
+
 /* Creates path, which must not exist (O_CREAT|O_EXCL|O_NOFOLLOW: a planted
  * symlink or file is EEXIST, never opened), mode 0600 whatever the umask,
  * read-write, close-on-exec. size > 0: that many bytes are reserved

@@ -39,8 +39,6 @@
 #define _GNU_SOURCE
 #include "wh_mongo_int.h"
 
-static const wh_store_ops_t wh__mongo_ops;
-
 /* ---- status ---- */
 
 static bool wh__mongo_status(wh_store_t *st, wh_status_t *o, wh_err_t *err) {
@@ -118,7 +116,7 @@ static wh__mongo_t *wh__new(const wh_store_config_t *cfg, wh_err_t *err) {
     if (!wh__check_cfg(cfg, err)) return NULL;
     wh__mongo_t *m = calloc(1, sizeof *m);
     if (!m) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
-    m->base.ops = &wh__mongo_ops;
+    m->base.ops = &wh_mongo_ops;
     m->base.cfg = *cfg;
     m->pid = getpid();
     m->token = wh__rand64() >> 1 | 1;
@@ -133,7 +131,7 @@ static wh__mongo_t *wh__new(const wh_store_config_t *cfg, wh_err_t *err) {
     return m;
 }
 
-wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
+static wh_store_t *wh__mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
     uint64_t cb = cfg->chunk_bytes ? cfg->chunk_bytes : WH__DEFAULT_CHUNK;
     if (cb > WH__MAX_CHUNK)
         return wh_err_set(err, WH_E_INVALID,
@@ -157,7 +155,7 @@ wh_store_t *wh_mongo_open(const wh_store_config_t *cfg, wh_err_t *err) {
     return &m->base;
 }
 
-bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
+static bool wh__mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
     wh__mongo_t *m = wh__new(cfg, err);
     if (!m) return false;
     mongoc_database_t *db = mongoc_client_get_database(m->client, m->db);
@@ -195,24 +193,36 @@ bool wh_mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
 }
 
 /* The database's collection names (to tell a user whose database holds
- * another layout, e.g. the original wirehead's, what they are looking at).
- * *names is owned by the caller: wh_mongo_names_free. */
-bool wh_mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err) {
+ * another layout, e.g. the original wirehead's, what they are looking at):
+ * *names and its strings malloc'd, the caller's. */
+static bool wh__mongo_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err) {
     wh__mongo_t *m = wh__new(cfg, err);
     if (!m) return false;
     mongoc_database_t *db = mongoc_client_get_database(m->client, m->db);
     bson_error_t e;
-    *names = mongoc_database_get_collection_names_with_opts(db, NULL, &e);
+    char **got = mongoc_database_get_collection_names_with_opts(db, NULL, &e);
     mongoc_database_destroy(db);
-    bool ok = *names != NULL || wh__merr(m, err, &e, "list collections of '%s'", m->db);
+    bool ok = got != NULL || wh__merr(m, err, &e, "list collections of '%s'", m->db);
+    size_t n = 0;
+    while (got && got[n]) n++;
+    *names = ok ? calloc(n + 1, sizeof **names) : NULL;
+    if (ok && !*names) ok = wh_err_set(err, WH_E_SYS, "out of memory");
+    for (size_t i = 0; ok && i < n; i++)
+        if (!((*names)[i] = strdup(got[i]))) {
+            for (size_t j = 0; j < i; j++) free((*names)[j]);
+            free(*names);
+            *names = NULL;
+            ok = wh_err_set(err, WH_E_SYS, "out of memory");
+        }
+    bson_strfreev(got);
     wh__mongo_destroy(&m->base);
     return ok;
 }
 
-void wh_mongo_names_free(char **names) { bson_strfreev(names); }
-
-static const wh_store_ops_t wh__mongo_ops = {
-    .scheme = "mongodb",
+const wh_store_ops_t wh_mongo_ops = {
+    .name = "mongodb",
+    .open = wh__mongo_open,
+    .clean = wh__mongo_clean,
     .put = wh__mongo_put,
     .lead = wh__mongo_lead,
     .resign = wh__mongo_resign,
@@ -220,11 +230,13 @@ static const wh_store_ops_t wh__mongo_ops = {
     .current = wh__mongo_current,
     .read = wh__mongo_read,
     .status = wh__mongo_status,
-    .beat = wh__mongo_beat,
-    .beat_every_s = WH_READER_BEAT_MONGO_S,
     .params_set = wh__mongo_params_set,
     .params_get = wh__mongo_params_get,
     .params_version = wh__mongo_params_version,
-    .gen_params = wh__mongo_gen_params,
     .destroy = wh__mongo_destroy,
+    .collections = wh__mongo_collections,
+    .beat = wh__mongo_beat,
+    .beat_every_s = WH_READER_BEAT_MONGO_S,
+    .gen_params = wh__mongo_gen_params,
+    .read_encoded = wh__mongo_read_encoded,
 };

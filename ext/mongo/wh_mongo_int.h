@@ -20,14 +20,14 @@
 #include <mongoc/mongoc.h>
 
 #include "wh_fault.h"
-#include "wh_backend.h"
+#include "wh_mongo.h"
 
 #define WH__HIST 16
-#define WH__MAX_CHUNK (16u * 1024 * 1024 - 16 * 1024) /* BSON document limit, less room for keys */
+#define WH__MAX_CHUNK WH_MONGO_CHUNK_MAX
 /* Chunks per sample: a reader's filter names each, and must stay far below
  * the 16 MiB BSON limit (about 30 bytes per chunk). */
 #define WH__MAX_CHUNKS (1u << 18)
-#define WH__DEFAULT_CHUNK (4u * 1024 * 1024)
+#define WH__DEFAULT_CHUNK WH_MONGO_CHUNK_DEFAULT
 #define WH__BATCH_BYTES (32u * 1000 * 1000)  /* per reply; libmongoc refuses 48 MB */
 #define WH__INSERT_BYTES (32u * 1000 * 1000) /* chunk bytes per insert_many call */
 #define WH__REPAIR_TRIES 32
@@ -117,5 +117,9 @@ bool wh__mongo_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh
 bool wh__mongo_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                     wh_sample_meta_t *meta_out, wh_err_t *err);
+/* The encoded sample at (gen, pos) whole into the buffer fn gives, every
+ * field's checksum checked (wh_store_read_encoded) */
+bool wh__mongo_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                            wh_sample_meta_t *meta, wh_err_t *err);
 
 #endif

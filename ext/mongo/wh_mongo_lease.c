@@ -6,12 +6,13 @@
 /* ---- manager: lease and seal ---- */
 
 /* A lease document no manager could have written: expires not a number,
- * or further ahead than its holder's lease_ms (at most the config's bound
- * of 1e6 s) allows. Left alone it would stop every manager from leading. */
+ * or further ahead than its holder's lease_ms (at most WH_SECONDS_MAX)
+ * allows. Left alone it would stop every manager from leading. */
 static bool wh__lease_forged(const bson_t *doc, int64_t now_ms) {
+    const int64_t max_ms = (int64_t)(WH_SECONDS_MAX * 1e3);
     int64_t exp = 0, len = 0;
     if (!wh__get_int(doc, "expires", &exp)) return true;
-    if (!wh__get_int(doc, "lease_ms", &len) || len < 0 || len > 1000000000) len = 1000000000;
+    if (!wh__get_int(doc, "lease_ms", &len) || len < 0 || len > max_ms) len = max_ms;
     return exp > now_ms + len + 1000;
 }
 

@@ -238,7 +238,7 @@ bool wh__mongo_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh
             out->skipped++;
             continue;
         }
-        wh__gen_params_add(out, meta.params_version);
+        wh_gen_params_add(out, meta.params_version);
     }
     bson_error_t e;
     bool ok = !mongoc_cursor_error(cur, &e) ||

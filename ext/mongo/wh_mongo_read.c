@@ -319,9 +319,7 @@ bool wh__mongo_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, v
     return wh__read_impl(st, gen, pos, fn, ctx, NULL, meta_out, err);
 }
 
-bool wh_mongo_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
-                           wh_sample_meta_t *meta, wh_err_t *err) {
-    if (strncmp(st->cfg.uri, "mongodb://", 10) != 0)
-        return wh_err_set(err, WH_E_INVALID, "a relay pulls from a mongodb:// store only");
+bool wh__mongo_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                            wh_sample_meta_t *meta, wh_err_t *err) {
     return wh__read_impl(st, gen, pos, NULL, ctx, fn, meta, err);
 }

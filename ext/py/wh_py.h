@@ -29,7 +29,7 @@ typedef struct {
     PyTypeObject *array, *store, *loader, *map, *ring, *stage, *hasher;
     /* the named records results come in (struct sequences: still tuples) */
     PyTypeObject *rec_put, *rec_read, *rec_copy, *rec_layout, *rec_batch, *rec_items, *rec_resume,
-        *rec_fill;
+        *rec_fill, *rec_backend, *rec_shm_files;
 } wh_py_state_t;
 
 /* one X() per field, laid out by hand */
@@ -38,7 +38,8 @@ typedef struct {
     X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
     X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(ring) X(stage) \
     X(hasher) \
-    X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume) X(rec_fill)
+    X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume) X(rec_fill) \
+    X(rec_backend) X(rec_shm_files)
 /* clang-format on */
 
 static inline wh_py_state_t *wh_py_mstate(PyObject *module) {

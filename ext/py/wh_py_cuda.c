@@ -46,15 +46,17 @@ static bool wh__direct_env(uint64_t *v, wh_err_t *err) {
 
 bool wh_py_gpu_direct_min(const char *uri, uint64_t *min, char *why, size_t cap, wh_err_t *err) {
     uint64_t env;
+    wh_backend_info_t b = {0};
     why[0] = 0;
     *min = 0;
     if (!wh__direct_env(&env, err)) return false;
     if (env == UINT64_MAX)
         snprintf(why, cap, "WIREHEAD_GPU_DIRECT_MIN_ROW=off");
-    else if (strncmp(uri, "shm://", 6) != 0)
+    else if (!wh_store_backend_of(uri, &b, NULL) || !(b.caps & WH_CAP_MAPPABLE))
         snprintf(why, cap,
-                 "the store is mongodb:// read without LOCAL_CACHE: no mapping of it on this "
-                 "node to register");
+                 "the store (backend %s) is read without LOCAL_CACHE: no mapping of it on this "
+                 "node to register",
+                 b.backend ? b.backend : "unknown");
     else if (!wh_cuda_can_register())
         snprintf(why, cap, "the CUDA runtime %s has no cudaHostRegister", wh_cuda_lib_name());
     if (!why[0]) *min = env ? env : WH_GPU_DIRECT_MIN_ROW;

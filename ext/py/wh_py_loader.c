@@ -56,9 +56,9 @@ static int wh__loader_init(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
             wh_py_u32, &threads, wh_py_u32, &prefetch, &drop_last, wh_py_u32, &world, wh_py_u32,
             &rank, &shuffle, &seed, &pad, &pad_batches, &want, &refresh, &timeout_s, &device))
         return -1;
-    if (!(timeout_s > 0 && timeout_s < 1e6)) {
-        PyErr_SetString(S->value, "READ_TIMEOUT must be a positive number of seconds below "
-                                  "10^6");
+    if (!(timeout_s > 0 && timeout_s < WH_SECONDS_MAX)) {
+        PyErr_Format(S->value, "READ_TIMEOUT must be a positive number of seconds below %.0f",
+                     WH_SECONDS_MAX);
         return -1;
     }
     PyObject *empty = PyTuple_New(0);

@@ -413,7 +413,7 @@ static PyObject *wh__store_wait_generation(wh__pystore_t *self, PyObject *args, 
 
 /* view_sample(gen, pos, want=None, timeout=60.0, skip=True) -> as
  * read_sample, but the arrays view the store (read-only, pinned until the
- * last of them dies) instead of holding copies. shm:// only. */
+ * last of them dies) instead of holding copies. A backend with views only (WH_CAP_VIEWS). */
 static PyObject *wh__store_view_sample(wh__pystore_t *self, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_tstate(self);
     uint32_t mask;
@@ -775,7 +775,8 @@ static PyMethodDef wh__store_methods[] = {
     {"view_sample", (PyCFunction)(void (*)(void))wh__store_view_sample,
      METH_VARARGS | METH_KEYWORDS,
      "view_sample(gen, pos, want=None, timeout=60.0, skip=True): read_sample's result with "
-     "arrays viewing the store (shm:// only; read-only; the generation stays pinned while any "
+     "arrays viewing the store (a backend with views only; read-only; the generation stays pinned "
+     "while any "
      "of them lives)"},
     {"wait_generation", (PyCFunction)(void (*)(void))wh__store_wait_generation,
      METH_VARARGS | METH_KEYWORDS,

@@ -1,13 +1,17 @@
 /* The Store binding's module level: a store configuration from keyword
  * arguments (Store and Loader take one), the module functions over a
- * store's configuration (clean, mongo_collections), the process's copy
- * counters, and the records the store's results come in. */
+ * store's configuration (clean, mongo_collections), what a URI's backend
+ * can do (backend_of), the shm backend's name rule, files and a segment's
+ * recorded source, the bounds and defaults both C and Python write, the
+ * process's copy counters, and the records the store's results come in. */
 #include "wh_py.h"
 
 #include <string.h>
 
-#include "wh_backend.h" /* only for shm_layout (tests forge damage) and shm_origin */
 #include "wh_guard.h"
+#include "wh_mongo.h"
+#include "wh_shm.h"
+#include "wh_shmfile.h"
 
 /* ---- store configuration from keyword arguments ---- */
 
@@ -28,8 +32,8 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
     PyObject *origin_id = Py_None, *origin_name = Py_None;
     unsigned long swap_cap = 0;
-    unsigned long long byte_budget = WH_BYTE_BUDGET_AUTO, chunk_bytes = 4ull << 20;
-    double lease_s = 10.0, connect_timeout_s = 10.0;
+    unsigned long long byte_budget = WH_BYTE_BUDGET_AUTO, chunk_bytes = WH_MONGO_CHUNK_DEFAULT;
+    double lease_s = WH_LEASE_S_DEFAULT, connect_timeout_s = WH_CONNECT_TIMEOUT_S_DEFAULT;
     int verify = 1, create = 1;
     unsigned long long min_params = 0;
     memset(out, 0, sizeof *out);
@@ -52,9 +56,12 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
         wh_py_raise(S, &range);
         goto fail;
     }
-    if (!(lease_s > 0 && lease_s < 1e6) || !(connect_timeout_s > 0 && connect_timeout_s < 1e6)) {
-        PyErr_SetString(S->value, "LEASE_SECONDS and CONNECT_TIMEOUT must be positive "
-                                  "numbers of seconds below 10^6");
+    if (!(lease_s > 0 && lease_s < WH_SECONDS_MAX) ||
+        !(connect_timeout_s > 0 && connect_timeout_s < WH_SECONDS_MAX)) {
+        PyErr_Format(S->value,
+                     "LEASE_SECONDS and CONNECT_TIMEOUT must be positive numbers of seconds "
+                     "below %.0f",
+                     WH_SECONDS_MAX);
         goto fail;
     }
     c->swap_cap = (uint32_t)swap_cap;
@@ -174,6 +181,60 @@ static PyObject *wh__shm_origin(PyObject *m, PyObject *args) {
     return Py_BuildValue("(ss)", id, oname);
 }
 
+/* backend_of(uri) -> Backend: what the scheme table says of uri's scheme. */
+static PyObject *wh__backend_of(PyObject *m, PyObject *arg) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    const char *uri = PyUnicode_AsUTF8(arg);
+    if (!uri) return NULL;
+    wh_backend_info_t b;
+    wh_err_t err = {0};
+    if (!wh_store_backend_of(uri, &b, &err)) return wh_py_raise(S, &err);
+    return wh_py_record(
+        S->rec_backend, 9, PyUnicode_FromString(b.scheme), PyUnicode_FromString(b.backend),
+        PyBool_FromLong(b.caps & WH_CAP_VIEWS), PyBool_FromLong(b.caps & WH_CAP_PINS),
+        PyBool_FromLong(b.caps & WH_CAP_MAPPABLE), PyBool_FromLong(b.caps & WH_CAP_PARAMS_FILE),
+        PyBool_FromLong(b.caps & WH_CAP_RELAY_SOURCE),
+        PyBool_FromLong(b.caps & WH_CAP_RELAY_TARGET), wh_py_str_or_none(b.name));
+}
+
+/* shm_check_name(name): raises the name rule's error. */
+static PyObject *wh__shm_check_name(PyObject *m, PyObject *arg) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    wh_err_t err = {0};
+    if (!wh_shm_check_name(name, &err)) return wh_py_raise(S, &err);
+    Py_RETURN_NONE;
+}
+
+/* shm_files(name) -> ShmFiles: the /dev/shm paths a store of that name makes. */
+static PyObject *wh__shm_files(PyObject *m, PyObject *arg) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    wh_shm_files_t f;
+    wh_err_t err = {0};
+    if (!wh_shm_files(name, &f, &err)) return wh_py_raise(S, &err);
+    return wh_py_record(S->rec_shm_files, 5, PyUnicode_FromString(f.segment),
+                        PyUnicode_FromString(f.params), PyUnicode_FromString(f.relay_lock),
+                        PyUnicode_FromString(f.relay_state),
+                        PyUnicode_FromString(WH_SHMFILE_DIR "/" WH_SHMFILE_RING));
+}
+
+/* shm_segment_bytes(swap_cap, byte_budget) -> the /dev/shm bytes a
+ * segment of that geometry reserves. */
+static PyObject *wh__shm_segment_bytes(PyObject *m, PyObject *args) {
+    wh_py_state_t *S = wh_py_mstate(m);
+    unsigned long long cap, budget;
+    if (!PyArg_ParseTuple(args, "KK", &cap, &budget)) return NULL;
+    wh_err_t err = {0};
+    uint64_t total = 0;
+    if (!wh_swap_cap_check(cap, "SWAP_CAP", &err) ||
+        !wh_shm_segment_bytes((uint32_t)cap, budget, &total, &err))
+        return wh_py_raise(S, &err);
+    return PyLong_FromUnsignedLongLong(total);
+}
+
 static PyObject *wh__counters_reset(PyObject *m, PyObject *unused) {
     (void)m;
     (void)unused;
@@ -199,10 +260,20 @@ static PyMethodDef wh__store_functions[] = {
     {"clean", (PyCFunction)(void (*)(void))wh__clean, METH_VARARGS | METH_KEYWORDS,
      "clean(uri, swap_cap, fields, ...): remove everything this store holds"},
     {"mongo_collections", (PyCFunction)(void (*)(void))wh__mongo_collections,
-     METH_VARARGS | METH_KEYWORDS, "collection names of a mongodb:// store's database"},
+     METH_VARARGS | METH_KEYWORDS,
+     "collection names of a store's database (a backend that keeps collections)"},
     {"counters", wh__counters, METH_NOARGS, "process-wide copy counters"},
     {"counters_reset", wh__counters_reset, METH_NOARGS, "zero the copy counters"},
     {"shm_layout", wh__shm_layout, METH_NOARGS, "byte offsets inside an shm segment (for tests)"},
+    {"backend_of", wh__backend_of, METH_O,
+     "backend_of(uri) -> Backend: the backend of uri's scheme and what its stores can do "
+     "(InvalidSampleError naming the schemes known for any other)"},
+    {"shm_check_name", wh__shm_check_name, METH_O,
+     "shm_check_name(name): InvalidSampleError saying the rule when name is no shm store name"},
+    {"shm_files", wh__shm_files, METH_O,
+     "shm_files(name) -> ShmFiles: the /dev/shm paths of an shm store's files"},
+    {"shm_segment_bytes", wh__shm_segment_bytes, METH_VARARGS,
+     "shm_segment_bytes(swap_cap, byte_budget) -> bytes of /dev/shm such a segment reserves"},
     {"shm_origin", wh__shm_origin, METH_VARARGS,
      "shm_origin(name): the source an shm store's segment records, or None"},
     {"guard_step_aside", wh__guard_step_aside, METH_NOARGS,
@@ -276,11 +347,76 @@ static PyStructSequence_Desc wh__layout_desc = {
     2,
 };
 
+static PyStructSequence_Field wh__backend_fields[] = {
+    {"scheme", "the URI's scheme as written: shm, mongodb, mongodb+srv"},
+    {"backend", "the backend it names: shm, mongodb"},
+    {"views", "store-backed views (Store.view_sample)"},
+    {"pins", "copies that pin their generation against reclamation"},
+    {"mappable", "views point into a mapping a device can register (the GPU's direct path)"},
+    {"params_file", "params kept in a side file of the store's own (shm_files().params)"},
+    {"relay_source", "a relay can copy from it: a STORE that may have a LOCAL_CACHE"},
+    {"relay_target", "a relay can copy into it: a LOCAL_CACHE copy"},
+    {"name", "the store's name after the scheme, for a backend whose stores are named "
+             "locally (not checked: shm_check_name); None where the URI is a server's address"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__backend_desc = {
+    "wirehead_torch._C.Backend",
+    "What the scheme table says of a URI's scheme (backend_of).",
+    wh__backend_fields,
+    9,
+};
+
+static PyStructSequence_Field wh__shm_files_fields[] = {
+    {"segment", "the store's segment"},
+    {"params", "its params side file"},
+    {"relay_lock", "the lock file of the relay filling it (a LOCAL_CACHE copy)"},
+    {"relay_state", "that relay's figures"},
+    {"ring_prefix", "the path every DataLoader batch ring file starts with (any store)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc wh__shm_files_desc = {
+    "wirehead_torch._C.ShmFiles",
+    "The /dev/shm files the package makes for an shm store name (shm_files).",
+    wh__shm_files_fields,
+    5,
+};
+
+static int wh__add_float(PyObject *m, const char *name, double v) {
+    PyObject *o = PyFloat_FromDouble(v);
+    if (!o || PyModule_AddObject(m, name, o) < 0) { /* steals o only on success */
+        Py_XDECREF(o);
+        return -1;
+    }
+    return 0;
+}
+
+/* The bounds and defaults C and Python both write: Python reads C's. */
+static int wh__add_bounds(PyObject *m) {
+    if (wh__add_float(m, "SECONDS_MAX", WH_SECONDS_MAX) ||
+        wh__add_float(m, "LEASE_SECONDS_DEFAULT", WH_LEASE_S_DEFAULT) ||
+        wh__add_float(m, "CONNECT_TIMEOUT_DEFAULT", WH_CONNECT_TIMEOUT_S_DEFAULT) ||
+        PyModule_AddIntConstant(m, "SHM_AREAS", WH_SHM_AREAS) ||
+        PyModule_AddIntConstant(m, "SHM_NAME_MAX", WH_SHM_NAME_MAX) ||
+        PyModule_AddIntConstant(m, "PARAMS_MAX", WH_PARAMS_MAX) ||
+        PyModule_AddIntConstant(m, "FIELD_NAME_MAX", WH_MAX_NAME - 1) ||
+        PyModule_AddIntConstant(m, "CHUNK_BYTES_MAX", WH_MONGO_CHUNK_MAX) ||
+        PyModule_AddIntConstant(m, "CHUNK_BYTES_DEFAULT", WH_MONGO_CHUNK_DEFAULT) ||
+        PyModule_AddStringConstant(m, "SHM_DIR", WH_SHMFILE_DIR) ||
+        PyModule_AddStringConstant(m, "RING_PREFIX", WH_SHMFILE_RING))
+        return -1;
+    return 0;
+}
+
 int wh_py_store_fns_exec(PyObject *m, wh_py_state_t *S) {
     if (wh_py_add_record(m, &S->rec_put, &wh__put_desc) < 0 ||
         wh_py_add_record(m, &S->rec_read, &wh__read_desc) < 0 ||
         wh_py_add_record(m, &S->rec_copy, &wh__copy_desc) < 0 ||
-        wh_py_add_record(m, &S->rec_layout, &wh__layout_desc) < 0)
+        wh_py_add_record(m, &S->rec_layout, &wh__layout_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_backend, &wh__backend_desc) < 0 ||
+        wh_py_add_record(m, &S->rec_shm_files, &wh__shm_files_desc) < 0 || wh__add_bounds(m) < 0)
         return -1;
     return PyModule_AddFunctions(m, wh__store_functions);
 }

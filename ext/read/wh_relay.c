@@ -3,8 +3,6 @@
 
 #include <string.h>
 
-#include "wh_backend.h"
-
 typedef struct {
     wh_store_t *dst;
     uint64_t gen, budget, bytes;
@@ -12,7 +10,7 @@ typedef struct {
     bool begun;
 } wh__pull_t;
 
-/* BYTE_BUDGET auto's rule (wh_shm.c) applied to the first sample mirrored. */
+/* BYTE_BUDGET auto's rule (wh_shm_seg.c) applied to the first sample mirrored. */
 static uint64_t wh__budget(const wh_sample_meta_t *meta, uint32_t swap_cap) {
     uint64_t per = 0, all = 0;
     if (!wh_mul_ok(meta->total_size + meta->total_size / 4, swap_cap, &per) ||
@@ -24,14 +22,15 @@ static uint64_t wh__budget(const wh_sample_meta_t *meta, uint32_t swap_cap) {
 static bool wh__pull_dst(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err) {
     wh__pull_t *p = ctx;
     if (!p->begun) {
-        uint64_t budget = p->budget ? p->budget : wh__budget(meta, p->dst->cfg.swap_cap);
+        uint32_t cap = wh_store_config(p->dst)->swap_cap;
+        uint64_t budget = p->budget ? p->budget : wh__budget(meta, cap);
         if (!budget)
-            return wh_err_set(err, WH_E_TOOBIG, "SWAP_CAP=%u samples of %llu bytes overflow",
-                              p->dst->cfg.swap_cap, (unsigned long long)meta->total_size);
-        if (!wh_shm_mirror_begin(p->dst, p->gen, budget, err)) return false;
+            return wh_err_set(err, WH_E_TOOBIG, "SWAP_CAP=%u samples of %llu bytes overflow", cap,
+                              (unsigned long long)meta->total_size);
+        if (!wh_store_mirror_begin(p->dst, p->gen, budget, err)) return false;
         p->begun = true;
     }
-    if (!wh_shm_mirror_reserve(p->dst, p->gen, p->pos, meta->total_size, dst, err)) return false;
+    if (!wh_store_mirror_reserve(p->dst, p->gen, p->pos, meta->total_size, dst, err)) return false;
     p->bytes += meta->total_size;
     return true;
 }
@@ -47,8 +46,8 @@ bool wh_relay_pull(wh_store_t *src, wh_store_t *dst, uint64_t gen, uint64_t budg
     wh__pull_t p = {.dst = dst, .gen = gen, .budget = budget};
     for (uint32_t pos = 0; pos < sc->swap_cap; pos++) {
         p.pos = pos;
-        if (!wh_mongo_read_encoded(src, gen, pos, wh__pull_dst, &p, NULL, err) ||
-            !wh_shm_mirror_commit(dst, gen, pos, err))
+        if (!wh_store_read_encoded(src, gen, pos, wh__pull_dst, &p, NULL, err) ||
+            !wh_store_mirror_commit(dst, gen, pos, err))
             return false;
     }
     /* readers pinning old areas can hold a seal back a while */

@@ -1,9 +1,9 @@
 /* The shm backend's parameters side file (docs/params.md). The store's
  * params calls over the backends are in wh_store.c; the count of a
- * generation's params versions both backends make is in wh_status.c.
+ * generation's params versions both backends make is in wh_backend.c.
  *
- * The shm side file /dev/shm/wirehead-params.NAME (never a store's name:
- * those start "wirehead.") holds a header and two slots. A set, under the
+ * The side file (wh_shm_files: WH_SHMFILE_PARAMS and the store's name,
+ * never a segment's name) holds a header and two slots. A set, under the
  * file's pid lock, writes version v into slot v % 2 inside a seqlock (seq
  * odd while it writes), then publishes v in the header. A read takes no
  * lock: it copies the slot the header names and keeps the copy only when
@@ -24,8 +24,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "wh_backend.h"
 #include "wh_guard.h"
+#include "wh_pfile.h"
 #include "wh_shmfile.h"
 
 #define WH__PF_MAGIC 0x314d524150484857ull /* "WHHPARM1" */
@@ -49,6 +49,7 @@ typedef struct {
 } wh__pfhdr_t;
 
 struct wh_pfile {
+    char path[256];
     wh__pfhdr_t *h;
     int fd;
     dev_t dev;
@@ -59,11 +60,12 @@ struct wh_pfile {
 
 /* ---- the side file ---- */
 
-static bool wh__pf_path(const wh_store_t *st, char *out, size_t cap, wh_err_t *err) {
-    const char *name = st->cfg.uri + strlen("shm://"); /* checked when the store opened */
-    if (strlen(name) + 40 > cap) return wh_err_set(err, WH_E_INVALID, "shm store name too long");
-    snprintf(out, cap, "/dev/shm/wirehead-params.%s", name);
-    return true;
+wh_pfile_t *wh_pfile_new(const char *path) {
+    wh_pfile_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    snprintf(p->path, sizeof p->path, "%s", path);
+    p->fd = -1;
+    return p;
 }
 
 static bool wh__pf_alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
@@ -103,16 +105,9 @@ static bool wh__pf_map(struct wh_pfile *p, int fd, const char *path, wh_err_t *e
 /* Attaches the handle to the side file (creating it when create is set).
  * *absent: no file and create not set (version 0). A handle notices within
  * a second a file removed (`clean`) or made again. */
-static bool wh__pf_ready(wh_store_t *st, bool create, bool *absent, wh_err_t *err) {
+static bool wh__pf_ready(wh_pfile_t *p, bool create, bool *absent, wh_err_t *err) {
     *absent = false;
-    if (!st->pfile) {
-        st->pfile = calloc(1, sizeof *st->pfile);
-        if (!st->pfile) return wh_err_set(err, WH_E_SYS, "out of memory");
-        st->pfile->fd = -1;
-    }
-    struct wh_pfile *p = st->pfile;
-    char path[300];
-    if (!wh__pf_path(st, path, sizeof path, err)) return false;
+    const char *path = p->path;
     uint64_t now = wh_now_mono_ns();
     if (p->h) {
         if (now - p->checked_ns < WH__PF_RECHECK_NS) return true;
@@ -181,27 +176,22 @@ static bool wh__pf_lock(wh__pfhdr_t *h, double wait_s, const char *path, wh_err_
 
 /* The file still holds every mapped byte and is still ours (a file
  * truncated under us is this error, not a SIGBUS at the next load). */
-static bool wh__pf_intact(const wh_store_t *st, wh_err_t *err) {
-    char path[300];
+static bool wh__pf_intact(const wh_pfile_t *p, wh_err_t *err) {
     uint64_t have = 0;
-    if (!wh__pf_path(st, path, sizeof path, err) ||
-        !wh_shmfile_check(st->pfile->fd, path, sizeof(wh__pfhdr_t), &have, err))
-        return false;
-    if (wh_guard_shrunk(st->pfile->h)) /* zero pages since, even if grown back */
+    if (!wh_shmfile_check(p->fd, p->path, sizeof(wh__pfhdr_t), &have, err)) return false;
+    if (wh_guard_shrunk(p->h)) /* zero pages since, even if grown back */
         return wh_err_set(err, WH_E_CORRUPT,
-                          "%s was truncated under this process (%llu bytes now, %zu mapped)", path,
-                          (unsigned long long)have, sizeof(wh__pfhdr_t));
+                          "%s was truncated under this process (%llu bytes now, %zu mapped)",
+                          p->path, (unsigned long long)have, sizeof(wh__pfhdr_t));
     return true;
 }
 
-bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version, wh_err_t *err) {
+bool wh_pfile_set(wh_pfile_t *p, double wait_s, const char *doc, size_t len, uint64_t *version,
+                  wh_err_t *err) {
     bool absent;
-    char path[300];
-    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, true, &absent, err) ||
-        !wh__pf_intact(st, err))
-        return false;
-    wh__pfhdr_t *h = st->pfile->h;
-    if (!wh__pf_lock(h, st->cfg.lease_s, path, err)) return false;
+    if (!wh__pf_ready(p, true, &absent, err) || !wh__pf_intact(p, err)) return false;
+    wh__pfhdr_t *h = p->h;
+    if (!wh__pf_lock(h, wait_s, p->path, err)) return false;
     uint64_t v = __atomic_load_n(&h->version, __ATOMIC_ACQUIRE) + 1;
     wh__pslot_t *s = &h->slot[v % 2];
     uint64_t q = __atomic_load_n(&s->seq, __ATOMIC_RELAXED) | 1; /* odd: being written */
@@ -220,33 +210,31 @@ bool wh_pfile_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version
     return true;
 }
 
-bool wh_pfile_version(wh_store_t *st, uint64_t *version, wh_err_t *err) {
+bool wh_pfile_version(wh_pfile_t *p, uint64_t *version, wh_err_t *err) {
     bool absent;
     *version = 0;
-    if (!wh__pf_ready(st, false, &absent, err)) return false;
+    if (!wh__pf_ready(p, false, &absent, err)) return false;
     if (absent) return true;
-    if (!wh__pf_intact(st, err)) return false;
-    *version = __atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE);
+    if (!wh__pf_intact(p, err)) return false;
+    *version = __atomic_load_n(&p->h->version, __ATOMIC_ACQUIRE);
     return true;
 }
 
-bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err) {
+bool wh_pfile_get(wh_pfile_t *p, uint64_t *version, char **doc, size_t *len, wh_err_t *err) {
     bool absent;
-    char path[300];
+    const char *path = p->path;
     *doc = NULL;
-    if (!wh__pf_path(st, path, sizeof path, err) || !wh__pf_ready(st, false, &absent, err) ||
-        (!absent && !wh__pf_intact(st, err)))
-        return false;
+    if (!wh__pf_ready(p, false, &absent, err) || (!absent && !wh__pf_intact(p, err))) return false;
     char *buf = malloc(WH_PARAMS_MAX + 1);
     if (!buf) return wh_err_set(err, WH_E_SYS, "out of memory");
-    if (absent || !__atomic_load_n(&st->pfile->h->version, __ATOMIC_ACQUIRE)) {
+    if (absent || !__atomic_load_n(&p->h->version, __ATOMIC_ACQUIRE)) {
         memcpy(buf, "{}", 3);
         *doc = buf;
         *len = 2;
         *version = 0;
         return true;
     }
-    wh__pfhdr_t *h = st->pfile->h;
+    wh__pfhdr_t *h = p->h;
     for (int tries = 0; tries < WH__PF_READ_TRIES; tries++) {
         uint64_t v = __atomic_load_n(&h->version, __ATOMIC_ACQUIRE);
         const wh__pslot_t *s = &h->slot[v % 2];
@@ -262,7 +250,7 @@ bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh
             if (tries > 16) wh_sleep_ms(1);
             continue;
         }
-        if (!wh__pf_intact(st, err)) { /* it read zero pages, not the file */
+        if (!wh__pf_intact(p, err)) { /* it read zero pages, not the file */
             free(buf);
             return false;
         }
@@ -282,16 +270,13 @@ bool wh_pfile_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh
     return wh_err_set(err, WH_E_TIMEOUT, "%s: sets kept overtaking the read", path);
 }
 
-void wh_pfile_close(wh_store_t *st) {
-    if (!st->pfile) return;
-    wh__pf_drop(st->pfile);
-    free(st->pfile);
-    st->pfile = NULL;
+void wh_pfile_destroy(wh_pfile_t *p) {
+    if (!p) return;
+    wh__pf_drop(p);
+    free(p);
 }
 
-bool wh_pfile_clean(const char *name, wh_err_t *err) {
-    char path[300];
-    snprintf(path, sizeof path, "/dev/shm/wirehead-params.%s", name);
+bool wh_pfile_clean(const char *path, wh_err_t *err) {
     if (unlink(path) != 0 && errno != ENOENT)
         return wh_err_set(err, WH_E_SYS, "remove %s: %s", path, strerror(errno));
     return true;

@@ -1,7 +1,15 @@
-/* Embedded backend: what its files share (wh_shm.c the segment, open,
- * clean and the vtable; wh_shm_put.c areas and puts; wh_shm_seal.c the
- * lease and the seal; wh_shm_view.c reads, views, pins and fork;
- * wh_shm_status.c status, readers' heartbeats and the relay's mirror).
+/* Embedded backend: what its files share, each calling only those listed
+ * before it (make lint checks that no two call each other round):
+ *   wh_shm_seg.c     the segment: name, files, locks, create and attach,
+ *                    layout and intact checks, the process's shared maps
+ *   wh_pfile.c       the params side file (wh_pfile.h; calls only core/)
+ *   wh_shm_put.c     areas and puts: holes, writers' reservations
+ *   wh_shm_view.c    reads, store-backed views, reader pins (their pruning
+ *                    too), a forked child's pins
+ *   wh_shm_seal.c    the lease and the seal (the next area among unpinned ones)
+ *   wh_shm_mirror.c  a relay's mirror of another store's generation
+ *   wh_shm_status.c  status and readers' heartbeats
+ *   wh_shm.c         open, clean, destroy and the operation table over them
  * Internal: included only by those files. */
 #ifndef WH_SHM_INT_H
 #define WH_SHM_INT_H
@@ -25,14 +33,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wh_backend.h"
 #include "wh_fault.h"
 #include "wh_guard.h"
+#include "wh_pfile.h"
+#include "wh_shm.h"
 #include "wh_shmfile.h"
 
-#define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": 4 slots, reader pins */
+#define WH__SHM_MAGIC 0x324d485344414857ull    /* "WHADSHM2": WH_SHM_AREAS slots, reader pins */
 #define WH__SHM_MAGIC_V1 0x314d485344414857ull /* "WHADSHM1": 3 slots, older builds */
-#define WH__SLOTS 4
+#define WH_SHM_AREAS 4
 #define WH__MAX_PINNERS 64 /* reader processes pinning one slot at a time */
 #define WH__MAX_WRITERS 256
 #define WH__HIST 16
@@ -40,9 +49,10 @@
 
 #define WH__MAX_HOLES 64
 
-/* A lock in the segment: the holder's pid, 0 when free. Not a pthread
- * mutex: glibc aborts the process on some garbage in a robust mutex
- * (found by fuzz_segment), and a segment's bytes may be hostile. */
+/* A lock in the segment: the holder's pid, 0 when free (wh__shm_lock).
+ * Not a pthread mutex: glibc aborts the process on some garbage in a
+ * robust mutex (found by fuzz_segment), and a segment's bytes may be
+ * hostile. */
 typedef struct {
     int32_t owner;    /* atomic */
     uint32_t waiters; /* atomic: sleepers to wake on release */
@@ -123,7 +133,7 @@ typedef struct {
     struct {
         uint64_t generation, time_ns, generated, discarded, seal_ns;
     } hist[WH__HIST];
-    wh__slot_t slots[WH__SLOTS];
+    wh__slot_t slots[WH_SHM_AREAS];
     wh__beat_t readers[WH__MAX_READERS];
     /* a node-local copy's source (wh_store_config_t), set at creation:
      * "" in a plain store */
@@ -135,26 +145,29 @@ typedef struct {
 /* The segment's mappings, shared by the handle and every live view, so a
  * view outlives the handle that made it. */
 typedef struct wh__map {
-    uint64_t refs;  /* atomic */
-    void *rw;       /* the store's own read-write mapping */
-    const void *ro; /* the same segment mapped read-only: views point here */
+    wh_store_map_head_t head; /* the handle's ops, for wh_store_map_unref */
+    uint64_t refs;            /* atomic */
+    void *rw;                 /* the store's own read-write mapping */
+    const void *ro;           /* the same segment mapped read-only: views point here */
     size_t len;
     /* the segment's file: handles of one process on one segment share one
      * map (one mapping to register with a GPU runtime, not one per handle) */
     dev_t dev;
     ino_t ino;
-    char shm_name[256]; /* its store's, for messages */
+    char name[WH_SHM_NAME_MAX + 1]; /* its store's, for messages */
+    char segment[WH_SHM_PATH_MAX];  /* its file's path, for messages */
     struct wh__map *next;
     /* the GPU path's positions verified in this process, per area and for
      * the generation it held then (docs/gpu.md, "Checks") */
     pthread_mutex_t memo_mu;
-    uint64_t memo_gen[WH__SLOTS];
-    uint8_t *memo[WH__SLOTS];
+    uint64_t memo_gen[WH_SHM_AREAS];
+    uint8_t *memo[WH_SHM_AREAS];
 } wh__map_t;
 
 typedef struct {
     wh_store_t base;
-    char shm_name[256];
+    char name[WH_SHM_NAME_MAX + 1]; /* the store's name, checked */
+    wh_shm_files_t files;           /* its files' paths */
     wh__hdr_t *hdr;
     const char *ro; /* read-only mapping of the segment (views) */
     wh__map_t *map;
@@ -173,12 +186,12 @@ typedef struct {
     uint32_t swap_cap;
     uint64_t slot_bytes, index_off, data_off;
     uint64_t mirror_off, mirror_size; /* a relay's reservation for the next position */
+    bool dma_views;                   /* views held for a device copy (wh_store_set_dma_views) */
+    wh_pfile_t *pfile;                /* the params side file */
     /* the config's origin (a node-local copy's source), kept for every attach */
     char origin_id[WH_ORIGIN_ID_LEN];
     char origin_name[WH_ORIGIN_NAME_LEN];
 } wh__shm_t;
-
-extern const wh_store_ops_t wh__shm_ops;
 
 static inline uint64_t wh__ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
@@ -204,42 +217,54 @@ static inline char *wh__data(const wh__shm_t *s, int slot) {
     return (char *)s->hdr + s->data_off + (size_t)slot * s->slot_bytes;
 }
 
-/* wh_shm.c */
+/* wh_shm_seg.c */
 bool wh__shm_lock(wh__lock_t *l, double wait_s, wh_err_t *err);
 void wh__shm_unlock(wh__lock_t *l);
 int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen);
 void wh__shm_hdr_text(char *out, const char *in, size_t n);
 bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err);
 bool wh__shm_ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err);
-void wh__shm_map_unref(wh__map_t *m);
-extern pthread_mutex_t wh__shm_maps_mu;
-void wh__shm_destroy(wh_store_t *st);
-/* wh_shm_put.c */
 bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err);
 /* The error of a segment cut under this process: size -1 when unknown. */
-bool wh__shm_cut(wh_err_t *err, const char *shm_name, long long size, size_t len);
+bool wh__shm_cut(wh_err_t *err, const char *name, const char *segment, long long size, size_t len);
+void wh__shm_map_unref(wh__map_t *m);
+/* the store name in a URI: what follows its scheme's "://" */
+const char *wh__shm_uri_name(const char *uri);
+/* a handle's name, files, origin and token from its config (open) */
+bool wh__shm_init(wh__shm_t *s, const wh_store_config_t *cfg, wh_err_t *err);
+/* removes f's segment (clean) unless it records a source other than
+ * cfg's: a copy goes only as its store's copy, a plain store never as one */
+bool wh__shm_remove(const wh_store_config_t *cfg, const wh_shm_files_t *f, wh_err_t *err);
+/* wh_shm_put.c */
 void wh__shm_prune_writers(wh__slot_t *sl);
 bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                  wh_put_status_t *ps, uint64_t *gen_out, wh_err_t *err);
-/* wh_shm_seal.c */
-bool wh__shm_lease_forged(const wh__hdr_t *h, uint64_t now);
-bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err);
-bool wh__shm_resign(wh_store_t *st, wh_err_t *err);
-void wh__shm_prune_pins(wh__slot_t *sl);
-bool wh__shm_take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
-                            wh_err_t *err);
-bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
 /* wh_shm_view.c */
 bool wh__shm_current(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 bool wh__shm_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                   wh_sample_meta_t *meta, wh_err_t *err);
-bool wh__shm_pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err);
-extern pthread_once_t wh__shm_fork_once;
-void wh__shm_fork_register(void);
+void wh__shm_prune_pins(wh__slot_t *sl);
 bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, void *ctx,
                        wh_sample_meta_t *meta, wh_err_t *err);
 bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known, wh_buf_t **out,
                   wh_sample_meta_t *meta, wh_err_t *err);
+void wh__shm_set_dma_views(wh_store_t *st, bool on);
+void *wh__shm_view_map(const wh_buf_t *view, const void **base, size_t *len);
+void wh__shm_map_release(void *map);
+bool wh__shm_map_in_use(void *map);
+bool wh__shm_view_intact(const wh_buf_t *view, wh_err_t *err);
+/* wh_shm_seal.c */
+bool wh__shm_lease_forged(const wh__hdr_t *h, uint64_t now);
+bool wh__shm_lead(wh_store_t *st, bool *leader, wh_err_t *err);
+bool wh__shm_resign(wh_store_t *st, wh_err_t *err);
+bool wh__shm_take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
+                            wh_err_t *err);
+bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+/* wh_shm_mirror.c (wh_store_mirror_begin and the rest, wh_store.h) */
+bool wh__shm_mirror_begin(wh_store_t *st, uint64_t gen, uint64_t budget, wh_err_t *err);
+bool wh__shm_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
+                            wh_err_t *err);
+bool wh__shm_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err);
 /* wh_shm_status.c */
 bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err);
 bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);

@@ -1,34 +1,7 @@
-/* Embedded backend: areas and puts (the size re-check, an area's
- * bookkeeping checked, holes, writers' reservations, put). */
+/* Embedded backend: areas and puts (an area's bookkeeping checked, holes,
+ * writers' reservations, put). */
 #define _GNU_SOURCE
 #include "wh_shm_int.h"
-
-/* The segment's size, re-checked before its bytes are touched: a segment
- * truncated under this process (damage, a tool) is an error, not SIGBUS. */
-bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err) {
-    struct stat sb;
-    if (s->fd < 0) return true;
-    if (fstat(s->fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
-    /* a shrink seen by the guard stays an error even if the file grew back:
-     * the mapping shows zero pages past the old end, not the file */
-    if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len || wh_guard_shrunk(s->hdr) ||
-        wh_guard_shrunk(s->ro))
-        return wh__shm_cut(err, s->shm_name, (long long)sb.st_size, s->map_len);
-    return true;
-}
-
-bool wh__shm_cut(wh_err_t *err, const char *shm_name, long long size, size_t len) {
-    if (size < 0)
-        return wh_err_set(err, WH_E_CORRUPT,
-                          "shm store '%s' (/dev/shm%s) was truncated under this process; "
-                          "remove it with `wirehead-torch clean` or wt.clean(config)",
-                          shm_name + 10, shm_name);
-    return wh_err_set(err, WH_E_CORRUPT,
-                      "shm store '%s' (/dev/shm%s) was truncated to %lld of its %zu bytes "
-                      "under this process; remove it with `wirehead-torch clean` or "
-                      "wt.clean(config)",
-                      shm_name + 10, shm_name, size, len);
-}
 
 /* An area's bookkeeping checked against the store's own limits before a
  * put trusts it (slot lock held): forged counts or offsets are an error. */
@@ -54,7 +27,7 @@ static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh
         return wh_err_set(err, WH_E_CORRUPT,
                           "shm store '%s' area %d is damaged (%s); remove "
                           "it with `wirehead-torch clean` or wt.clean(config)",
-                          s->shm_name + 10, slot, bad);
+                          s->name, slot, bad);
     return true;
 }
 

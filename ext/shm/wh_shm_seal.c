@@ -1,14 +1,15 @@
 /* Embedded backend: the lease and the seal (the next write area chosen
- * among unpinned ones, dead writers' and readers' claims pruned). */
+ * among unpinned ones, dead writers' reservations and readers' pins
+ * pruned by their rooms). */
 #define _GNU_SOURCE
 #include "wh_shm_int.h"
 
-/* A lease runs at most its holder's LEASE_SECONDS (itself at most the
- * config's bound of 1e6 s) from now: an expiry further out (a damaged
- * segment, leader_pid 1 with a far expiry) would block takeover for ever,
- * so it counts as expired. */
+/* A lease runs at most its holder's LEASE_SECONDS (itself at most
+ * WH_SECONDS_MAX) from now: an expiry further out (a damaged segment,
+ * leader_pid 1 with a far expiry) would block takeover for ever, so it
+ * counts as expired. */
 bool wh__shm_lease_forged(const wh__hdr_t *h, uint64_t now) {
-    const uint64_t max_ns = (uint64_t)1e15;
+    const uint64_t max_ns = (uint64_t)(WH_SECONDS_MAX * 1e9);
     uint64_t ns = h->lease_ns < max_ns ? h->lease_ns : max_ns;
     return h->lease_expiry_ns > now + ns + (uint64_t)1e9;
 }
@@ -47,21 +48,6 @@ bool wh__shm_resign(wh_store_t *st, wh_err_t *err) {
     return true;
 }
 
-/* Drops pins of reader processes that no longer exist and recounts the
- * rest (a reader killed inside wh__shm_pin_add may have left npinners short).
- * Slot lock held. */
-void wh__shm_prune_pins(wh__slot_t *sl) {
-    uint32_t n = 0;
-    for (int i = 0; i < WH__MAX_PINNERS; i++) {
-        if (sl->pins[i].pid && !wh__pid_alive(sl->pins[i].pid)) {
-            __atomic_store_n(&sl->pins[i].count, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
-        }
-        n += sl->pins[i].pid != 0;
-    }
-    sl->npinners = n;
-}
-
 /* The slot the next write generation takes: among slots holding neither
  * the write generation w nor the read generation, the oldest one with no
  * live writer and no live reader pin. Returns it locked in *out, or -1 with
@@ -70,8 +56,8 @@ void wh__shm_prune_pins(wh__slot_t *sl) {
 bool wh__shm_take_next_slot(wh__hdr_t *h, double wait_s, uint64_t w, wh_seal_info_t *info, int *out,
                             wh_err_t *err) {
     uint64_t rg = wh__ld(&h->read_gen);
-    int order[WH__SLOTS], n = 0;
-    for (int i = 0; i < WH__SLOTS; i++) {
+    int order[WH_SHM_AREAS], n = 0;
+    for (int i = 0; i < WH_SHM_AREAS; i++) {
         uint64_t g = wh__ld(&h->slots[i].gen);
         if (g == w || (g && g == rg)) continue;
         int k = n++;
@@ -150,7 +136,7 @@ bool wh__shm_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *
         goto out;
     }
     if (__atomic_load_n(&h->slots[cs].count, __ATOMIC_ACQUIRE) < s->swap_cap) goto out;
-    for (int i = 0; i < WH__SLOTS; i++) {
+    for (int i = 0; i < WH_SHM_AREAS; i++) {
         wh__slot_t *sl = &h->slots[i];
         if (wh__ld(&sl->gen) <= w) continue;
         if (!wh__shm_lock(&sl->lock, st->cfg.lease_s, err)) {

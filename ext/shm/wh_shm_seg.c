@@ -1,17 +1,18 @@
-/* Embedded backend: four generation areas (slots) in one POSIX
+/* Embedded backend: WH_SHM_AREAS generation areas (slots) in one POSIX
  * shared-memory segment. Each slot records the generation it holds; a seal
  * picks the next write slot among those holding neither the write nor the
  * read generation, and skips any a reader still pins (store-backed views).
  *
  * Concurrency: writers reserve bytes and commit positions under the slot's
- * robust mutex (the commit point is the store of count, after the index
- * entry); readers take no lock: they check the slot's generation before and
- * after copying (a seqlock) and report WH_E_GONE if it changed. A slot is
- * recycled only when no live writer still has a reservation in it and no
- * live reader pins it. */
+ * lock (a pid word, wh__shm_lock; the commit point is the store of count,
+ * after the index entry); readers take no lock: they check the slot's
+ * generation before and after copying (a seqlock) and report WH_E_GONE if
+ * it changed. A slot is recycled only when no live writer still has a
+ * reservation in it and no live reader pins it. */
 
-/* This file: the segment (name, create, attach, layout checks, the
- * process's shared maps), open, clean, and the vtable. */
+/* This file, the bottom room of shm/: the segment (its name and files,
+ * locks, create, attach, layout and intact checks, the process's shared
+ * maps). */
 #define _GNU_SOURCE
 #include "wh_shm_int.h"
 
@@ -78,11 +79,12 @@ static void wh__geometry(wh__shm_t *s) {
     s->data_off = s->hdr->data_off;
 }
 
-/* Segment name from the store name: only characters safe in a file name. */
-static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err) {
+/* A store name: only characters safe in a file name. */
+bool wh_shm_check_name(const char *name, wh_err_t *err) {
     size_t n = strlen(name);
-    if (n == 0 || n > 200)
-        return wh_err_set(err, WH_E_INVALID, "shm store name must be 1..200 characters");
+    if (n == 0 || n > WH_SHM_NAME_MAX)
+        return wh_err_set(err, WH_E_INVALID, "shm store name must be 1..%d characters",
+                          WH_SHM_NAME_MAX);
     for (size_t i = 0; i < n; i++) {
         char c = name[i];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -91,8 +93,23 @@ static bool wh__shm_name(const char *name, char *out, size_t cap, wh_err_t *err)
                               "shm store name '%s': use only ASCII letters, digits, '-', '_', '.'",
                               name);
     }
-    snprintf(out, cap, "/wirehead.%s", name);
     return true;
+}
+
+bool wh_shm_files(const char *name, wh_shm_files_t *out, wh_err_t *err) {
+    if (!wh_shm_check_name(name, err)) return false;
+    const char *d = WH_SHMFILE_DIR;
+    snprintf(out->segment, sizeof out->segment, "%s/" WH_SHMFILE_SEGMENT "%s", d, name);
+    snprintf(out->params, sizeof out->params, "%s/" WH_SHMFILE_PARAMS "%s", d, name);
+    snprintf(out->relay_lock, sizeof out->relay_lock, "%s/" WH_SHMFILE_RELAY "%s.lock", d, name);
+    snprintf(out->relay_state, sizeof out->relay_state, "%s/" WH_SHMFILE_RELAY "%s.json", d, name);
+    return true;
+}
+
+/* shm_open(3)'s name of the segment (its path less the directory): for
+ * shm_unlink. */
+static const char *wh__posix_name(const wh__shm_t *s) {
+    return s->files.segment + strlen(WH_SHMFILE_DIR);
 }
 
 /* Views point into a read-only mapping, so a write through one faults
@@ -106,12 +123,22 @@ static bool wh__map_ro(wh__shm_t *s, int fd, wh_err_t *err) {
 }
 
 /* This process's maps, each listed while referenced. */
-pthread_mutex_t wh__shm_maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t wh__maps_mu = PTHREAD_MUTEX_INITIALIZER;
 static wh__map_t *wh__maps;
+
+/* Not left locked in a forked child by another thread. Registered before
+ * the first map is shared, so before the pins' handlers (wh_shm_view.c):
+ * a fork takes the pins' lock first, then this one. */
+static void wh__maps_lock(void) { pthread_mutex_lock(&wh__maps_mu); }
+static void wh__maps_unlock(void) { pthread_mutex_unlock(&wh__maps_mu); }
+static pthread_once_t wh__maps_fork_once = PTHREAD_ONCE_INIT;
+static void wh__maps_fork_register(void) {
+    pthread_atfork(wh__maps_lock, wh__maps_unlock, wh__maps_unlock);
+}
 
 void wh__shm_map_unref(wh__map_t *m) {
     if (!m) return;
-    pthread_mutex_lock(&wh__shm_maps_mu);
+    pthread_mutex_lock(&wh__maps_mu);
     bool last = __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0;
     if (last)
         for (wh__map_t **mm = &wh__maps; *mm; mm = &(*mm)->next)
@@ -119,18 +146,18 @@ void wh__shm_map_unref(wh__map_t *m) {
                 *mm = m->next;
                 break;
             }
-    pthread_mutex_unlock(&wh__shm_maps_mu);
+    pthread_mutex_unlock(&wh__maps_mu);
     if (!last) return;
     wh_guard_munmap(m->rw, m->len);
     wh_guard_munmap((void *)m->ro, m->len);
-    for (int i = 0; i < WH__SLOTS; i++) free(m->memo[i]);
+    for (int i = 0; i < WH_SHM_AREAS; i++) free(m->memo[i]);
     pthread_mutex_destroy(&m->memo_mu);
     free(m);
 }
 
 /* Slot holding generation gen, or -1 (reclaimed, or not yet opened). */
 int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen) {
-    for (int i = 0; gen && i < WH__SLOTS; i++)
+    for (int i = 0; gen && i < WH_SHM_AREAS; i++)
         if (__atomic_load_n(&h->slots[i].gen, __ATOMIC_ACQUIRE) == gen) return i;
     return -1;
 }
@@ -138,8 +165,8 @@ int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen) {
 static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_off,
                        uint64_t *data_off, uint64_t *total, wh_err_t *err) {
     uint64_t idx = wh__page_up(sizeof(wh__hdr_t)), idx_bytes, data_bytes, t;
-    if (!wh_mul_ok((uint64_t)swap_cap * WH__SLOTS, sizeof(wh__entry_t), &idx_bytes) ||
-        !wh_mul_ok(slot_bytes, WH__SLOTS, &data_bytes) ||
+    if (!wh_mul_ok((uint64_t)swap_cap * WH_SHM_AREAS, sizeof(wh__entry_t), &idx_bytes) ||
+        !wh_mul_ok(slot_bytes, WH_SHM_AREAS, &data_bytes) ||
         !wh_add_ok(idx + wh__page_up(idx_bytes), data_bytes, &t))
         return wh_err_set(err, WH_E_INVALID, "shm store size overflows");
     *index_off = idx;
@@ -154,7 +181,7 @@ static bool wh__name_creator(const wh__shm_t *s, int fd, wh_err_t *err) {
     int64_t me = getpid();
     if (ftruncate(fd, (off_t)wh__page_up(sizeof(wh__hdr_t))) != 0 ||
         pwrite(fd, &me, sizeof me, offsetof(wh__hdr_t, creator_pid)) != (ssize_t)sizeof me)
-        return wh_err_set(err, WH_E_SYS, "shm store '%s': %s", s->shm_name + 10, strerror(errno));
+        return wh_err_set(err, WH_E_SYS, "shm store '%s': %s", s->name, strerror(errno));
     return true;
 }
 
@@ -184,7 +211,8 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     if (r != 0) {
         struct statvfs vfs;
         unsigned long long avail = 0;
-        if (statvfs("/dev/shm", &vfs) == 0) avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        if (statvfs(WH_SHMFILE_DIR, &vfs) == 0)
+            avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
         char why[96] = "";
         if (!c->byte_budget)
             snprintf(why, sizeof why,
@@ -193,11 +221,11 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
                      c->swap_cap);
         return wh_err_set(
             err, r == ENOSPC ? WH_E_NOSPACE : WH_E_SYS,
-            "shm store '%s' needs %llu bytes (4 generation areas of BYTE_BUDGET=%llu%s) "
+            "shm store '%s' needs %llu bytes (%d generation areas of BYTE_BUDGET=%llu%s) "
             "but /dev/shm has %llu free (%s); lower BYTE_BUDGET or SWAP_CAP, or "
             "enlarge /dev/shm (docker: --shm-size)",
-            s->shm_name + 10, (unsigned long long)total, (unsigned long long)budget, why, avail,
-            strerror(r));
+            s->name, (unsigned long long)total, WH_SHM_AREAS, (unsigned long long)budget, why,
+            avail, strerror(r));
     }
     void *p = wh_guard_mmap(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return wh_err_set(err, WH_E_SYS, "shm mmap: %s", strerror(errno));
@@ -221,8 +249,7 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     h->created_ns = wh_now_real_ns();
     memcpy(h->origin_id, s->origin_id, sizeof h->origin_id);
     memcpy(h->origin_name, s->origin_name, sizeof h->origin_name);
-    bool ok = true; /* the locks start free: the segment is zero-filled */
-    if (!ok) return wh_err_set(err, WH_E_SYS, "shm: cannot create robust process-shared mutex");
+    /* the locks start free: the segment is zero-filled */
     /* Generation ids start from the wall clock in nanoseconds, so they keep
      * increasing even when the store is removed and created again (no store
      * seals faster than once a nanosecond). */
@@ -306,7 +333,7 @@ static bool wh__hdr_origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *
     char id[WH_ORIGIN_ID_LEN], name[WH_ORIGIN_NAME_LEN];
     wh__shm_hdr_text(id, h->origin_id, sizeof id);
     wh__shm_hdr_text(name, h->origin_name, sizeof name);
-    return wh__origin_ok(s->shm_name + 10, s->origin_id, s->origin_name, id, name, err);
+    return wh__origin_ok(s->name, s->origin_id, s->origin_name, id, name, err);
 }
 
 /* Waits (bounded) for the creator to finish; maps and checks the store. */
@@ -323,7 +350,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             *stale = false;
             return wh_err_set(err, WH_E_NOTFOUND, "shm store '%s' was removed while opening",
-                              s->shm_name + 10);
+                              s->name);
         }
         /* another user's segment (or one others may write) could hand us
          * hostile bytes while we read: refuse it before mapping */
@@ -333,7 +360,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                               "shm store '%s' belongs to uid %u with mode "
                               "%03o; a store must be owned by this user (uid %u) with mode "
                               "0600: remove it or use another name",
-                              s->shm_name + 10, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                              s->name, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
                               (unsigned)geteuid());
         }
         uint64_t magic = 0;
@@ -346,19 +373,19 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             return wh_err_set(err, WH_E_SCHEMA,
                               "shm store '%s' has the segment layout of an "
                               "older wirehead_torch (3 generation areas, no reader pins); this "
-                              "build uses 4 areas with reader pins: stop its users and remove it "
+                              "build uses %d areas with reader pins: stop its users and remove it "
                               "with `wirehead-torch clean` or wt.clean(config)",
-                              s->shm_name + 10);
+                              s->name, WH_SHM_AREAS);
         }
         /* a creator names the segment once it holds the header's pages
          * (wh__create_file): anything shorter, 0 bytes too, was cut */
         if ((uint64_t)sb.st_size < wh__page_up(sizeof(wh__hdr_t))) {
             if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_CORRUPT,
-                              "shm store '%s' (/dev/shm%s) is %lld bytes, less than its header "
+                              "shm store '%s' (%s) is %lld bytes, less than its header "
                               "(%llu): it was truncated; remove it with `wirehead-torch clean` or "
                               "wt.clean(config)",
-                              s->shm_name + 10, s->shm_name, (long long)sb.st_size,
+                              s->name, s->files.segment, (long long)sb.st_size,
                               (unsigned long long)wh__page_up(sizeof(wh__hdr_t)));
         }
         if ((uint64_t)sb.st_size >= sizeof(wh__hdr_t)) {
@@ -383,7 +410,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         if (now > hard_deadline) {
             if (h) wh_guard_munmap(h, sizeof(wh__hdr_t));
             return wh_err_set(err, WH_E_TIMEOUT,
-                              "shm store '%s' is still being created by pid %lld", s->shm_name + 10,
+                              "shm store '%s' is still being created by pid %lld", s->name,
                               (long long)creator);
         }
         wh_sleep_ms(1);
@@ -398,7 +425,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
                         "shm store '%s' has format version %u with a %llu-byte header, this "
                         "build uses version %d with a %zu-byte one; stop its users and remove "
                         "it with `wirehead-torch clean` or wt.clean(config)",
-                        s->shm_name + 10, h->format_version, (unsigned long long)h->hdr_size,
+                        s->name, h->format_version, (unsigned long long)h->hdr_size,
                         WH_FORMAT_VERSION, sizeof(wh__hdr_t));
     } else if (!wh__hdr_origin_ok(s, h, err)) {
         ok = false; /* before SAMPLE and the rest: whose copy it is says most */
@@ -406,8 +433,8 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         ok = wh_err_set(err, WH_E_INVALID,
                         "shm store '%s' was created in another PID namespace "
                         "(another container?); every participant of an shm store must share "
-                        "one (docker: --pid=host or a shared --pid), or use a mongodb:// store",
-                        s->shm_name + 10);
+                        "one (docker: --pid=host or a shared --pid), or use a MongoDB store",
+                        s->name);
     } else if (h->schema_hash != c->schema.hash || h->nfields != (uint32_t)c->schema.nfields) {
         char have[WH_MAX_FIELDS * (WH_MAX_NAME + 2)] = "";
         for (uint32_t i = 0; i < h->nfields && i < WH_MAX_FIELDS; i++) {
@@ -426,26 +453,25 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             wh_err_set(err, WH_E_SCHEMA,
                        "shm store '%s' was created with SAMPLE [%s], the config's SAMPLE is "
                        "[%s]; use another store name or `wirehead-torch clean` or wt.clean(config)",
-                       s->shm_name + 10, have, want);
+                       s->name, have, want);
     } else if (!c->no_create && c->byte_budget && h->slot_bytes != wh__page_up(c->byte_budget)) {
         ok = wh_err_set(
             err, WH_E_SCHEMA,
             "shm store '%s' was created with BYTE_BUDGET=%llu, "
             "config says %llu; the budget is fixed when the store is created: "
             "use the same value, or `wirehead-torch clean` (wt.clean(config)) and start again",
-            s->shm_name + 10, (unsigned long long)h->slot_bytes,
-            (unsigned long long)c->byte_budget);
+            s->name, (unsigned long long)h->slot_bytes, (unsigned long long)c->byte_budget);
     } else if (h->swap_cap != c->swap_cap) {
         ok = wh_err_set(
             err, WH_E_SCHEMA,
             "shm store '%s' was created with SWAP_CAP=%u, config "
             "says %u; use another store name or `wirehead-torch clean` or wt.clean(config)",
-            s->shm_name + 10, h->swap_cap, c->swap_cap);
+            s->name, h->swap_cap, c->swap_cap);
     } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
                index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
                (uint64_t)sb.st_size < total) {
-        ok = wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent",
-                        s->shm_name + 10);
+        ok =
+            wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent", s->name);
     }
     wh_guard_munmap(h, sizeof(wh__hdr_t));
     if (!ok) return false;
@@ -464,12 +490,12 @@ static void wh__unmap_partial(wh__shm_t *s);
  * where this process maps the same segment already, its maps are used and
  * the new ones let go. */
 static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
-    pthread_once(&wh__shm_fork_once, wh__shm_fork_register); /* wh__shm_maps_mu across fork */
-    pthread_mutex_lock(&wh__shm_maps_mu);
+    pthread_once(&wh__maps_fork_once, wh__maps_fork_register);
+    pthread_mutex_lock(&wh__maps_mu);
     for (wh__map_t *m = wh__maps; m; m = m->next)
         if (m->dev == sb->st_dev && m->ino == sb->st_ino && m->len == s->map_len) {
             __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED); /* listed: refs > 0 */
-            pthread_mutex_unlock(&wh__shm_maps_mu);
+            pthread_mutex_unlock(&wh__maps_mu);
             wh__unmap_partial(s);
             s->hdr = m->rw;
             s->ro = m->ro;
@@ -478,9 +504,10 @@ static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
         }
     wh__map_t *m = calloc(1, sizeof *m);
     if (!m) {
-        pthread_mutex_unlock(&wh__shm_maps_mu);
+        pthread_mutex_unlock(&wh__maps_mu);
         return wh_err_set(err, WH_E_SYS, "out of memory");
     }
+    m->head.ops = s->base.ops;
     m->refs = 1;
     pthread_mutex_init(&m->memo_mu, NULL);
     m->rw = s->hdr;
@@ -488,10 +515,11 @@ static bool wh__share_maps(wh__shm_t *s, const struct stat *sb, wh_err_t *err) {
     m->len = s->map_len;
     m->dev = sb->st_dev;
     m->ino = sb->st_ino;
-    snprintf(m->shm_name, sizeof m->shm_name, "%s", s->shm_name);
+    snprintf(m->name, sizeof m->name, "%s", s->name);
+    snprintf(m->segment, sizeof m->segment, "%s", s->files.segment);
     m->next = wh__maps;
     wh__maps = m;
-    pthread_mutex_unlock(&wh__shm_maps_mu);
+    pthread_mutex_unlock(&wh__maps_mu);
     s->map = m;
     return true;
 }
@@ -508,8 +536,7 @@ static void wh__unmap_partial(wh__shm_t *s) {
  * per area when it does not exist and budget is not 0. WH_E_NOSTORE when
  * it does not exist and budget is 0. */
 bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
-    char path[300];
-    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
+    const char *path = s->files.segment;
     for (int attempt = 0; attempt < 5; attempt++) {
         /* made exclusively (never through a planted symlink), mode 0600 */
         int fd = budget ? wh__create_file(s, path, err) : -EEXIST;
@@ -517,7 +544,7 @@ bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
             if (!wh__create(s, fd, budget, err)) {
                 wh__unmap_partial(s);
                 close(fd);
-                shm_unlink(s->shm_name);
+                shm_unlink(wh__posix_name(s));
                 return false;
             }
             s->fd = fd;
@@ -529,8 +556,7 @@ bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
         fd = wh_shmfile_open(path, 0, err);
         if (fd < 0) {
             if (fd == -ENOENT && !budget)
-                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)", s->shm_name + 10,
-                                  path);
+                return wh_err_set(err, WH_E_NOSTORE, "no shm store '%s' (%s)", s->name, path);
             if (fd == -ENOENT) continue; /* removed meanwhile: create it */
             return false;                /* refused or failed: err names the path and why */
         }
@@ -545,11 +571,9 @@ bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
         if (stale) {
             /* half-created by a dead process: remove it, unless another
              * opener already replaced it with a fresh one under the name */
-            char path[300];
             struct stat mine, named;
-            snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
             if (fstat(fd, &mine) == 0 && stat(path, &named) == 0 && mine.st_ino == named.st_ino)
-                shm_unlink(s->shm_name);
+                shm_unlink(wh__posix_name(s));
         }
         close(fd);
         if (!stale && e.code != WH_E_NOTFOUND) {
@@ -558,10 +582,10 @@ bool wh__shm_connect(wh__shm_t *s, uint64_t budget, wh_err_t *err) {
         }
     }
     if (s->fd < 0)
-        return wh_err_set(err, WH_E_SYS, "shm store %s: could not create or open it", s->shm_name);
+        return wh_err_set(err, WH_E_SYS, "shm store '%s': could not create or open it", s->name);
     struct stat sb;
     bool ok = fstat(s->fd, &sb) == 0 ||
-              wh_err_set(err, WH_E_SYS, "shm store %s: fstat: %s", s->shm_name, strerror(errno));
+              wh_err_set(err, WH_E_SYS, "shm store '%s': fstat: %s", s->name, strerror(errno));
     if (!ok || !wh__share_maps(s, &sb, err)) {
         wh__unmap_partial(s);
         close(s->fd);
@@ -588,16 +612,15 @@ static void wh__detach(wh__shm_t *s) {
 /* True when the store's name no longer names the segment this handle maps
  * (`wirehead-torch clean` removed it, or it was created again). */
 static bool wh__replaced(const wh__shm_t *s) {
-    char path[300];
     struct stat named;
-    snprintf(path, sizeof path, "/dev/shm%s", s->shm_name);
-    if (stat(path, &named) != 0) return errno == ENOENT;
+    if (stat(s->files.segment, &named) != 0) return errno == ENOENT;
     return named.st_dev != s->dev || named.st_ino != s->ino;
 }
 
 /* BYTE_BUDGET auto: room for SWAP_CAP samples of this one's encoded size,
  * a quarter more for samples that vary a little, and a MiB so tiny samples
- * still fit. So the segment (4 areas) takes about 5 x SWAP_CAP x sample. */
+ * still fit. So the segment (WH_SHM_AREAS areas) takes about
+ * 5 x SWAP_CAP x sample. */
 static uint64_t wh__auto_budget(const wh__shm_t *s, const wh_array_t *arr, int n) {
     wh_sample_meta_t meta;
     uint64_t per = 0, all = 0;
@@ -645,45 +668,66 @@ bool wh__shm_ready(wh__shm_t *s, const wh_array_t *arr, int n, wh_err_t *err) {
                    "shm store '%s' does not exist yet: with BYTE_BUDGET auto "
                    "the first generator's first sample creates it (start a generator, or set "
                    "BYTE_BUDGET)",
-                   s->shm_name + 10);
+                   s->name);
     return false;
 }
 
-wh_store_t *wh_shm_open(const wh_store_config_t *cfg, wh_err_t *err) {
-    const char *name = cfg->uri + strlen("shm://");
-    if (cfg->byte_budget && cfg->byte_budget < 4096)
-        return wh_err_set(err, WH_E_INVALID, "BYTE_BUDGET must be at least 4096 bytes"), NULL;
-    wh__shm_t *s = calloc(1, sizeof *s);
-    if (!s) return wh_err_set(err, WH_E_SYS, "out of memory"), NULL;
-    s->base.ops = &wh__shm_ops;
+/* The segment's size, re-checked before its bytes are touched: a segment
+ * truncated under this process (damage, a tool) is an error, not SIGBUS. */
+bool wh__shm_intact(const wh__shm_t *s, wh_err_t *err) {
+    struct stat sb;
+    if (s->fd < 0) return true;
+    if (fstat(s->fd, &sb) != 0) return wh_err_set(err, WH_E_SYS, "shm fstat: %s", strerror(errno));
+    /* a shrink seen by the guard stays an error even if the file grew back:
+     * the mapping shows zero pages past the old end, not the file */
+    if (sb.st_size < 0 || (uint64_t)sb.st_size < s->map_len || wh_guard_shrunk(s->hdr) ||
+        wh_guard_shrunk(s->ro))
+        return wh__shm_cut(err, s->name, s->files.segment, (long long)sb.st_size, s->map_len);
+    return true;
+}
+
+bool wh__shm_cut(wh_err_t *err, const char *name, const char *segment, long long size, size_t len) {
+    if (size < 0)
+        return wh_err_set(err, WH_E_CORRUPT,
+                          "shm store '%s' (%s) was truncated under this process; "
+                          "remove it with `wirehead-torch clean` or wt.clean(config)",
+                          name, segment);
+    return wh_err_set(err, WH_E_CORRUPT,
+                      "shm store '%s' (%s) was truncated to %lld of its %zu bytes "
+                      "under this process; remove it with `wirehead-torch clean` or "
+                      "wt.clean(config)",
+                      name, segment, size, len);
+}
+
+const char *wh__shm_uri_name(const char *uri) {
+    const char *name = strstr(uri, "://"); /* the scheme table matched "<scheme>://" */
+    return name ? name + 3 : "";
+}
+
+bool wh__shm_init(wh__shm_t *s, const wh_store_config_t *cfg, wh_err_t *err) {
+    const char *name = wh__shm_uri_name(cfg->uri);
+    if (!wh_shm_files(name, &s->files, err)) return false;
+    snprintf(s->name, sizeof s->name, "%s", name);
     s->base.cfg = *cfg;
     s->pid = getpid();
     s->fd = -1;
     if (getrandom(&s->token, sizeof s->token, 0) != sizeof s->token)
         s->token = wh_now_real_ns() ^ ((uint64_t)s->pid << 32);
     s->token |= 1;
-    if (!wh__shm_name(name, s->shm_name, sizeof s->shm_name, err)) goto fail;
     if (cfg->origin_id) {
-        if (!cfg->origin_id[0] || strlen(cfg->origin_id) >= sizeof s->origin_id) {
-            wh_err_set(err, WH_E_INVALID, "origin_id must be 1..%d characters",
-                       WH_ORIGIN_ID_LEN - 1);
-            goto fail;
-        }
+        if (!cfg->origin_id[0] || strlen(cfg->origin_id) >= sizeof s->origin_id)
+            return wh_err_set(err, WH_E_INVALID, "origin_id must be 1..%d characters",
+                              WH_ORIGIN_ID_LEN - 1);
         wh__shm_hdr_text(s->origin_id, cfg->origin_id, sizeof s->origin_id);
         wh__shm_hdr_text(s->origin_name, cfg->origin_name ? cfg->origin_name : "",
                          sizeof s->origin_name);
     }
-    wh_err_t e = {0};
-    if (wh__shm_ready(s, NULL, 0, &e)) return &s->base;
-    /* BYTE_BUDGET auto and no segment yet: every operation but a put sees
-     * an empty store until a generator's first put creates it */
-    if (e.code == WH_E_NOSTORE && !cfg->byte_budget && !cfg->no_create) return &s->base;
-    if (e.code == WH_E_NOSTORE && cfg->no_create)
-        wh_err_set(&e, WH_E_NOTFOUND, "no shm store '%s' (/dev/shm%s)", name, s->shm_name);
-    if (err) *err = e;
-fail:
-    free(s);
-    return NULL;
+    return true;
+}
+
+bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, uint64_t *total, wh_err_t *err) {
+    uint64_t index_off, data_off;
+    return wh__layout(swap_cap, wh__page_up(byte_budget), &index_off, &data_off, total, err);
 }
 
 void wh_shm_layout(wh_shm_layout_t *l) {
@@ -723,11 +767,10 @@ static bool wh__origin_of(int fd, char *id, char *name) {
 }
 
 bool wh_shm_origin(const char *name, bool *found, char *id, char *oname, wh_err_t *err) {
-    char n[256], path[300];
+    wh_shm_files_t f;
     *found = false;
-    if (!wh__shm_name(name, n, sizeof n, err)) return false;
-    snprintf(path, sizeof path, "/dev/shm%s", n);
-    int fd = wh_shmfile_open(path, 0, err);
+    if (!wh_shm_files(name, &f, err)) return false;
+    int fd = wh_shmfile_open(f.segment, 0, err);
     if (fd == -ENOENT) return true;
     if (fd < 0) return false;
     *found = wh__origin_of(fd, id, oname);
@@ -738,18 +781,16 @@ bool wh_shm_origin(const char *name, bool *found, char *id, char *oname, wh_err_
                                 name);
 }
 
-bool wh_shm_clean(const wh_store_config_t *cfg, wh_err_t *err) {
-    const char *name = cfg->uri + strlen("shm://");
-    char n[256], path[300], id[WH_ORIGIN_ID_LEN], oname[WH_ORIGIN_NAME_LEN];
-    if (!wh__shm_name(name, n, sizeof n, err)) return false;
-    snprintf(path, sizeof path, "/dev/shm%s", n);
+bool wh__shm_remove(const wh_store_config_t *cfg, const wh_shm_files_t *f, wh_err_t *err) {
+    const char *name = wh__shm_uri_name(cfg->uri);
+    char id[WH_ORIGIN_ID_LEN], oname[WH_ORIGIN_NAME_LEN];
     /* a copy is removed only as the copy of its store, a plain store only
      * as one: clean must not take a store for another's copy (or the
      * reverse). A segment that is not a whole one of this build (another
      * user's, being made, cut, an older layout) records nothing to check:
      * every opener refuses it, naming clean, so it goes as before. */
     wh_err_t e = {0};
-    int fd = wh_shmfile_open(path, 0, &e);
+    int fd = wh_shmfile_open(f->segment, 0, &e);
     if (fd >= 0) {
         struct stat mine, named;
         bool ok = true;
@@ -758,42 +799,14 @@ bool wh_shm_clean(const wh_store_config_t *cfg, wh_err_t *err) {
                            cfg->origin_name ? cfg->origin_name : "", id, oname, err))
             ok = wh_err_prefix(err, "nothing removed");
         /* removed only while the name still names the segment checked */
-        if (ok && (fstat(fd, &mine) != 0 || stat(path, &named) != 0 ||
+        if (ok && (fstat(fd, &mine) != 0 || stat(f->segment, &named) != 0 ||
                    mine.st_dev != named.st_dev || mine.st_ino != named.st_ino))
             ok = wh_err_set(err, WH_E_SCHEMA, "shm store '%s' was replaced while being removed",
                             name);
         close(fd);
         if (!ok) return false;
     }
-    if (shm_unlink(n) != 0 && errno != ENOENT)
-        return wh_err_set(err, WH_E_SYS, "shm_unlink %s: %s", n, strerror(errno));
+    if (unlink(f->segment) != 0 && errno != ENOENT)
+        return wh_err_set(err, WH_E_SYS, "remove %s: %s", f->segment, strerror(errno));
     return true;
 }
-
-void wh__shm_destroy(wh_store_t *st) {
-    wh__shm_t *s = (wh__shm_t *)st;
-    wh_guard_ensure(); /* at exit too: leaving the readers' table writes the segment */
-    if (getpid() == s->pid) wh__shm_beat_drop(s);
-    wh__shm_map_unref(s->map); /* unmapped once the last view is gone too */
-    if (s->fd >= 0) close(s->fd);
-    free(s);
-}
-
-const wh_store_ops_t wh__shm_ops = {
-    .scheme = "shm",
-    .put = wh__shm_put,
-    .lead = wh__shm_lead,
-    .resign = wh__shm_resign,
-    .seal = wh__shm_seal,
-    .current = wh__shm_current,
-    .read = wh__shm_read,
-    .status = wh__shm_status,
-    .view = wh__shm_view,
-    .beat = wh__shm_beat,
-    .beat_every_s = WH_READER_BEAT_S,
-    .read_held = wh__shm_read_held,
-    .params_set = wh_pfile_set,
-    .params_get = wh_pfile_get,
-    .params_version = wh_pfile_version,
-    .destroy = wh__shm_destroy,
-};

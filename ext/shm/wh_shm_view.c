@@ -176,8 +176,23 @@ static uint64_t wh__held_elsewhere(const wh__map_t *map, int slot) {
     return 0;
 }
 
+/* Drops pins of reader processes that no longer exist and recounts the
+ * rest (a reader killed inside wh__shm_pin_add may have left npinners short).
+ * Slot lock held. */
+void wh__shm_prune_pins(wh__slot_t *sl) {
+    uint32_t n = 0;
+    for (int i = 0; i < WH__MAX_PINNERS; i++) {
+        if (sl->pins[i].pid && !wh__pid_alive(sl->pins[i].pid)) {
+            __atomic_store_n(&sl->pins[i].count, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&sl->pins[i].pid, 0, __ATOMIC_RELAXED);
+        }
+        n += sl->pins[i].pid != 0;
+    }
+    sl->npinners = n;
+}
+
 /* Adds n pins of pid to slot (slot lock held). */
-bool wh__shm_pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err) {
+static bool wh__shm_pin_add(wh__slot_t *sl, pid_t pid, uint32_t n, wh_err_t *err) {
     int free_i = -1;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < WH__MAX_PINNERS; i++) {
@@ -244,17 +259,15 @@ static void wh__view_release(wh_buf_t *b) {
  * no views. */
 #define WH__FORK_WAIT_MS 10000
 static int wh__fork_pipe[2] = {-1, -1};
-pthread_once_t wh__shm_fork_once = PTHREAD_ONCE_INIT;
+static pthread_once_t wh__fork_once = PTHREAD_ONCE_INIT;
 
 static void wh__fork_prepare(void) {
     pthread_mutex_lock(&wh__pin_mu);
-    pthread_mutex_lock(&wh__shm_maps_mu); /* not left locked in the child by another thread */
     if (wh__nheld && pipe2(wh__fork_pipe, O_CLOEXEC) != 0)
         wh__fork_pipe[0] = wh__fork_pipe[1] = -1; /* no pipe: the parent waits for nobody */
 }
 
 static void wh__fork_parent(void) {
-    pthread_mutex_unlock(&wh__shm_maps_mu);
     if (wh__fork_pipe[1] >= 0) {
         close(wh__fork_pipe[1]);
         struct pollfd p = {wh__fork_pipe[0], POLLIN, 0};
@@ -273,7 +286,6 @@ static void wh__fork_parent(void) {
 
 static void wh__fork_child(void) {
     pid_t me = getpid();
-    pthread_mutex_unlock(&wh__shm_maps_mu);
     if (wh__fork_pipe[0] >= 0) close(wh__fork_pipe[0]);
     for (size_t i = 0; i < wh__nheld; i++) {
         wh__held_t *e = &wh__held[i];
@@ -308,7 +320,7 @@ static void wh__fork_child(void) {
     pthread_mutex_unlock(&wh__pin_mu); /* locked by this thread in prepare */
 }
 
-void wh__shm_fork_register(void) {
+static void wh__fork_register(void) {
     pthread_atfork(wh__fork_prepare, wh__fork_parent, wh__fork_child);
 }
 
@@ -329,6 +341,7 @@ bool wh__shm_read_held(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn
     if (!wh__sealed_area(s, gen, &slot, err)) return false;
     wh__hdr_t *h = s->hdr;
     wh__slot_t *sl = &h->slots[slot];
+    pthread_once(&wh__fork_once, wh__fork_register); /* wh__pin_mu across a fork */
     pthread_mutex_lock(&wh__pin_mu);
     bool ok = wh__shm_lock(&sl->lock, st->cfg.lease_s, err);
     if (ok) {
@@ -353,11 +366,11 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *kn
     wh__slot_t *sl = &h->slots[slot];
     wh__view_t *v = calloc(1, sizeof *v);
     if (!v) return wh_err_set(err, WH_E_SYS, "out of memory");
-    pthread_once(&wh__shm_fork_once, wh__shm_fork_register);
+    pthread_once(&wh__fork_once, wh__fork_register);
     pthread_mutex_lock(&wh__pin_mu);
     bool locked = wh__shm_lock(&sl->lock, st->cfg.lease_s, err), ok = locked;
     if (ok && wh__ld(&sl->gen) != gen) ok = wh__gone(gen, err);
-    uint64_t other = ok && !st->dma_views ? wh__held_elsewhere(s->map, slot) : 0;
+    uint64_t other = ok && !s->dma_views ? wh__held_elsewhere(s->map, slot) : 0;
     if (ok && other)
         ok = wh_err_set(err, WH_E_PINNED,
                         "this process (pid %d) still holds views of generation "
@@ -366,7 +379,7 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *kn
                         (int)s->pid, (unsigned long long)other, (unsigned long long)gen);
     if (ok) ok = wh__shm_pin_add(sl, s->pid, 1, err);
     if (locked) wh__shm_unlock(&sl->lock);
-    v->listed = !st->dma_views;
+    v->listed = !s->dma_views;
     if (ok && v->listed && !wh__held_add(s->map, slot, gen)) {
         wh__pin_drop(h, slot, gen, s->pid);
         ok = wh_err_set(err, WH_E_SYS, "out of memory");
@@ -391,11 +404,11 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *kn
         /* the GPU path checks a sealed sample's bytes once per process: its
          * copies are DMA, and hashing every byte again each epoch would make
          * the host, not the link, the bound */
-        bool memo = ok && st->dma_views && wh__memo_has(s->map, slot, gen, pos);
+        bool memo = ok && s->dma_views && wh__memo_has(s->map, slot, gen, pos);
         for (int i = 0; ok && !memo && st->cfg.verify_reads && i < meta.nfields; i++)
             if (!(known && known[i] && known[i] == meta.f[i].checksum))
                 ok = wh_sample_verify(&st->cfg.schema, &meta, i, src + meta.f[i].offset, err);
-        if (ok && !memo && st->dma_views && st->cfg.verify_reads)
+        if (ok && !memo && s->dma_views && st->cfg.verify_reads)
             wh__memo_set(s->map, slot, gen, pos, s->swap_cap);
     }
     if (!ok) {
@@ -421,7 +434,9 @@ bool wh__shm_view(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *kn
     return true;
 }
 
-void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len) {
+void wh__shm_set_dma_views(wh_store_t *st, bool on) { ((wh__shm_t *)st)->dma_views = on; }
+
+void *wh__shm_view_map(const wh_buf_t *view, const void **base, size_t *len) {
     if (!view || view->release != wh__view_release) return NULL;
     wh__map_t *m = ((const wh__view_t *)view->owner)->map;
     __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED);
@@ -430,15 +445,15 @@ void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len) {
     return m;
 }
 
-void wh_store_map_unref(void *map) { wh__shm_map_unref(map); }
+void wh__shm_map_release(void *map) { wh__shm_map_unref(map); }
 
-bool wh_store_view_intact(const wh_buf_t *view, wh_err_t *err) {
+bool wh__shm_view_intact(const wh_buf_t *view, wh_err_t *err) {
     if (!view || view->release != wh__view_release) return true;
     const wh__map_t *m = ((const wh__view_t *)view->owner)->map;
     long long size;
-    return !wh_guard_cut(m->ro, &size) || wh__shm_cut(err, m->shm_name, size, m->len);
+    return !wh_guard_cut(m->ro, &size) || wh__shm_cut(err, m->name, m->segment, size, m->len);
 }
 
-bool wh_store_map_in_use(void *map) {
+bool wh__shm_map_in_use(void *map) {
     return __atomic_load_n(&((wh__map_t *)map)->refs, __ATOMIC_ACQUIRE) > 1;
 }

@@ -1,33 +1,19 @@
-/* Store dispatch: picks the backend from the URI scheme. */
+/* The store's dispatch: a handle's calls through its backend's operation
+ * table (opened through the scheme table, wh_scheme.c), the one read policy
+ * every reader uses, and the params calls. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "wh_backend.h"
 #include "wh_guard.h"
-
-static bool wh__is(const char *uri, const char *scheme) {
-    return strncmp(uri, scheme, strlen(scheme)) == 0;
-}
+#include "wh_store_int.h"
 
 const wh_store_config_t *wh_store_config(const wh_store_t *st) { return &st->cfg; }
 
-bool wh_store_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err) {
-    if (!cfg->uri || !(wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
-        return wh_err_set(err, WH_E_INVALID, "collections: not a mongodb:// store");
-    return wh_mongo_collections(cfg, names, err);
-}
-
-void wh_store_names_free(char **names) {
-    if (names) wh_mongo_names_free(names);
-}
-
 static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err);
 
-/* The fork guard, one meaning for both backends: a handle belongs to the
- * process that opened it (shared locks, a MongoDB client's sockets). */
 bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
     wh_guard_ensure(); /* every store call may touch a shared mapping */
     if (getpid() != st->pid)
@@ -36,17 +22,11 @@ bool wh_store_here(const wh_store_t *st, wh_err_t *err) {
 }
 
 wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
-    wh_store_t *st = NULL;
     if (!cfg->uri) return wh_err_set(err, WH_E_INVALID, "no store URI"), NULL;
     if (!wh_swap_cap_check(cfg->swap_cap, "SWAP_CAP", err)) return NULL;
-    if (wh__is(cfg->uri, "shm://"))
-        st = wh_shm_open(cfg, err);
-    else if (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://"))
-        st = wh_mongo_open(cfg, err);
-    else
-        return wh_err_set(err, WH_E_INVALID,
-                          "store URI must start with shm:// or mongodb:// (STORE key)"),
-               NULL;
+    const wh_store_ops_t *ops = wh_scheme_ops(cfg->uri, err);
+    if (!ops) return NULL;
+    wh_store_t *st = ops->open(cfg, err);
     if (!st) return NULL;
     st->pid = (int)getpid();
     memset(&st->beat, 0, sizeof st->beat);
@@ -71,7 +51,6 @@ wh_store_t *wh_store_open(const wh_store_config_t *cfg, wh_err_t *err) {
 
 void wh_store_destroy(wh_store_t *st) {
     if (!st) return;
-    wh_pfile_close(st);
     free(st->uri);
     st->ops->destroy(st);
 }
@@ -114,14 +93,6 @@ bool wh_store_read(wh_store_t *st, uint64_t gen, uint32_t pos, wh_dest_fn fn, vo
 bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err) {
     if (!wh_store_here(st, err)) return false;
     return st->ops->status(st, out, err);
-}
-
-bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err) {
-    if (cfg->uri && wh__is(cfg->uri, "shm://"))
-        return wh_shm_clean(cfg, err) && wh_pfile_clean(cfg->uri + 6, err);
-    if (cfg->uri && (wh__is(cfg->uri, "mongodb://") || wh__is(cfg->uri, "mongodb+srv://")))
-        return wh_mongo_clean(cfg, err);
-    return wh_err_set(err, WH_E_INVALID, "store URI must start with shm:// or mongodb://");
 }
 
 bool wh_store_wait_gen(wh_store_t *st, uint64_t newer_than, double timeout_s, const bool *stop,
@@ -181,16 +152,14 @@ bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
 bool wh_store_view_known(wh_store_t *st, uint64_t gen, uint32_t pos, const uint64_t *known,
                          wh_buf_t **out, wh_sample_meta_t *meta, wh_err_t *err) {
     if (!wh_store_here(st, err)) return false;
-    if (!st->ops->view)
-        return wh_err_set(err, WH_E_INVALID,
-                          "store-backed views need an shm:// store; %s "
-                          "stores are read as copies",
-                          st->ops->scheme);
+    if (!st->ops->view) return wh_store_lacks(st, WH_CAP_VIEWS, "store-backed views", err);
     if (!wh_store_pos_check(st, pos, err)) return false;
     return st->ops->view(st, gen, pos, known, out, meta, err);
 }
 
-void wh_store_set_dma_views(wh_store_t *st, bool on) { st->dma_views = on; }
+void wh_store_set_dma_views(wh_store_t *st, bool on) {
+    if (st->ops->set_dma_views) st->ops->set_dma_views(st, on);
+}
 
 /* One attempt of the read policy: a copy (read) or a view. */
 typedef struct {
@@ -367,7 +336,7 @@ bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_
                 out->skipped++;
                 continue;
             }
-            wh__gen_params_add(out, meta.params_version);
+            wh_gen_params_add(out, meta.params_version);
         }
     }
     st->gp_gen = gen;
@@ -397,4 +366,37 @@ static bool wh__params_filter_gen(wh_store_t *st, uint64_t *gen, wh_err_t *err) 
     }
     *gen = st->pv_ok_gen;
     return true;
+}
+
+/* ---- the node-local tier's copy (wh_relay.c): source and target ---- */
+
+bool wh_store_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                           wh_sample_meta_t *meta, wh_err_t *err) {
+    if (!wh_store_here(st, err)) return false;
+    if (!st->ops->read_encoded)
+        return wh_store_lacks(st, WH_CAP_RELAY_SOURCE, "encoded reads (a relay's source)", err);
+    if (!wh_store_pos_check(st, pos, err)) return false;
+    return st->ops->read_encoded(st, gen, pos, fn, ctx, meta, err);
+}
+
+/* The mirror's three calls check alike. */
+static bool wh__mirror_ok(wh_store_t *st, wh_err_t *err) {
+    if (!wh_store_here(st, err)) return false;
+    if (!(wh_store_caps(st) & WH_CAP_RELAY_TARGET))
+        return wh_store_lacks(st, WH_CAP_RELAY_TARGET,
+                              "mirrored generations (a relay's copy, LOCAL_CACHE)", err);
+    return true;
+}
+
+bool wh_store_mirror_begin(wh_store_t *st, uint64_t gen, uint64_t budget, wh_err_t *err) {
+    return wh__mirror_ok(st, err) && st->ops->mirror_begin(st, gen, budget, err);
+}
+
+bool wh_store_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
+                             wh_err_t *err) {
+    return wh__mirror_ok(st, err) && st->ops->mirror_reserve(st, gen, pos, size, dst, err);
+}
+
+bool wh_store_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err) {
+    return wh__mirror_ok(st, err) && st->ops->mirror_commit(st, gen, pos, err);
 }

@@ -1,4 +1,5 @@
-/* The store interface both backends implement (shm://, mongodb://).
+/* The store: what callers use, over whichever backend a URI's scheme names
+ * (the scheme table, wh_scheme.c). Its types are in wh_store_types.h.
  *
  * Generations are numbered; gen 0 means "none". The write generation takes
  * the first swap_cap committed samples; a seal makes it the read generation
@@ -7,116 +8,7 @@
 #ifndef WH_STORE_H
 #define WH_STORE_H
 
-#include "wh.h"
-#include "wh_sample.h"
-
-typedef struct wh_store wh_store_t;
-
-/* Strings are borrowed for the duration of wh_store_open only: a backend
- * copies what it keeps (the handle's cfg.uri is an owned copy; cfg.dbname
- * and cfg.prefix are NULL after open). */
-typedef struct {
-    const char *uri;   /* "shm://NAME" or "mongodb://..." */
-    uint32_t swap_cap; /* samples per generation */
-    wh_schema_t schema;
-    uint64_t byte_budget;     /* shm: bytes for each of the 4 generation areas; 0: auto,
-                                 sized from the first sample put, and only a put creates
-                                 the store (every other opener waits for it) */
-    uint64_t chunk_bytes;     /* mongo: max chunk document payload */
-    const char *dbname;       /* mongo: database when the URI names none */
-    const char *prefix;       /* mongo: collection name prefix */
-    double lease_s;           /* manager lease; a dead leader is replaced after this */
-    double connect_timeout_s; /* mongo: bounded wait for the server */
-    bool verify_reads;        /* check XXH3 of every field read */
-    bool no_create;           /* open only an existing store (WH_E_NOTFOUND otherwise) */
-    uint64_t min_params;      /* readers: wh_store_set_min_params at open (0: none) */
-    /* shm, a node-local copy (docs/relay.md): what names the store it mirrors,
-     * recorded when the copy is created and checked at every attach (a copy
-     * of another source, or a plain store, is refused); NULL: a plain store */
-    const char *origin_id;   /* a digest, shorter than WH_ORIGIN_ID_LEN */
-    const char *origin_name; /* the same in words, redacted: for messages and status */
-} wh_store_config_t;
-
-#define WH_ORIGIN_ID_LEN 48
-#define WH_ORIGIN_NAME_LEN 160
-
-typedef enum {
-    WH_PUT_ACCEPTED = 0, /* committed into the write generation */
-    WH_PUT_DISCARDED,    /* write generation already had swap_cap samples */
-    WH_PUT_WAIT          /* byte budget full: nothing stored, call again */
-} wh_put_status_t;
-
-typedef struct {
-    uint64_t generation;  /* the generation just sealed */
-    uint64_t generated;   /* samples accepted into all generations so far */
-    uint64_t discarded;   /* surplus puts discarded so far */
-    uint64_t seal_ns;     /* time the seal itself took */
-    uint64_t blocked_pid; /* not sealed: a live writer (pid) still writes into the
-                              area the next generation needs (shm), or a live reader
-                              pins it (blocked_reader); 0 otherwise */
-    bool blocked_reader;  /* blocked_pid is a reader holding views of blocked_gen */
-    uint64_t blocked_gen;
-} wh_seal_info_t;
-
-typedef struct {
-    uint64_t read_gen; /* 0 if none yet */
-    uint64_t write_gen;
-    uint32_t write_fill; /* committed samples in the write generation */
-    uint32_t swap_cap;
-    uint64_t write_bytes; /* bytes reserved in the write area */
-    uint64_t byte_budget;
-    uint64_t store_bytes; /* shm: the whole segment (4 areas, index, header) */
-    uint64_t creator_pid; /* shm: the process that created the segment */
-    uint64_t generated;   /* total accepted */
-    uint64_t discarded;   /* total surplus */
-    uint64_t seals;       /* total seals */
-    uint64_t last_put_ns; /* CLOCK_REALTIME of the newest put by any generator; 0: none yet */
-    uint64_t leader_pid;  /* 0 if no live lease (shm: pid; mongo: 0/1) */
-    double lease_left_s;
-    int nareas; /* shm: generation areas, with their reader pins */
-    struct {
-        uint64_t generation; /* 0: never used */
-        uint32_t pins;       /* live views of its samples, all processes */
-        uint32_t pinners;    /* processes holding them */
-        int64_t pin_pid;     /* one of them */
-    } areas[8];
-    int nhistory; /* last seals, newest last */
-    struct {
-        uint64_t generation;
-        uint64_t time_ns; /* CLOCK_REALTIME at seal */
-        uint64_t generated;
-        uint64_t discarded;
-        uint64_t seal_ns;
-    } history[16];
-    /* shm: the source a node-local copy records ("": none, a plain store) */
-    char origin_id[WH_ORIGIN_ID_LEN];
-    char origin_name[WH_ORIGIN_NAME_LEN];
-    int nreaders; /* reader processes that beat in the last WH_READER_LIVE_S */
-    struct {
-        uint64_t pid;
-        char host[64];       /* mongo: the reader's host; "" on shm */
-        uint64_t generation; /* the generation it reads now */
-        uint64_t reads;      /* samples it has read in all */
-        uint64_t gen_reads;  /* samples read of that generation (reuse: / swap_cap) */
-        double up_s;         /* since its first read */
-        double age_s;        /* since its last beat */
-    } readers[16];
-} wh_status_t;
-
-/* Readers leave a small heartbeat in the store (every read through the read
- * policy counts; a beat every WH_READER_BEAT_S, WH_READER_BEAT_MONGO_S on
- * MongoDB where it is a round trip) so `status` can list them; a reader
- * silent for WH_READER_LIVE_S is gone. */
-#define WH_READER_BEAT_S 1.0
-#define WH_READER_BEAT_MONGO_S 5.0
-#define WH_READER_LIVE_S 30.0
-
-/* Destination callback for reads: given the validated meta of the sample
- * at (gen, pos), set dst[i] for each field i to a buffer of at least
- * meta->f[i].nbytes bytes (or NULL to skip that field). Return false with
- * err set to refuse (e.g. shape differs from the batch); the read then
- * fails with that error. Called with no lock held. */
-typedef bool (*wh_dest_fn)(void *ctx, const wh_sample_meta_t *meta, void **dst, wh_err_t *err);
+#include "wh_store_types.h"
 
 /* Opens (creating on first use) the store named by cfg->uri. With an shm
  * store and byte_budget 0 only a put creates the segment: until one has,
@@ -196,7 +88,8 @@ bool wh_store_read_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
  * pins the generation's area for this process until its last reference
  * goes; checksums are verified once, here. WH_E_PINNED when this process
  * already pins another generation (one at a time) or too many processes pin
- * this one; WH_E_INVALID on a store without views (mongodb). */
+ * this one; WH_E_INVALID on a store whose backend has no views
+ * (WH_CAP_VIEWS). */
 bool wh_store_view(wh_store_t *st, uint64_t gen, uint32_t pos, wh_buf_t **out,
                    wh_sample_meta_t *meta, wh_err_t *err);
 /* As wh_store_view, for a handle with DMA views (below): known[f] (0:
@@ -213,8 +106,9 @@ bool wh_store_view_known(wh_store_t *st, uint64_t gen, uint32_t pos, const uint6
 void wh_store_set_dma_views(wh_store_t *st, bool on);
 /* The read-only mapping a view points into: *base, *len, and a counted
  * reference (wh_store_map_unref) that keeps it mapped. NULL for a buffer
- * that is not a store view. The reference is the mapping's identity: a
- * segment created again or grown is another mapping. */
+ * that is not a store view of a backend with WH_CAP_MAPPABLE. The
+ * reference is the mapping's identity: a segment created again or grown is
+ * another mapping. */
 void *wh_store_view_map(const wh_buf_t *view, const void **base, size_t *len);
 void wh_store_map_unref(void *map);
 /* Whether anything but one reference (the caller's) keeps map mapped: a
@@ -240,10 +134,6 @@ bool wh_store_view_sample(wh_store_t *st, wh_read_at_t *at, double timeout_s, co
  * under a seqlock, each slot with version, length and XXH3); MongoDB: a
  * document per version in the state collection, each inserted whole under
  * a unique _id (wh_mongo_params.c). */
-#define WH_PARAMS_MAX (64u * 1024u)
-/* MongoDB: how often a handle re-reads the version when no put told it */
-#define WH_PARAMS_POLL_S 1.0
-
 /* Stores the document doc (len bytes, not NUL-terminated); *version gets
  * its version. WH_E_TOOBIG past WH_PARAMS_MAX, naming the size. */
 bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *version,
@@ -253,7 +143,7 @@ bool wh_store_params_set(wh_store_t *st, const char *doc, size_t len, uint64_t *
 bool wh_store_params_get(wh_store_t *st, uint64_t *version, char **doc, size_t *len, wh_err_t *err);
 /* The current version, cheaply: shm reads one word; MongoDB answers from
  * what the handle's last state read (every put) said, asking the server
- * at most every WH_PARAMS_POLL_S. */
+ * at most every WH_PARAMS_POLL_S (wh_mongo.h). */
 bool wh_store_params_version(wh_store_t *st, uint64_t *version, wh_err_t *err);
 /* The params version this handle's later puts record in their samples. */
 void wh_store_set_put_params(wh_store_t *st, uint64_t version);
@@ -261,14 +151,8 @@ void wh_store_set_put_params(wh_store_t *st, uint64_t version);
  * (wh_store_read, the read policy, a view) returned. */
 uint64_t wh_store_last_params(const wh_store_t *st);
 
-/* The params versions of a sealed generation's samples (each sample's
- * header records its own): lowest, highest, and how many samples were made
- * under the highest; samples that fail their check are left out (counted
- * in skipped). Fixed once sealed: a handle keeps the last answer. */
-typedef struct {
-    uint64_t min, max;
-    uint32_t at_max, samples, skipped;
-} wh_gen_params_t;
+/* The params versions of a sealed generation's samples (wh_gen_params_t).
+ * Fixed once sealed: a handle keeps the last answer. */
 bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_err_t *err);
 
 /* Readers: with v > 0, wh_store_current (and so every read policy) offers
@@ -277,16 +161,65 @@ bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_
  * (0 until one is), so waits for one end at their timeout, saying so. */
 void wh_store_set_min_params(wh_store_t *st, uint64_t v);
 
-/* Removes everything this store holds (shm segments or mongo collections);
- * nothing else. Works whether or not the store exists. */
+/* Removes everything this store holds (shm: its segment and params file;
+ * MongoDB: its collections); nothing else. Works whether or not the store
+ * exists. */
 bool wh_store_clean(const wh_store_config_t *cfg, wh_err_t *err);
 
 /* The handle's configuration (the uri an owned copy; dbname and prefix NULL). */
 const wh_store_config_t *wh_store_config(const wh_store_t *st);
 
-/* MongoDB: the names of the collections in the store's database, whoever
- * made them (*names: wh_store_names_free); WH_E_INVALID for shm. */
+/* The names of the collections in the store's database, whoever made them
+ * (*names: wh_store_names_free); WH_E_INVALID naming the backend for one
+ * without a database (shm). */
 bool wh_store_collections(const wh_store_config_t *cfg, char ***names, wh_err_t *err);
 void wh_store_names_free(char **names);
+
+/* ---- Backends and what they can do (the scheme table, wh_scheme.c) ---- */
+
+/* What a URI's scheme names (no store is opened). */
+typedef struct {
+    char scheme[16];     /* the scheme as written, without "://": "shm", "mongodb+srv" */
+    const char *backend; /* the backend's name: "shm", "mongodb" (static) */
+    unsigned caps;       /* WH_CAP_* */
+    /* the store's name, a pointer into the URI after "://", for a backend
+     * whose stores are named locally (shm://NAME; not checked here:
+     * wh_shm_check_name); NULL for one whose URI is a server's address */
+    const char *name;
+} wh_backend_info_t;
+
+/* The backend of uri's scheme; WH_E_INVALID naming every scheme the table
+ * knows when it knows none that starts uri. */
+bool wh_store_backend_of(const char *uri, wh_backend_info_t *out, wh_err_t *err);
+/* What the handle's store can do (WH_CAP_*). */
+unsigned wh_store_caps(const wh_store_t *st);
+
+/* ---- The node-local tier's copy (read/wh_relay.c, docs/relay.md) ----
+ * Each needs its capability (WH_CAP_RELAY_SOURCE for the source,
+ * WH_CAP_RELAY_TARGET for the copy): WH_E_INVALID naming the backend
+ * otherwise. */
+
+/* Reads the encoded sample at (gen, pos) of a relay's source whole into the
+ * buffer fn gives, every field's checksum checked. */
+bool wh_store_read_encoded(wh_store_t *st, uint64_t gen, uint32_t pos, wh_raw_fn fn, void *ctx,
+                           wh_sample_meta_t *meta, wh_err_t *err);
+/* The mirror of a sealed generation of another store: a store whose lease
+ * the caller holds takes generation gen with the same number and
+ * positions. begin opens gen as the write generation (creating the store
+ * with budget bytes per area when it does not exist; WH_E_PINNED while
+ * readers pin every free area); reserve gives size bytes of its area for
+ * position pos (pos must be the next uncommitted one); commit makes pos
+ * readable once the caller has written and checked its encoded bytes; the
+ * ordinary seal then publishes gen. A kill at any point leaves the read
+ * generation readable; the next begin takes the area over. */
+bool wh_store_mirror_begin(wh_store_t *st, uint64_t gen, uint64_t budget, wh_err_t *err);
+bool wh_store_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
+                             wh_err_t *err);
+bool wh_store_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err);
+
+/* The fork guard, one meaning for every call on a handle: it belongs to
+ * the process that opened it (shared locks, a MongoDB client's sockets).
+ * Every call of this API checks it first. */
+bool wh_store_here(const wh_store_t *st, wh_err_t *err);
 
 #endif

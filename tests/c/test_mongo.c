@@ -951,10 +951,10 @@ static void test_relay_mirror(void) {
     if (kid == 0) {
         wh_store_t *k = wh_store_open(&lc, &err);
         void *buf = NULL;
-        if (!k || !wh_shm_mirror_begin(k, g2, 0, &err)) _exit(3);
+        if (!k || !wh_store_mirror_begin(k, g2, 0, &err)) _exit(3);
         for (uint32_t p = 0; p < 2; p++)
-            if (!wh_shm_mirror_reserve(k, g2, p, 64, &buf, &err) ||
-                !wh_shm_mirror_commit(k, g2, p, &err))
+            if (!wh_store_mirror_reserve(k, g2, p, 64, &buf, &err) ||
+                !wh_store_mirror_commit(k, g2, p, &err))
                 _exit(4);
         _exit(0); /* no seal, no resign: as a SIGKILL leaves it */
     }
@@ -970,8 +970,8 @@ static void test_relay_mirror(void) {
     void *buf = NULL;
     wh_err_clear(&err);
     uint64_t g3 = fill_and_seal(src, 4, 9, &counter, 2000);
-    CHECK(wh_shm_mirror_begin(dst, g3, 0, &err) &&
-              !wh_shm_mirror_reserve(dst, g3, 1, 64, &buf, &err) && err.code == WH_E_INVALID,
+    CHECK(wh_store_mirror_begin(dst, g3, 0, &err) &&
+              !wh_store_mirror_reserve(dst, g3, 1, 64, &buf, &err) && err.code == WH_E_INVALID,
           "out of order: %d %s", err.code, err.message);
     wh_store_t *other = open_store(&lc);
     wh_err_clear(&err);
@@ -990,6 +990,48 @@ static void test_relay_mirror(void) {
     wh_store_destroy(dst);
     wh_store_destroy(src);
     REQUIRE(wh_store_clean(&lc, &err), "%s", err.message);
+}
+
+/* What can be a relay's source or copy is what the backends' tables say,
+ * never the URI's spelling: a source written mongodb+srv:// is pulled from
+ * like a mongodb:// one (here the handle's URI is respelled: the test
+ * server has no SRV record), and a source or copy of a backend that cannot
+ * be one is refused naming its backend, nothing copied. */
+static void test_relay_backends(void) {
+    char uri[300], srv[320], local[64];
+    uri_for(uri, sizeof uri, "t_relay_srv");
+    snprintf(srv, sizeof srv, "mongodb+srv://%s", strstr(uri, "://") + 3);
+    snprintf(local, sizeof local, "shm://wh-ctest-relay-srv-%d", (int)getpid());
+    wh_store_config_t c = config(uri, 4, 512), lc = config(local, 4, 0);
+    wh_store_t *src = open_store(&c), *dst = open_store(&lc);
+    wh_err_t err = {0};
+    bool leader;
+    REQUIRE(wh_store_lead(src, &leader, &err) && leader, "%s", err.message);
+    int64_t counter = 0;
+    dest_t d = {0};
+    uint64_t g1 = fill_and_seal(src, 4, 9, &counter, 2000);
+    const char *spelled = src->cfg.uri;
+    src->cfg.uri = srv;
+    wh_relay_info_t info;
+    CHECK(wh_relay_pull(src, dst, g1, 0, 5.0, &info, &err), "pull from %s: %s", srv, err.message);
+    src->cfg.uri = spelled;
+    check_all(dst, g1, 4, 0, &d);
+    uint64_t g2 = fill_and_seal(src, 4, 9, &counter, 2000), cur = 0;
+    wh_err_clear(&err);
+    CHECK(!wh_relay_pull(dst, src, g1, 0, 5.0, &info, &err) && err.code == WH_E_INVALID &&
+              strstr(err.message, "the shm backend has none"),
+          "an shm source: %d %s", err.code, err.message);
+    wh_err_clear(&err);
+    CHECK(!wh_relay_pull(src, src, g2, 0, 5.0, &info, &err) && err.code == WH_E_INVALID &&
+              strstr(err.message, "the mongodb backend has none"),
+          "a mongodb copy: %d %s", err.code, err.message);
+    CHECK(wh_store_current(dst, &cur, &err) && cur == g1, "nothing copied: %llu",
+          (unsigned long long)cur);
+    dest_free(&d);
+    wh_store_destroy(dst);
+    wh_store_destroy(src);
+    REQUIRE(wh_store_clean(&lc, &err), "%s", err.message);
+    REQUIRE(wh_store_clean(&c, &err), "%s", err.message);
 }
 
 int main(void) {
@@ -1014,6 +1056,7 @@ int main(void) {
         {"concurrent", test_concurrent},
         {"large_sample", test_large_sample},
         {"relay_mirror", test_relay_mirror},
+        {"relay_backends", test_relay_backends},
     };
     const char *only = getenv("WH_TEST_ONLY");
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

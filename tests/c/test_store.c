@@ -1,5 +1,5 @@
 /* C-level tests of the sample format (ext/core/wh_sample.c) and the embedded
- * shared-memory store (ext/shm/wh_shm.c), driven without Python.
+ * shared-memory store (ext/shm/), driven without Python.
  *
  * Every store gets a unique name (shm://whctest-<pid>-<n>) and is removed
  * at the end of its test case, pass or fail; all of them again at exit and
@@ -28,7 +28,8 @@
 #include <xxhash.h>
 
 #include "wh_sample.h"
-#include "wh_backend.h"
+#include "wh_shm.h"
+#include "wh_store.h"
 #include "wh_ring.h"
 
 /* ---- test bookkeeping ------------------------------------------------ */
@@ -81,7 +82,7 @@ static const char *new_uri(void) {
     return u;
 }
 
-/* The segment of a store: shm name "/wirehead.NAME" (see wh_shm.c). */
+/* The segment of a store: shm name "/wirehead.NAME" (wh_shm_files). */
 static void seg_name(const char *uri, char *out, size_t cap) {
     snprintf(out, cap, "/wirehead.%s", uri + strlen("shm://"));
 }
@@ -1080,6 +1081,84 @@ static void t_store_views(void) {
 out:
     wh_buf_unref(v[0]);
     wh_buf_unref(v[1]);
+    wh_store_destroy(st);
+    clean_store(&c);
+}
+
+/* The scheme table and the operation table: what each scheme's backend can
+ * do comes from its table, and a backend without an optional op (here the
+ * shm backend's table less them, under another name) is refused by the
+ * dispatch with WH_E_INVALID naming it, while what it has still works. */
+static void t_backend_table(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    wh_store_config_t c = mkcfg(new_uri(), 2, 64 << 10, &s);
+    wh_store_t *st = NULL;
+    const wh_store_ops_t *real = NULL;
+    wh_backend_info_t b;
+    wh_err_t e;
+    const struct {
+        const char *uri, *scheme, *backend, *name;
+        unsigned caps;
+    } want[] = {
+        {"shm://x.y", "shm", "shm", "x.y",
+         WH_CAP_VIEWS | WH_CAP_PINS | WH_CAP_MAPPABLE | WH_CAP_PARAMS_FILE | WH_CAP_RELAY_TARGET},
+        {"mongodb://h:1/db", "mongodb", "mongodb", NULL, WH_CAP_RELAY_SOURCE},
+        {"mongodb+srv://u:p@h/db", "mongodb+srv", "mongodb", NULL, WH_CAP_RELAY_SOURCE},
+    };
+    for (size_t i = 0; i < WH_ARRAY_LEN(want); i++) {
+        REQUIRE(wh_store_backend_of(want[i].uri, &b, &e), "%s: %s", want[i].uri, e.message);
+        CHECK(!strcmp(b.scheme, want[i].scheme) && !strcmp(b.backend, want[i].backend) &&
+                  b.caps == want[i].caps &&
+                  (want[i].name ? b.name && !strcmp(b.name, want[i].name) : !b.name),
+              "%s: %s %s %#x %s", want[i].uri, b.scheme, b.backend, b.caps, b.name);
+    }
+    CHECK(!wh_store_backend_of("mongo://h", &b, &e) && e.code == WH_E_INVALID &&
+              strstr(e.message, "shm://, mongodb:// or mongodb+srv://"),
+          "unknown scheme: %s", e.message);
+
+    st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    real = st->ops;
+    wh_store_ops_t bare = *real;
+    bare.name = "bare";
+    bare.flags = 0;
+    bare.view = NULL;
+    bare.read_held = NULL;
+    bare.set_dma_views = NULL;
+    bare.view_map = NULL;
+    bare.read_encoded = NULL;
+    bare.mirror_begin = NULL;
+    st->ops = &bare;
+    CHECK(wh_store_caps(st) == 0, "caps of a table without optional ops: %#x", wh_store_caps(st));
+    bool lead, sealed;
+    uint64_t g = 0;
+    REQUIRE(wh_store_lead(st, &lead, &e) && lead && fill_ids(st, 7, 2) &&
+                seal_once(st, &sealed, &g) && sealed,
+            "the ops it has: %s", e.message);
+    wh_buf_t *v = NULL;
+    wh_sample_meta_t m;
+    CHECK(!wh_store_view(st, g, 0, &v, &m, &e) && e.code == WH_E_INVALID &&
+              strstr(e.message, "the bare backend has none") && strstr(e.message, "shm://"),
+          "view: %d %s", e.code, e.message);
+    void *dst = NULL;
+    CHECK(!wh_store_mirror_begin(st, g + 1, 0, &e) && e.code == WH_E_INVALID &&
+              !wh_store_mirror_reserve(st, g + 1, 0, 8, &dst, &e) && e.code == WH_E_INVALID &&
+              strstr(e.message, "bare"),
+          "mirror: %d %s", e.code, e.message);
+    CHECK(!wh_store_read_encoded(st, g, 0, NULL, NULL, NULL, &e) && e.code == WH_E_INVALID &&
+              strstr(e.message, "mongodb://") && strstr(e.message, "bare"),
+          "encoded read: %d %s", e.code, e.message);
+    wh_store_set_dma_views(st, true); /* no views: nothing to hold */
+    id_reader_t r;
+    id_reader_init(&r);
+    wh_read_at_t at = {.gen = g, .pos = 1};
+    wh_sample_meta_t rm;
+    char why[128] = "";
+    CHECK(wh_store_read_sample(st, &at, 1.0, NULL, dest_cb, &r.d, &rm, &e) && at.gen == g &&
+              id_sample_ok(&r, &rm, why, sizeof why),
+          "read policy without pins: %s %s", e.message, why);
+out:
+    if (st && real) st->ops = real;
     wh_store_destroy(st);
     clean_store(&c);
 }
@@ -3000,6 +3079,7 @@ int main(int argc, char **argv) {
          false},
         {"store read racing reclamation -> WH_E_GONE", t_store_torn_read, false},
         {"store open errors (schema, SWAP_CAP, names)", t_store_open_errors, false},
+        {"scheme table, capabilities, a backend without optional ops", t_backend_table, false},
         {"a node-local copy's source: recorded, checked, shown", t_store_origin, false},
         {"store sample too big / budget exhausted", t_store_toobig, false},
         {"store surplus puts discarded at once", t_store_discard_fast, false},

@@ -14,7 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "wh_backend.h"
+#include "wh_shm.h"
+#include "wh_store.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -2,10 +2,17 @@
 reads which ext/ file defines and which calls each external symbol (nm over
 the extension's objects) and which header each file includes; each folder
 of ext/ is a layer (LAYERS), and a call or an include from one folder into
-another of the same or a higher rank fails, naming both ends, unless ALLOW
-declares it. For the package, which module imports which (at any depth of
-the code, the package's lazy top-level names aside). Fails naming every
-group of files that call or import each other round in a circle.
+another of the same or a higher rank fails, naming both ends (no exception:
+the backends stand on ext/backend/, below them). For the package, which
+module imports which (at any depth of the code, the package's lazy
+top-level names aside). Fails naming every group of files that call or
+import each other round in a circle, files of one folder included (each
+file is a room of its own, whatever headers it shares).
+
+Two more rules of the C core: a URI scheme is spelled (in a string) only in
+the scheme table (SCHEME_TABLE) and in the folder of the backend its line
+names, and a backend's name only in its folder; and no ext/ file is longer
+than MAX_LINES.
 
 Usage: check_layers.py [OBJDIR]  (default: the in-place build's objects)
 """
@@ -20,19 +27,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXT = os.path.join(ROOT, "ext")
 
 # Each ext/ folder's rank: a file calls and includes only its own folder and
-# folders of lower rank (the two backends share a rank and call each other
-# not at all).
-LAYERS = {"core": 0, "shm": 1, "mongo": 1, "store": 2, "read": 3, "cuda": 4, "py": 5}
+# folders of lower rank (the backends share a rank and call each other not
+# at all; each stands on the interface below them, backend/).
+LAYERS = {"core": 0, "backend": 1, "shm": 2, "mongo": 2, "store": 3, "read": 4, "cuda": 5,
+          "py": 6}
 
-# The arrows that run up a layer by design: (from folder, to file, why).
-_BACKEND = "the backend interface: the vtable a backend fills, its handle's head"
-_SHARED = "what both backends fill alike (readers in a status, params figures), in wh_backend.h"
-ALLOW = [
-    ("shm", "store/wh_backend.h", _BACKEND),
-    ("mongo", "store/wh_backend.h", _BACKEND),
-    ("shm", "store/wh_status.c", _SHARED),
-    ("mongo", "store/wh_status.c", _SHARED),
-]
+# The one table of URI schemes: lines {"scheme://", &wh_<x>_ops}.
+SCHEME_TABLE = "store/wh_scheme.c"
+MAX_LINES = 900
+# Files longer than MAX_LINES for now, each with why; an entry no file
+# needs any more fails, so the list only shrinks.
+LONG_OK = {"cuda/wh_cuda.c": "the GPU stage, split apart by its own change (issue 39)"}
 
 
 def _symbols(obj):
@@ -75,7 +80,7 @@ def graph(objdir):
 
 def _includes():
     """[(file, header)] for every #include "..." of an ext/ header, both as
-    paths under ext/ ("shm/wh_pfile.c", "store/wh_backend.h")."""
+    paths under ext/ ("shm/wh_pfile.c", "backend/wh_backend.h")."""
     where = {os.path.basename(p): os.path.relpath(p, EXT)
              for p in glob.glob(os.path.join(EXT, "*", "*.h"))}
     out = []
@@ -87,38 +92,19 @@ def _includes():
     return out
 
 
-def _rooms(g):
-    """The file graph with the files of one module split behind a private
-    header (a folder's *_int.h, included by each) as one room: a backend
-    cut by size, not by layer."""
-    room = {}
-    for a, h in _includes():
-        if h.endswith("_int.h") and os.path.dirname(a) == os.path.dirname(h) and a.endswith(".c"):
-            room[a[:-2]] = h[:-len("_int.h")] + "*"
-    out = {}
-    for n, ts in g.items():
-        out.setdefault(room.get(n, n), set()).update(room.get(t, t) for t in ts)
-    return {n: sorted(t for t in ts if t != n) for n, ts in out.items()}
-
-
 def layer_errors(objdir):
-    """Calls and includes that run up (or across) a layer, ALLOW aside, and
-    ALLOW entries nothing uses any more."""
-    bad, used = [], set()
+    """Calls and includes that run up (or across) a layer."""
+    bad = []
     for folder in sorted({os.path.basename(os.path.dirname(p))
                           for p in glob.glob(os.path.join(EXT, "*", "*.[ch]"))}):
         if folder not in LAYERS:
             bad.append(f"ext/{folder}/ has no rank in LAYERS")
-    allow = {(a, b) for a, b, _ in ALLOW}
 
     def up(src, dst):
         fa, fb = os.path.dirname(src), os.path.dirname(dst)
         if fa == fb or fa not in LAYERS or fb not in LAYERS:
             return None
         if LAYERS[fb] < LAYERS[fa]:
-            return None
-        if (fa, dst) in allow:
-            used.add((fa, dst))
             return None
         return "a higher layer" if LAYERS[fb] > LAYERS[fa] else "a layer beside it"
 
@@ -131,10 +117,65 @@ def layer_errors(objdir):
         if why:
             bad.append(f"ext/{a} includes {os.path.basename(h)} in ext/{os.path.dirname(h)}/ "
                        f"({why})")
-    for a, b, _ in ALLOW:
-        if (a, b) not in used:
-            bad.append(f"ALLOW lets ext/{a}/ reach ext/{b}, which nothing there does any more: "
-                       f"drop the entry")
+    return bad
+
+
+def _strings(path):
+    """The string literals of a C file, comments and character literals
+    left out."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    token = re.compile(r"//[^\n]*|/\*.*?\*/|'(?:\\.|[^'\\])*'" + r'|"((?:\\.|[^"\\\n])*)"', re.S)
+    return [m.group(1) for m in token.finditer(text) if m.group(1) is not None]
+
+
+def scheme_errors(objdir):
+    """Schemes and backend names spelled outside the scheme table and the
+    backend's own folder."""
+    with open(os.path.join(EXT, SCHEME_TABLE), encoding="utf-8") as f:
+        lines = re.findall(r'\{\s*"([A-Za-z][A-Za-z0-9+.-]*://)",\s*&(\w+)\s*\}', f.read())
+    if not lines:
+        return [f"ext/{SCHEME_TABLE}: no scheme table lines ({{\"scheme://\", &ops}}) found"]
+    owner = {}  # symbol -> folder that defines it
+    for a, sym, b in _calls(objdir):
+        owner[sym] = os.path.dirname(b)
+    spelled = {}  # a string it must not be in, or equal to -> the folder it may be in
+    for prefix, ops in lines:
+        folder = owner.get(ops)
+        if folder is None:
+            return [f"ext/{SCHEME_TABLE}: {ops} is defined in no ext/ folder"]
+        spelled[prefix] = folder
+        for p in glob.glob(os.path.join(EXT, folder, "*.c")):
+            for name in re.findall(r'\.name\s*=\s*"([^"]+)"', open(p, encoding="utf-8").read()):
+                spelled[name] = folder
+    bad = []
+    for p in sorted(glob.glob(os.path.join(EXT, "*", "*.[ch]"))):
+        rel = os.path.relpath(p, EXT)
+        if rel == SCHEME_TABLE:
+            continue
+        for lit in _strings(p):
+            for word, folder in spelled.items():
+                hit = word in lit if word.endswith("://") else lit == word
+                if hit and os.path.dirname(rel) != folder:
+                    bad.append(f"ext/{rel} spells {word!r} (in \"{lit[:60]}\"): only "
+                               f"ext/{SCHEME_TABLE} and ext/{folder}/ may; ask the store what "
+                               f"a store can do (wh_store_caps, wh_store_backend_of)")
+    return bad
+
+
+def size_errors():
+    """ext/ files longer than MAX_LINES, and LONG_OK entries no file needs."""
+    bad, used = [], set()
+    for p in sorted(glob.glob(os.path.join(EXT, "*", "*.[ch]"))):
+        rel = os.path.relpath(p, EXT)
+        with open(p, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MAX_LINES and rel in LONG_OK:
+            used.add(rel)
+        elif n > MAX_LINES:
+            bad.append(f"ext/{rel} has {n} lines, more than {MAX_LINES}: split it by concern")
+    for rel in sorted(set(LONG_OK) - used):
+        bad.append(f"LONG_OK lets ext/{rel} be long, which it is no longer: drop the entry")
     return bad
 
 
@@ -206,10 +247,15 @@ def main():
     for line in layers:
         print(line, file=sys.stderr)
     print(f"check_layers: {len(LAYERS)} ext/ layers, "
-          + (f"{len(layers)} arrows up above" if layers else
-             f"every call and include runs down ({len(ALLOW)} declared in ALLOW)"))
-    bad = bool(layers)
-    for what, g, verb in (("ext/ files", _rooms(graph(objdirs[0])), "calls"),
+          + (f"{len(layers)} arrows up above" if layers else "every call and include runs down"))
+    rules = scheme_errors(objdirs[0]) + size_errors()
+    for line in rules:
+        print(line, file=sys.stderr)
+    print("check_layers: " + (f"{len(rules)} schemes or sizes out of place above" if rules else
+                              f"schemes spelled only in ext/{SCHEME_TABLE} and their backends, "
+                              f"no file over {MAX_LINES} lines"))
+    bad = bool(layers) or bool(rules)
+    for what, g, verb in (("ext/ files", graph(objdirs[0]), "calls"),
                           ("wirehead_torch modules", py_graph(), "imports")):
         found = circles(g)
         bad = bad or bool(found)
