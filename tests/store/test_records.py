@@ -24,6 +24,9 @@ RECORDS = {
                     "any_pad"),
     "PlanItems": ("positions", "is_pad"),
     "PlanResume": ("role", "step"),
+    "Backend": ("scheme", "backend", "views", "pins", "mappable", "params_file", "relay_source",
+                "relay_target", "name"),
+    "ShmFiles": ("segment", "params", "relay_lock", "relay_state", "ring_prefix"),
 }
 
 
