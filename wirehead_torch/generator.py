@@ -72,7 +72,6 @@ class WireheadGenerator:
         self._summary = None  # (monotonic time, puts, seals) of the last summary line
         self._last_sealed = None
         self._layout_checked = not check_layout
-        self._verbose = verbose
 
     @property
     def params_version(self):
@@ -83,7 +82,7 @@ class WireheadGenerator:
         if not self.quiet:
             print(f"{self.name}: {text}", flush=True)
 
-    def _put(self, arrays, stop):
+    def _put(self, arrays, stop, verbose):
         """Puts one sample; waits out a full write area and a server outage
         (retrying the same sample) until it is stored or stop is set.
         Returns (status, generation) or None when stopped."""
@@ -108,7 +107,7 @@ class WireheadGenerator:
             if status != _C.PUT_WAIT:
                 return status, gen
             self.waits += 1
-            self._self_seal(status)
+            self._self_seal(status, verbose)
             if not warned_full:
                 log.warning("%s: write area full (BYTE_BUDGET); waiting for the generation "
                             "to be sealed", self.name)
@@ -116,19 +115,20 @@ class WireheadGenerator:
             if stop:
                 return None
 
-    def _self_seal(self, status):
+    def _self_seal(self, status, verbose):
         """Seals the write generation if it is full and no manager leads.
         An accepted put checks the fill first; a discarded or waiting put
-        means the generation is full already."""
+        means the generation is full already. verbose: the run's or cycle's
+        (the seal lines are said with it or with the generator's own)."""
         if not self.cfg["SELF_SEAL"]:
             return
         try:
-            self._try_seal(status)
+            self._try_seal(status, self.verbose or verbose)
         except (_C.StoreUnavailableError, _C.StoreTimeoutError, _C.NotFoundError,
                 _C.LeaseLostError):
             pass  # the store is away, stuck or wiped: the next put deals with it
 
-    def _try_seal(self, status):
+    def _try_seal(self, status, say):
         store = self._store.get()
         now = time.monotonic()
         if status == _C.PUT_ACCEPTED:
@@ -154,7 +154,7 @@ class WireheadGenerator:
         if info is not None:
             self.sealed += 1
             self._last_sealed = info["generation"]
-            if self._verbose:
+            if say:
                 self._say(f"Time: {time.time()}")
                 self._say(f"swap success: generation {self._labels(info['generation'])} "
                           f"sealed (generated={info['generated']} "
@@ -167,7 +167,8 @@ class WireheadGenerator:
 
     def _step(self, stop, verbose):
         """Takes one item and puts it: False when the generator is
-        exhausted or stop was set."""
+        exhausted or stop was set. verbose: a line per put, and the seal
+        lines."""
         if self._it is None:
             self._it = iter(self.generator)
         self._refresh_params()
@@ -180,7 +181,7 @@ class WireheadGenerator:
         arrays = to_store_arrays(item, self.cfg["SAMPLE"])
         if not self._layout_checked:
             self._check_layout(arrays)
-        res = self._put(arrays, stop)
+        res = self._put(arrays, stop, verbose)
         if res is None:
             return False
         status, gen = res
@@ -194,7 +195,7 @@ class WireheadGenerator:
             what = "accepted" if status == _C.PUT_ACCEPTED else "discarded (generation full)"
             self._say(f"pushed sample {self.accepted + self.discarded} into generation "
                       f"{self._labels(gen)}, {what}, with cap: {self.cfg['SWAP_CAP']}")
-        self._self_seal(status)
+        self._self_seal(status, verbose)
         self._summarize()
         return True
 
@@ -259,12 +260,13 @@ class WireheadGenerator:
     def cycle(self, verbose=False):
         """One step of the original's loop: one sample in, and a seal if it
         filled the generation. Returns False once the generator is exhausted."""
-        self._verbose = self.verbose or verbose
         return self._step(self._stop, verbose)
 
     def run(self, verbose=False):
+        """Puts samples until n_samples, the generator's end or a stop
+        (see the class); returns the number of puts. verbose: a line per
+        put and the seal lines."""
         puts = 0
-        self._verbose = self.verbose or verbose
         self._say("Initialized")
         with self._stop as stop:
             self._store.get()  # a store that cannot be opened fails before any sample
@@ -273,14 +275,18 @@ class WireheadGenerator:
                     break
                 puts += 1
             if puts and self.cfg["SELF_SEAL"] and not stop:
-                self._self_seal(_C.PUT_DISCARDED)  # a full generation left unsealed at the end
+                # a full generation left unsealed at the end
+                self._self_seal(_C.PUT_DISCARDED, verbose)
         self._stop = StopFlag()  # a later run() starts afresh
         last = f", the last {self._labels(self._last_sealed)}" if self._last_sealed else ""
         self._say(f"done: {puts} samples ({self.accepted} accepted, {self.discarded} "
                   f"surplus), {self.sealed} generations sealed here{last}")
         return puts
 
-    run_generator = run
+    def run_generator(self):
+        """The original wirehead's name for ``run()`` (its scripts call it;
+        docs/migration.md)."""
+        return self.run()
 
     def close(self):
         self._store.close()

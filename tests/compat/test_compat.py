@@ -138,6 +138,19 @@ def test_quoted_port_and_default_config_path(original_dir):
     assert g.cfg["STORE"] == load_config(d / "config.yaml")["STORE"]
 
 
+def test_run_generator_is_the_originals_name_for_run(shm_cfg, capsys):
+    """run_generator(), the loop's name in the original's scripts, puts
+    n_samples samples, seals the generation they fill and says the
+    original's lines, as run() does."""
+    from wirehead import WireheadGenerator
+    cfg = shm_cfg(swap_cap=2, sample=("data", "label"), SELF_SEAL=True)
+    items = iter([(np.full(4, float(i)), np.zeros(4, np.uint8)) for i in range(3)])
+    g = WireheadGenerator(items, config=cfg, n_samples=2)
+    assert g.run_generator() == 2 and g.accepted == 2 and g.sealed == 1
+    out = capsys.readouterr().out
+    assert "Generator: Initialized" in out and "done: 2 samples" in out, out
+
+
 def test_blog_256_cubed_float64_shm(tmp_path, monkeypatch):
     """The blog's 256^3 float64 sample on the embedded store with only the
     original keys: the store sizes itself from the first sample."""
