@@ -67,7 +67,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
-from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
+from wirehead_torch._store_args import store_kwargs  # noqa: E402
+from wirehead_torch.config import resolve  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

@@ -175,7 +175,8 @@ def run_corrupter(cfg):
     import mmap
 
     from wirehead_torch import _C
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     st = _C.Store(**store_kwargs(resolve(cfg)))

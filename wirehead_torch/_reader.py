@@ -7,10 +7,11 @@ import numbers
 import os
 import time
 
-from . import _C
+from . import _C, _uri
 from ._order import warn_skipped
+from ._redact import redact
 from ._store import gen_label
-from .config import database, redact, store_kwargs
+from ._store_args import database, store_kwargs
 
 log = logging.getLogger("wirehead_torch")
 
@@ -55,7 +56,7 @@ def reader_timeout(cfg, timeout, zero=True):
 def original_layout_hint(cfg):
     """A sentence for a user whose MongoDB database holds the original
     wirehead's collections (``read.bin``, ``status``, ...), else ''."""
-    if not cfg["STORE"].startswith("mongodb"):
+    if _uri.backend_of(cfg["STORE"]).backend != "mongodb":
         return ""
     try:
         names = set(_C.mongo_collections(**store_kwargs(cfg, False)))
@@ -75,7 +76,7 @@ def original_layout_hint(cfg):
 
 def _relay_wait(cfg):
     """What a reader of the node-local copy (LOCAL_CACHE) waits for."""
-    from .config import local_cache_uri
+    from ._store_args import local_cache_uri
     from .relay import RELAY_COMMAND, relay_figures
     fig = relay_figures(cfg)
     if fig and fig["running"]:
@@ -89,7 +90,7 @@ def _check_relay(cfg, gen, who):
     """A reader of the node-local copy says, at most once a minute, when no
     relay runs on its node: it then reads a copy that no longer follows
     MongoDB."""
-    from .config import local_cache_uri
+    from ._store_args import local_cache_uri
     from .relay import RELAY_COMMAND, relay_figures
     local = local_cache_uri(cfg)
     now = time.monotonic()
@@ -107,7 +108,7 @@ def _check_relay(cfg, gen, who):
 
 
 def _not_created(cfg):
-    if str(cfg["STORE"]).startswith("shm://"):
+    if _uri.backend_of(cfg["STORE"]).mappable:
         return "no shared-memory segment: no generator has put a sample"
     return "no generator has created it"
 
@@ -169,7 +170,7 @@ def _waiting_for(store, cfg, newer_than=0, min_params=0):
 def _absent_note(cfg):
     return (f"shm store {redact(cfg['STORE'])} to be created (it does not exist yet: with "
             f"BYTE_BUDGET auto the first generator's first sample creates it)"
-            if str(cfg["STORE"]).startswith("shm://")
+            if _uri.backend_of(cfg["STORE"]).mappable
             else f"store {redact(cfg['STORE'])} to be created (it does not exist yet: "
                  f"{_not_created(cfg)})")
 
@@ -268,10 +269,13 @@ def read_sample(store, gen, pos, want, timeout, skip=True):
 
 
 def check_views_store(cfg):
-    """views=True needs the shm store: MongoDB bytes arrive as copies."""
-    if not str(cfg["STORE"]).startswith("shm://") and not cfg["LOCAL_CACHE"]:
-        raise ValueError(f"views=True needs an shm:// store (STORE is "
-                         f"{redact(cfg['STORE'])}); MongoDB samples are read as copies")
+    """views=True needs a store whose backend has views (or LOCAL_CACHE,
+    a copy that has them): other bytes arrive as copies."""
+    b = _uri.backend_of(cfg["STORE"])
+    if not b.views and not cfg["LOCAL_CACHE"]:
+        raise ValueError(f"views=True needs a store with views, such as "
+                         f"{_uri.shm_uri('NAME')} (STORE is {redact(cfg['STORE'])}); a "
+                         f"{b.backend} store's samples are read as copies")
 
 
 def view_sample(store, gen, pos, want, timeout, skip=True):

@@ -29,10 +29,10 @@ import os
 import time
 from typing import NamedTuple, Optional
 
-from . import _C
+from . import _C, _uri
 
-DIR = "/dev/shm"
-PREFIX = "wirehead-ring."
+DIR = _uri.SHM_DIR
+PREFIX = _uri.RING_PREFIX
 # control words of a slot (Ring.word): owner pid (0: free), fill sequence,
 # capacity, version
 _OWNER, _SEQ, _CAP, _VER = range(4)

@@ -5,16 +5,11 @@ import signal
 import threading
 import time
 
-from . import _C
-from .config import redact, secrets_hidden, store_kwargs
+from . import _C, _uri
+from ._redact import redact, secrets_hidden
+from ._store_args import store_kwargs
 
 log = logging.getLogger("wirehead_torch")
-
-
-def shm_path(cfg):
-    """The /dev/shm file of an shm:// store (None for MongoDB)."""
-    uri = cfg["STORE"]
-    return f"/dev/shm/wirehead.{uri[len('shm://'):]}" if uri.startswith("shm://") else None
 
 
 def gen_label(gen, st):
@@ -113,8 +108,9 @@ class ProcessStore:
     def note_created(self, say=None):
         """Says, once, what an shm store this process created reserves in
         /dev/shm (say: print it there too); nothing for a store made by
-        another process or a MongoDB store."""
-        if self._noted or self._st is None or shm_path(self.cfg) is None:
+        another process or one without a mappable segment (MongoDB)."""
+        if (self._noted or self._st is None
+                or not _uri.backend_of(self.cfg["STORE"]).mappable):
             return
         try:
             st = self._st.status()
@@ -125,8 +121,8 @@ class ProcessStore:
             return
         auto = self.cfg["BYTE_BUDGET"] is None
         how = "auto, sized from the first sample" if auto else "BYTE_BUDGET"
-        text = (f"created shm store {redact(self.cfg['STORE'])}: 4 generation areas of "
-                f"{st['byte_budget'] / 2**20:.1f} MiB ({how}) = "
+        text = (f"created shm store {redact(self.cfg['STORE'])}: {len(st['areas'])} "
+                f"generation areas of {st['byte_budget'] / 2**20:.1f} MiB ({how}) = "
                 f"{st['store_bytes'] / 2**20:.1f} MiB of /dev/shm")
         if say is not None:  # said once: on stdout, or in the log
             say(text)

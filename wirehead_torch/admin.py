@@ -4,9 +4,11 @@ import os
 import re
 import time
 
-from . import _C
+from . import _C, _uri
+from ._redact import redact, secrets_hidden
 from ._store import ProcessStore
-from .config import get_config, get_store_config, redact, secrets_hidden, store_kwargs
+from ._store_args import local_cache_uri, local_origin, node_name, store_kwargs
+from .config import get_config, get_store_config
 
 log = logging.getLogger("wirehead_torch")
 
@@ -48,7 +50,6 @@ def local_status(cfg, source_gen):
     records (``source``; ``foreign``: not this config's store, so its
     readers and relay refuse the copy), its relay's figures and the readers
     reading it."""
-    from .config import local_cache_uri, local_origin, node_name
     from .relay import relay_figures
     origin_id, origin = local_origin(cfg)
     gen, readers, source, foreign = 0, [], None, False
@@ -60,7 +61,7 @@ def local_status(cfg, source_gen):
         # another store's copy (none of its figures are this store's), or a
         # plain store: whose, read from its header without opening it as one
         try:
-            found = _C.shm_origin(local_cache_uri(cfg)[len("shm://"):])
+            found = _C.shm_origin(_uri.backend_of(local_cache_uri(cfg)).name)
         except _C.WireheadError:
             found = None
         if found is None or found[0] == origin_id:
@@ -96,12 +97,15 @@ def _params_status(store, st):
 
 
 def _exists(cfg):
-    """Whether the store has anything to remove: its shm segment, or a
+    """Whether the store has anything to remove, asked the way its backend
+    keeps it: the files of a mappable segment (and its params file), or a
     MongoDB collection of its own (named as the store names them)."""
-    uri = cfg["STORE"]
-    if uri.startswith("shm://"):
-        name = uri[len('shm://'):]
-        return any(os.path.exists(f"/dev/shm/{f}.{name}") for f in ("wirehead", "wirehead-params"))
+    b = _uri.backend_of(cfg["STORE"])
+    if b.mappable:
+        files = _uri.shm_files(cfg["STORE"])
+        return any(os.path.exists(f) for f in (files.segment, files.params))
+    if b.backend != "mongodb":
+        raise ValueError(f"clean: no rule for what a {b.backend} store holds")
     prefix = re.escape(str(cfg["COLLECTION_PREFIX"]))
     own = re.compile(rf"{prefix}\.state|{prefix}\.gen\.[0-9]+(\.m)?")
     return any(own.fullmatch(n) for n in _C.mongo_collections(**store_kwargs(cfg, False)))
@@ -126,13 +130,11 @@ def clean(config=None, config_path=None, local_only=False):
     existed = False
     if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files; first, so a
         # refused copy leaves the store too
-        from .config import local_cache_uri
-        from .relay import _files
-        local = local_cache_uri(cfg)
-        existed |= os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")
+        files = _uri.shm_files(local_cache_uri(cfg))
+        existed |= os.path.exists(files.segment)
         _C.clean(**store_kwargs(cfg, local=True))
         try:  # the figures; the lock file stays (a running relay holds it)
-            os.unlink(_files(local)[1])
+            os.unlink(files.relay_state)
         except FileNotFoundError:
             pass
     if not local_only:

@@ -304,7 +304,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _store_uri(self):
         """The store this process reads: the node-local copy under LOCAL_CACHE."""
-        from .config import store_kwargs
+        from ._store_args import store_kwargs
         return store_kwargs(self.dataset.cfg, create=False, local=True)["uri"]
 
     def _direct_store(self):

@@ -4,8 +4,10 @@ import time
 
 from . import _C
 from ._arrays import to_store_arrays
+from ._redact import secrets_hidden
 from ._store import GenLabels, ProcessStore, StopFlag
-from .config import get_config, secrets_hidden, store_kwargs
+from ._store_args import store_kwargs
+from .config import get_config
 from .manager import StallLog
 from .params import GeneratorParams, clear_current
 

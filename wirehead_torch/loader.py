@@ -8,8 +8,10 @@ from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
 from ._reader import check_int, reader_timeout, wait_for_generation
+from ._redact import secrets_hidden
 from ._store import PerProcess, ProcessStore, check_min_params
-from .config import get_config, secrets_hidden, store_kwargs
+from ._store_args import store_kwargs
+from .config import get_config
 
 _REFRESH = {"epoch": 0, "step": 1}
 _ITER_LOCK = threading.Lock()  # guards WireheadLoader._active only

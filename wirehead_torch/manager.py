@@ -9,8 +9,9 @@ import sys
 import time
 
 from . import _C
+from ._redact import redact
 from ._store import ProcessStore, StopFlag, gen_label
-from .config import get_config, redact
+from .config import get_config
 
 log = logging.getLogger("wirehead_torch")
 

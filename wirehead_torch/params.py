@@ -4,7 +4,8 @@ import json
 import threading
 
 from ._store import ProcessStore
-from .config import get_config, store_kwargs
+from ._store_args import store_kwargs
+from .config import get_config
 
 #: the largest params document a store keeps, in bytes of its JSON text
 MAX_PARAMS_BYTES = 64 * 1024

@@ -1,5 +1,5 @@
 """The node-local tier (docs/relay.md): one relay per node copies each
-generation sealed in a mongodb:// store once into the node's shm:// store
+generation sealed in a MongoDB store once into the node's shm store
 named by LOCAL_CACHE, and seals it there with the same number; every reader
 on the node then reads local memory. The copy itself is C (Store.pull_from):
 the server's reply goes straight into the shared-memory area."""
@@ -12,30 +12,18 @@ import signal
 import stat
 import time
 
-from . import _C
+from . import _C, _uri
 from ._files import kind, there, write_file
+from ._redact import redact, secrets_hidden
 from ._store import GenLabels, ProcessStore, StopFlag
-from .config import (
-    ConfigError,
-    budget_arg,
-    get_config,
-    local_cache_uri,
-    node_name,
-    redact,
-    secrets_hidden,
-)
+from ._store_args import budget_arg, local_cache_uri, node_name
+from .config import ConfigError, get_config
 
 log = logging.getLogger("wirehead_torch")
 
 RELAY_COMMAND = "wirehead-torch relay --config FILE"
 NOTE_EVERY = 5.0  # seconds between a waiting relay's notes, as readers say theirs
 SUMMARY_EVERY = 30.0  # seconds between a running relay's summary lines
-
-
-def _files(local_uri):
-    """The relay's lock file and its figures, next to the local store."""
-    name = local_uri[len("shm://"):]
-    return (f"/dev/shm/wirehead-relay.{name}.lock", f"/dev/shm/wirehead-relay.{name}.json")
 
 
 def _open_owned(path, flags):
@@ -73,7 +61,7 @@ def relay_figures(cfg):
     if not local:
         return None
     try:
-        fd = _open_owned(_files(local)[1], os.O_RDONLY)
+        fd = _open_owned(_uri.shm_files(local).relay_state, os.O_RDONLY)
     except (FileNotFoundError, ConfigError):
         return None
     with os.fdopen(fd) as f:
@@ -94,7 +82,7 @@ class RelayBusyError(RuntimeError):
 
 
 class WireheadRelay:
-    """Fills this node's LOCAL_CACHE store from the config's mongodb://
+    """Fills this node's LOCAL_CACHE store from the config's MongoDB
     STORE: polls the MongoDB state every ``poll`` seconds and, when a newer
     generation is sealed there, copies it once (same generation number,
     positions and checksummed bytes) and seals it locally. A generation
@@ -110,8 +98,9 @@ class WireheadRelay:
                  quiet=False, verbose=False, summary_every=SUMMARY_EVERY):
         self.cfg = get_config(config_path, config)
         if not self.cfg["LOCAL_CACHE"]:
-            raise ConfigError(f"{self.cfg.source}: a relay needs LOCAL_CACHE (shm://NAME or "
-                              f"auto) with a mongodb:// STORE")
+            raise ConfigError(f"{self.cfg.source}: a relay needs LOCAL_CACHE "
+                              f"({_uri.shm_uri('NAME')} or auto), the node-local copy of the "
+                              f"STORE it fills")
         self.local = local_cache_uri(self.cfg)
         self.poll = float(poll)
         self.wait = wait
@@ -144,7 +133,7 @@ class WireheadRelay:
     def _acquire(self):
         """Takes the node's relay lock (flock: the kernel lets go of it when
         the holder dies, however it dies); True once held."""
-        path = _files(self.local)[0]
+        path = _uri.shm_files(self.local).relay_lock
         fd = _open_owned(path, os.O_RDWR | os.O_CREAT)
         noted = None
         while True:
@@ -203,7 +192,7 @@ class WireheadRelay:
         user put there first is refused at the start, not at the first
         write, and before the lock is taken."""
         try:
-            os.close(_open_owned(_files(self.local)[1], os.O_RDONLY))
+            os.close(_open_owned(_uri.shm_files(self.local).relay_state, os.O_RDONLY))
         except FileNotFoundError:
             pass
 
@@ -215,8 +204,8 @@ class WireheadRelay:
         self.figures["updated"] = now
         # readers of the figures see the old file or the new one; the temporary
         # is made exclusively and only a regular file is replaced
-        write_file(_files(self.local)[1], json.dumps(self.figures).encode(), ConfigError,
-                   replaces="file", mode=0o600)
+        write_file(_uri.shm_files(self.local).relay_state, json.dumps(self.figures).encode(),
+                   ConfigError, replaces="file", mode=0o600)
 
     def step(self):
         """One look at MongoDB; copies its newest sealed generation when the
@@ -337,7 +326,7 @@ class WireheadRelay:
         self._dst.close()
         if self._lock_fd is not None:
             # removed while held (a waiting relay then locks a new file), then let go
-            path = _files(self.local)[0]
+            path = _uri.shm_files(self.local).relay_lock
             if self._still_named(self._lock_fd, path):
                 os.unlink(path)
             os.close(self._lock_fd)

@@ -13,6 +13,7 @@ import random
 import numpy as np
 
 from . import _C, _files
+from ._redact import redact
 from ._shard_export import export_shards  # noqa: F401 (the module's public names)
 from ._shard_format import (  # noqa: F401 (INDEX_FORMAT: the module's public names)
     _BLOCK,
@@ -32,7 +33,7 @@ from ._shard_format import (  # noqa: F401 (INDEX_FORMAT: the module's public na
     parse_npy,
 )
 from ._store import ProcessStore
-from .config import get_config, redact
+from .config import get_config
 
 __all__ = ["export_shards", "from_shards", "mix", "expand_urls", "ShardError", "ShardSource"]
 

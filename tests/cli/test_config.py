@@ -10,7 +10,8 @@ import warnings
 import pytest
 
 import wirehead_torch as wt
-from wirehead_torch.config import parse_bytes, redact
+from wirehead_torch._redact import redact
+from wirehead_torch.config import parse_bytes
 
 import whlib
 
@@ -107,6 +108,19 @@ def test_package_holds_no_store_logic():
     assert out.stdout == "", out.stdout
 
 
+def test_only_the_uri_module_spells_a_scheme_or_a_shm_file():
+    """A store's scheme (shm://, mongodb://, mongodb+srv://) and the names
+    of the files under /dev/shm are written in code in wirehead_torch/_uri.py
+    only: every other module asks it, and what a store can do comes from
+    its backend, not from the spelling of its scheme."""
+    pkg = os.path.join(whlib.REPO, "wirehead_torch")
+    spelled = (r"[\"'](shm|mongodb|mongodb\+srv)://|startswith\([\"'](shm|mongo)|[\"']/dev/shm"
+               r"|[\"'/]wirehead(-params|-relay|-ring)?\.|[\"']wirehead-(params|relay|ring)")
+    out = subprocess.run(["grep", "-rnE", spelled, pkg, "--include=*.py",
+                          "--exclude=_uri.py"], capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == "", out.stdout + out.stderr
+
+
 # -- errors name the key, the file and the value --------------------------------
 
 @pytest.mark.parametrize("text, key, value", [
@@ -155,7 +169,7 @@ def test_config_takes_a_mapping_and_says_so_for_a_path(tmp_path, monkeypatch):
 
 def test_mongo_errors_call_the_prefix_a_collection_prefix(mongo_server):
     from wirehead_torch import _C
-    from wirehead_torch.config import store_kwargs
+    from wirehead_torch._store_args import store_kwargs
     cfg = {"STORE": f"{mongo_server.uri}/{whlib.unique_name('whm')}", "SWAP_CAP": 3,
            "SAMPLE": ["a"], "COLLECTION_PREFIX": "runs7", "CONNECT_TIMEOUT": 10}
     _C.Store(**store_kwargs(cfg)).close()
@@ -217,7 +231,7 @@ def test_oversized_config_is_refused(tmp_path):
 @pytest.mark.parametrize("env, what", [
     ("shm://a/b", "shm store name 'a/b'"),
     ("shm://", "names no store"),
-    ("redis://h/db", "must start with shm:// or mongodb://"),
+    ("redis://h/db", "must start with shm://, mongodb:// or mongodb+srv://"),
     ("shm://x\n", "control character"),
 ])
 def test_wirehead_store_env_is_checked_like_store(tmp_path, monkeypatch, env, what):
@@ -283,30 +297,35 @@ def test_resolved_config_is_frozen_and_reads_as_a_mapping(tmp_path, monkeypatch)
 
 def test_store_kwargs_passes_zero_for_an_auto_budget(monkeypatch):
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
-    from wirehead_torch import config
+    from wirehead_torch import _store_args, config
     cfg = config.resolve({"STORE": "shm://x", "SWAP_CAP": 4, "SAMPLE": ["a"]})
-    assert cfg.byte_budget is None and config.store_kwargs(cfg)["byte_budget"] == 0
-    assert config.store_kwargs(cfg.replace(BYTE_BUDGET="1MiB"))["byte_budget"] == 1 << 20
+    assert cfg.byte_budget is None and _store_args.store_kwargs(cfg)["byte_budget"] == 0
+    assert _store_args.store_kwargs(cfg.replace(BYTE_BUDGET="1MiB"))["byte_budget"] == 1 << 20
     assert not hasattr(config, "AUTO_FALLBACK_BUDGET")
+    assert not hasattr(_store_args, "AUTO_FALLBACK_BUDGET")
 
 
-def test_shm_reserve_bytes_is_the_segment_size(monkeypatch):
+def test_the_store_says_what_it_reserves(monkeypatch):
+    """What an shm store reserves in /dev/shm, as C reports it (status's
+    store_bytes, what its creator says it reserved): the segment file's
+    size, a little over its areas of BYTE_BUDGET."""
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
-    from wirehead_torch import _C, config
+    from wirehead_torch import _C
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     for swap_cap, budget in ((1, 4096), (300, 5000), (8, 1 << 20)):
-        cfg = config.resolve({"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
-                              "SAMPLE": ["a"], "BYTE_BUDGET": budget})
-        st = _C.Store(**config.store_kwargs(cfg))
+        cfg = resolve({"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
+                       "SAMPLE": ["a"], "BYTE_BUDGET": budget})
+        st = _C.Store(**store_kwargs(cfg))
         try:
             size = os.stat(f"/dev/shm/wirehead.{cfg.store[len('shm://'):]}").st_size
-            assert config.shm_reserve_bytes(cfg) == size
+            got = st.status()
+            area = got["byte_budget"]  # BYTE_BUDGET in whole pages
+            assert got["store_bytes"] == size and budget <= area < budget + 4096
+            assert len(got["areas"]) * area < size < len(got["areas"]) * area + (1 << 20)
         finally:
             st.close()
             wt.clean(cfg)
-    auto = config.resolve({"STORE": "shm://x", "SWAP_CAP": 8, "SAMPLE": ["a"]})
-    assert config.shm_reserve_bytes(auto) is None
-    assert config.shm_reserve_bytes(auto, byte_budget=1 << 20) == size
-    assert config.shm_reserve_bytes(auto.replace(STORE="mongodb://h/db")) == 0
 
 
 # -- redaction ------------------------------------------------------------------
@@ -340,7 +359,7 @@ SECRET_OPTS = (f"authMechanismProperties=AWS_SESSION_TOKEN:{SECRETS[0]}"
 
 
 def test_scrub_hides_secrets_quoted_in_messages():
-    from wirehead_torch.config import scrub, secrets_hidden
+    from wirehead_torch._redact import scrub, secrets_hidden
     uri = f"mongodb://u:SECRETpw9@h/db?{SECRET_OPTS}"
     msg = f"invalid MongoDB URI {uri}: Unsupported value for \"x\": \"{SECRETS[1]}\""
     out = scrub(msg, uri)
@@ -361,9 +380,9 @@ def _assert_hidden(text):
 
 def test_no_secret_in_any_output_path(mongo_server, tmp_path, monkeypatch, capsys):
     from wirehead_torch import _C
+    from wirehead_torch._store_args import store_kwargs
     from wirehead_torch.apps import cli
     from wirehead_torch.apps.monitor import WireheadLogger
-    from wirehead_torch.config import store_kwargs
     monkeypatch.delenv("WIREHEAD_STORE", raising=False)
     store = f"{mongo_server.uri}/{whlib.unique_name('whm')}?{SECRET_OPTS}"
     cfg = {"STORE": store, "SWAP_CAP": 2, "SAMPLE": ["a"], "CONNECT_TIMEOUT": 10}
@@ -431,3 +450,30 @@ def test_mongodb_uri_with_options_and_credentials_is_accepted():
     for uri in ("mongodb://h/ok_db?x=1", "mongodb://u:p@h1,h2/db", "mongodb://h"):
         assert wt.config.get_config(config={"STORE": uri, "SWAP_CAP": 2,
                                             "SAMPLE": ["a"]})["STORE"] == uri
+
+
+def test_a_mongodb_srv_store_takes_a_local_cache(monkeypatch):
+    """mongodb+srv:// is a MongoDB STORE like mongodb://: with LOCAL_CACHE
+    it loads as a config, and its node-local copy is named and records its
+    source as any other's; an shm STORE with LOCAL_CACHE, or a LOCAL_CACHE
+    a relay cannot fill, is still refused naming the key."""
+    from wirehead_torch._store_args import local_cache_uri, local_origin, store_kwargs
+    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
+    base = {"SWAP_CAP": 4, "SAMPLE": ["a"]}
+    store = "mongodb+srv://user:SECRETpw9@cluster.example/db?retryWrites=true"
+    for local in ("auto", "shm://srv-copy"):
+        cfg = wt.config.get_config(config=dict(base, STORE=store, LOCAL_CACHE=local))
+        assert cfg.store == store and cfg.local_cache == local
+        uri = local_cache_uri(cfg)
+        assert uri == local if local != "auto" else uri.startswith("shm://relay-")
+        origin_id, name = local_origin(cfg)
+        assert name == "mongodb+srv://cluster.example/db (prefix wirehead)"
+        kw = store_kwargs(cfg, local=True)
+        assert kw["uri"] == uri and kw["origin_id"] == origin_id and kw["byte_budget"] == 0
+        assert store_kwargs(cfg)["uri"] == store
+    with pytest.raises(wt.ConfigError, match="LOCAL_CACHE") as e:
+        wt.config.get_config(config=dict(base, STORE="shm://x", LOCAL_CACHE="auto"))
+    assert "shm://x" in str(e.value)
+    with pytest.raises(wt.ConfigError, match="LOCAL_CACHE") as e:
+        wt.config.get_config(config=dict(base, STORE=store, LOCAL_CACHE=store))
+    assert "SECRETpw9" not in str(e.value), str(e.value)

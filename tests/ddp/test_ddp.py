@@ -17,7 +17,8 @@ import pytest
 import wirehead_torch as wt
 from wirehead_torch import _C
 from wirehead_torch._order import Order
-from wirehead_torch.config import resolve, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import resolve
 
 import whlib
 

@@ -13,6 +13,7 @@ import torch
 import wirehead_torch as wt
 from wirehead_torch import _C
 from wirehead_torch._arrays import to_store_arrays
+from wirehead_torch._store_args import store_kwargs
 
 import whlib
 
@@ -77,7 +78,7 @@ def test_quoted_numbers_accepted_like_the_original(tmp_path, monkeypatch):
     assert cfg["PORT"] == 45055 and cfg["SWAP_CAP"] == 100
     assert cfg["CHUNKSIZE"] == 8 and cfg["LEASE_SECONDS"] == 2.5
     assert cfg["STORE"] == "mongodb://h:45055/wirehead"
-    assert wt.config.store_kwargs(cfg)["swap_cap"] == 100
+    assert store_kwargs(cfg)["swap_cap"] == 100
     for bad in ('"1e99999"', '"nan"', '"0x10"', '"18446744073709551619"'):
         with pytest.raises(ValueError, match="SWAP_CAP"):
             wt.load_config(cfg_file(tmp_path, f"SWAP_CAP: {bad}\nSAMPLE: [a]\n"))

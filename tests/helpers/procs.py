@@ -78,7 +78,8 @@ def main():
         print(f"SWAPS {n}", file=sys.stderr, flush=True)
     elif kind == "lease":
         from wirehead_torch import _C
-        from wirehead_torch.config import resolve, store_kwargs
+        from wirehead_torch._store_args import store_kwargs
+        from wirehead_torch.config import resolve
         st = _C.Store(**store_kwargs(resolve(cfg)))
         assert st.lead()
         print("LEASED", file=sys.stderr, flush=True)

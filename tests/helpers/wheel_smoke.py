@@ -20,7 +20,8 @@ def main():
 
     import wirehead_torch as wt
     from wirehead_torch import _C
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     assert "site-packages" in wt.__file__, wt.__file__
     assert "torch" not in sys.modules, "the generator side imported torch"
     assert _C.FAULT_HOOKS == 0, "the wheel carries the test builds' fault-injection points"

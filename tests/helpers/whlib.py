@@ -220,7 +220,8 @@ def until(cond, timeout, what):
 def open_store(cfg):
     """A raw store handle (wirehead_torch._C.Store) for a test config."""
     from wirehead_torch import _C
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     return _C.Store(**store_kwargs(resolve(cfg)))
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from wirehead_torch import _C
-from wirehead_torch.config import get_config, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import get_config
 
 import whlib
 

@@ -91,7 +91,8 @@ def test_dataset_copies_at_most_once(filled):
 
 
 def test_tensor_pointer_is_the_c_buffer(filled):
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     store = _C.Store(**store_kwargs(resolve(filled)))
     arrs = store.read(store.current(), 0)
     t = torch.from_dlpack(arrs[1])
@@ -101,7 +102,8 @@ def test_tensor_pointer_is_the_c_buffer(filled):
 
 
 def test_versioned_capsule_when_asked(filled):
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     store = _C.Store(**store_kwargs(resolve(filled)))
     arr = store.read(store.current(), 0)[1]
     cap = arr.__dlpack__(max_version=(1, 0))
@@ -113,7 +115,8 @@ def test_versioned_capsule_when_asked(filled):
 
 
 def test_copy_true_hands_out_an_independent_copy(filled):
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     store = _C.Store(**store_kwargs(resolve(filled)))
     arr = store.read(store.current(), 0)[1]
     shared = np.from_dlpack(arr)
@@ -131,7 +134,8 @@ def test_copy_true_hands_out_an_independent_copy(filled):
 
 
 def test_dlpack_arguments_checked(filled):
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     store = _C.Store(**store_kwargs(resolve(filled)))
     arr = store.read(store.current(), 0)[1]
     with pytest.raises(TypeError, match="copy must be None or a bool"):

@@ -13,7 +13,8 @@ import pytest
 
 import wirehead_torch as wt
 from wirehead_torch import _C
-from wirehead_torch.config import resolve, shm_reserve_bytes, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import resolve
 
 import whlib
 from whlib import open_store
@@ -96,13 +97,13 @@ def test_shm_files_are_the_files_a_store_makes(shm_cfg):
     # what the config's estimate says
     st = open_store(cfg).status()
     want = _C.shm_segment_bytes(3, 1 << 20)
-    assert st["store_bytes"] == os.path.getsize(f.segment) == want == shm_reserve_bytes(cfg)
+    assert st["store_bytes"] == os.path.getsize(f.segment) == want
     assert len(st["areas"]) == _C.SHM_AREAS
     # the relay's files sit next to the local store they fill; the rings'
     # files all start alike
-    from wirehead_torch import _ring
-    from wirehead_torch.relay import _files
-    assert _files(cfg["STORE"]) == (f.relay_lock, f.relay_state)
+    from wirehead_torch import _ring, _uri
+    files = _uri.shm_files(cfg["STORE"])
+    assert (files.relay_lock, files.relay_state) == (f.relay_lock, f.relay_state)
     assert f.ring_prefix == f"{_ring.DIR}/{_ring.PREFIX}" == f"{_C.SHM_DIR}/{_C.RING_PREFIX}"
     assert all(os.path.dirname(p) == _C.SHM_DIR for p in f)
     wt.clean(cfg)

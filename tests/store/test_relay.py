@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 import wirehead_torch as wt
-from wirehead_torch import _reader
+from wirehead_torch import _reader, _uri
 from wirehead_torch._arrays import to_store_arrays
+from wirehead_torch._store_args import local_cache_uri, local_origin, store_kwargs
 from wirehead_torch.admin import local_status
 from wirehead_torch.apps import cli
-from wirehead_torch.config import ConfigError, local_cache_uri, local_origin, resolve, store_kwargs
+from wirehead_torch.config import ConfigError, resolve
 
 import whlib
 
@@ -497,7 +498,8 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
             relay.stop()
             t.join(30)
             relay.close()
-            for path in wt.relay._files(dead["LOCAL_CACHE"]):  # its lock and figures
+            files = _uri.shm_files(dead["LOCAL_CACHE"])
+            for path in (files.relay_lock, files.relay_state):  # its lock and figures
                 if os.path.exists(path):
                     os.unlink(path)
             wt.clean({"STORE": dead["LOCAL_CACHE"], "SWAP_CAP": SWAP_CAP,

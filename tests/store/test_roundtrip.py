@@ -47,7 +47,8 @@ def put_read(store, arrays):
 
 @pytest.fixture
 def store(store_cfg):
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch._store_args import store_kwargs
+    from wirehead_torch.config import resolve
     st = _C.Store(**store_kwargs(resolve(store_cfg(swap_cap=1, sample=("a", "b"), budget="1MiB"))))
     assert st.lead()
     yield st

@@ -61,8 +61,9 @@ def test_status_says_when_generators_stopped(store_cfg):
     import time
 
     from wirehead_torch import _C
+    from wirehead_torch._store_args import store_kwargs
     from wirehead_torch.apps.cli import GENERATOR_IDLE_S, _fmt_status
-    from wirehead_torch.config import resolve, store_kwargs
+    from wirehead_torch.config import resolve
     cfg = store_cfg(swap_cap=4, SELF_SEAL=False)
     _C.Store(**store_kwargs(resolve(cfg))).close()  # the store, with nothing put
     st = wt.status(config=cfg)

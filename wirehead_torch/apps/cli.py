@@ -217,16 +217,16 @@ def _cmd_relay(args):
 
 
 def _cmd_clean(args):
+    from .._redact import redact
+    from .._store_args import local_cache_uri
     from ..admin import clean
-    from ..config import get_store_config, redact
+    from ..config import get_store_config
     cfg, _ = get_store_config(args.config)
     if args.local_only:
-        from ..config import local_cache_uri
         what = f"this node's copy {local_cache_uri(cfg) if cfg['LOCAL_CACHE'] else ''}"
     else:
         what = f"store {redact(cfg['STORE'])}"
         if cfg["LOCAL_CACHE"]:  # clean removes this node's copy with it
-            from ..config import local_cache_uri
             what += f" and this node's copy {local_cache_uri(cfg)}"
     if clean(config_path=args.config, local_only=args.local_only):
         print(f"removed {what}")

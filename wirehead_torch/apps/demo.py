@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _uri
+from .._redact import redact
 from .._store import gen_label
-from ..config import redact
 from ._args import MAX_BATCH, MAX_SIZE, Parser, integer, number, seconds, seed
 
 __all__ = ["main", "demo_config", "tiny_unet"]
@@ -72,7 +72,7 @@ def _parser():
     p.add_argument("--lr", type=number(0, 10.0, "a learning rate"), default=2e-3,
                    help="Adam learning rate")
     p.add_argument("--store", default=None,
-                   help="store URL (default shm://wh-demo-<pid>)")
+                   help=f"store URL (default {_uri.shm_uri('wh-demo-<pid>')})")
     p.add_argument("--seed", type=seed(), default=None, metavar="S",
                    help="base seed of the generators (default: random)")
     p.add_argument("--gen-nice", type=integer(0, 19), default=10, metavar="N",
@@ -212,7 +212,7 @@ def _wait_first_generation(cfg, children, timeout):
 def _run_demo(args):
     out = sys.stdout
     err = sys.stderr
-    store = args.store or f"shm://wh-demo-{os.getpid()}"
+    store = args.store or _uri.shm_uri(f"wh-demo-{os.getpid()}")
     cfg = demo_config(store, args.swap_cap, args.size)
     cfg_json = json.dumps(cfg)
     base_seed = args.seed if args.seed is not None else int(

@@ -15,8 +15,10 @@ from typing import List, Optional
 import numpy as np
 
 from .. import _C
+from .._redact import redact
 from .._store import ProcessStore, gen_label
-from ..config import DEFAULT_CONFIG_PATH, database, get_config, redact
+from .._store_args import database
+from ..config import DEFAULT_CONFIG_PATH, get_config
 from ._args import MAX_INTERVAL, Parser, integer, number
 
 
