@@ -108,9 +108,8 @@ class ProcessStore:
     def note_created(self, say=None):
         """Says, once, what an shm store this process created reserves in
         /dev/shm (say: print it there too); nothing for a store made by
-        another process or one without a mappable segment (MongoDB)."""
-        if (self._noted or self._st is None
-                or not _uri.backend_of(self.cfg["STORE"]).mappable):
+        another process or one that keeps no files there (MongoDB)."""
+        if self._noted or self._st is None or _uri.shm_files(self.cfg["STORE"]) is None:
             return
         try:
             st = self._st.status()

@@ -83,7 +83,7 @@ def _shm_files(name):
 def check_name(backend):
     """The store name of a Backend record, checked by its backend's rule
     (InvalidSampleError with the C store's message)."""
-    if backend.backend == "shm":
+    if backend.name is not None:
         _shm_check_name(backend.name)
 
 
@@ -98,10 +98,10 @@ def mongodb_uri(host, port, dbname):
 
 
 def shm_files(uri):
-    """The /dev/shm files of uri's store (ShmFiles), None for a store that
-    keeps none (a backend without a mappable segment)."""
+    """The /dev/shm files of uri's store (ShmFiles), None for a store of a
+    backend that names its stores by no local name (a server's address)."""
     b = backend_of(uri)
-    return _shm_files(b.name) if b.mappable else None
+    return _shm_files(b.name) if b.name is not None else None
 
 
 def split(uri):

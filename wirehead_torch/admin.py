@@ -98,12 +98,12 @@ def _params_status(store, st):
 
 def _exists(cfg):
     """Whether the store has anything to remove, asked the way its backend
-    keeps it: the files of a mappable segment (and its params file), or a
-    MongoDB collection of its own (named as the store names them)."""
-    b = _uri.backend_of(cfg["STORE"])
-    if b.mappable:
-        files = _uri.shm_files(cfg["STORE"])
+    keeps it: its files in /dev/shm (segment and params file), or a MongoDB
+    collection of its own (named as the store names them)."""
+    files = _uri.shm_files(cfg["STORE"])
+    if files is not None:
         return any(os.path.exists(f) for f in (files.segment, files.params))
+    b = _uri.backend_of(cfg["STORE"])
     if b.backend != "mongodb":
         raise ValueError(f"clean: no rule for what a {b.backend} store holds")
     prefix = re.escape(str(cfg["COLLECTION_PREFIX"]))
