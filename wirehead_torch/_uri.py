@@ -1,90 +1,31 @@
 """Store URIs: the one module of the package that spells a scheme
-(``shm://``, ``mongodb://``, ``mongodb+srv://``) or a file name under
-/dev/shm. Everything else asks it.
+(``shm://``, ``mongodb://``) or asks for a file name under /dev/shm.
+Everything else asks it.
 
 What a store can do (views, pins, a mappable segment, a params file, being
 the source or the target of a relay) is what the C backend table says of
-its scheme (``backend_of``), never a guess from the scheme's spelling.
-
-Until the C side exports the table (``_C.backend_of``,
-``_C.shm_check_name``, ``_C.shm_files``, ``_C.SHM_DIR``,
-``_C.RING_PREFIX``), the block marked below stands in for it, with the same
-names, fields and messages; it is the only code that would call them."""
+its scheme (``_C.backend_of``), never a guess from the scheme's spelling;
+the names of the files under /dev/shm are C's (``_C.shm_files``,
+``_C.SHM_DIR``, ``_C.RING_PREFIX``)."""
 import re
-from typing import NamedTuple, Optional
 
 from . import _C
 
-# ---- stand-in for the C exports (removed when _C has them) ----------------
-
-
-class Backend(NamedTuple):
-    """What the backend table says of a store URI (``_C.Backend``)."""
-    scheme: str  # "shm", "mongodb", "mongodb+srv"
-    backend: str  # "shm" or "mongodb"
-    views: bool  # tensors over the store's own memory
-    pins: bool  # readers pin the generation area they view
-    mappable: bool  # one segment file, mapped by every process
-    params_file: bool  # the params live in a side file beside the store
-    relay_source: bool  # a relay copies its generations into a node-local copy
-    relay_target: bool  # a relay fills it: it can be a LOCAL_CACHE
-    name: Optional[str]  # shm: the store's NAME; None where the backend names none
-
-
-class ShmFiles(NamedTuple):
-    """The /dev/shm files the package makes for an shm store's name."""
-    segment: str
-    params: str
-    relay_lock: str
-    relay_state: str
-
-
-_SHM = dict(backend="shm", views=True, pins=True, mappable=True, params_file=True,
-            relay_source=False, relay_target=True)
-_MONGO = dict(backend="mongodb", views=False, pins=False, mappable=False, params_file=False,
-              relay_source=True, relay_target=False)
-_TABLE = (("shm", _SHM), ("mongodb", _MONGO), ("mongodb+srv", _MONGO))
-_NAME_MAX = 200
-_NAME = re.compile(r"[A-Za-z0-9._-]*")
-SHM_DIR = "/dev/shm"
-RING_PREFIX = "wirehead-ring."
+SHM_DIR = _C.SHM_DIR
+RING_PREFIX = _C.RING_PREFIX
 
 
 def backend_of(uri):
-    """The Backend record of uri's scheme; InvalidSampleError naming the
+    """The _C.Backend record of uri's scheme; InvalidSampleError naming the
     known schemes for any other."""
-    for scheme, caps in _TABLE:
-        if isinstance(uri, str) and uri.startswith(scheme + "://"):
-            name = uri[len(scheme) + 3:] if caps["backend"] == "shm" else None
-            return Backend(scheme=scheme, name=name, **caps)
-    known = [f"{s}://" for s, _ in _TABLE]
-    raise _C.InvalidSampleError(f"store URI must start with {', '.join(known[:-1])} or "
-                                f"{known[-1]}")
-
-
-def _shm_check_name(name):
-    if not 0 < len(name) <= _NAME_MAX:
-        raise _C.InvalidSampleError(f"shm store name must be 1..{_NAME_MAX} characters")
-    if not _NAME.fullmatch(name):
-        raise _C.InvalidSampleError(f"shm store name '{name}': use only ASCII letters, "
-                                    f"digits, '-', '_', '.'")
-
-
-def _shm_files(name):
-    _shm_check_name(name)
-    return ShmFiles(segment=f"{SHM_DIR}/wirehead.{name}",
-                    params=f"{SHM_DIR}/wirehead-params.{name}",
-                    relay_lock=f"{SHM_DIR}/wirehead-relay.{name}.lock",
-                    relay_state=f"{SHM_DIR}/wirehead-relay.{name}.json")
-
-# ---- end of the stand-in ----------------------------------------------------
+    return _C.backend_of(uri)
 
 
 def check_name(backend):
     """The store name of a Backend record, checked by its backend's rule
     (InvalidSampleError with the C store's message)."""
     if backend.name is not None:
-        _shm_check_name(backend.name)
+        _C.shm_check_name(backend.name)
 
 
 def shm_uri(name):
@@ -98,10 +39,10 @@ def mongodb_uri(host, port, dbname):
 
 
 def shm_files(uri):
-    """The /dev/shm files of uri's store (ShmFiles), None for a store of a
-    backend that names its stores by no local name (a server's address)."""
-    b = backend_of(uri)
-    return _shm_files(b.name) if b.name is not None else None
+    """The /dev/shm files of uri's store (_C.ShmFiles), None for a store of
+    a backend that names its stores by no local name (a server's address)."""
+    name = backend_of(uri).name
+    return _C.shm_files(name) if name is not None else None
 
 
 def split(uri):

@@ -36,7 +36,7 @@ DEFAULTS = {
     "MONGOHOST": None,
     "PORT": 27017,
     "DBNAME": "wirehead",
-    "CHUNKSIZE": 4,               # MiB per chunk document (MongoDB store)
+    "CHUNKSIZE": _C.CHUNK_BYTES_DEFAULT >> 20,  # MiB per chunk document (MongoDB store)
     "WRITE_COLLECTION": "write",  # original names; the prefix below replaces them
     "READ_COLLECTION": "read",
     "COUNTER_COLLECTION": "counters",
@@ -47,9 +47,9 @@ DEFAULTS = {
     "BYTE_BUDGET": "auto",        # shm: bytes per generation area; auto: sized
                                   # from the first sample when the first generator writes
     "SELF_SEAL": True,            # generators seal a full generation when no manager leads
-    "LEASE_SECONDS": 10.0,        # a dead manager is replaced within this time
+    "LEASE_SECONDS": _C.LEASE_SECONDS_DEFAULT,  # a dead manager is replaced within this time
     "READ_TIMEOUT": 120.0,        # readers wait this long for the first generation
-    "CONNECT_TIMEOUT": 10.0,      # MongoDB: bounded wait for the server
+    "CONNECT_TIMEOUT": _C.CONNECT_TIMEOUT_DEFAULT,  # MongoDB: bounded wait for the server
     "VERIFY_READS": True,         # check every field's XXH3 checksum on read
     "HANDOVER_CHECK": "slot",     # ring hand-over: the slot's seal (slot) or every row again (rows)
     "MANAGER_POLL": 0.01,         # seconds between seal checks
@@ -65,16 +65,17 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000 ** 2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30,
           "t": 1 << 40, "tib": 1 << 40}
 
-# The bounds the C side takes (the Store arguments): SWAP_CAP's range is the
-# C one (wh.h); byte counts fit in uint64 with headroom; timeouts below 1e6 s.
+# The bounds the C side takes (the Store arguments) are C's: SWAP_CAP's
+# range, timeouts below _C.SECONDS_MAX, a field name's length; byte counts
+# fit in uint64 with headroom.
 _INT_RANGES = {"SWAP_CAP": (_C.SWAP_CAP_MIN, _C.SWAP_CAP_MAX), "PORT": (1, 65535)}
 # (least, most); all must be positive. CHUNKSIZE (MiB): a chunk document
 # must fit MongoDB's 16 MiB limit, and tiny chunks make reads of millions.
-_NUM_RANGES = {"LEASE_SECONDS": (0, 1e6), "READ_TIMEOUT": (0, 1e6),
-               "CONNECT_TIMEOUT": (0, 1e6), "MANAGER_POLL": (0, 3600.0),
+_NUM_RANGES = {"LEASE_SECONDS": (0, _C.SECONDS_MAX), "READ_TIMEOUT": (0, _C.SECONDS_MAX),
+               "CONNECT_TIMEOUT": (0, _C.SECONDS_MAX), "MANAGER_POLL": (0, 3600.0),
                "CHUNKSIZE": (1 / 2048, 15.0)}
 _BYTES_MAX = 1 << 62
-_NAME_MAX = 63          # a SAMPLE field name (the C side keeps 64 bytes with the NUL)
+_NAME_MAX = _C.FIELD_NAME_MAX  # a SAMPLE field name
 _NAME_KEYS = ("DBNAME", "WRITE_COLLECTION", "READ_COLLECTION", "COUNTER_COLLECTION",
               "TEMP_COLLECTION", "COLLECTION_PREFIX", "MONGOHOST")
 _STORE_MAX = 4096

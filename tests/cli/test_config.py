@@ -305,29 +305,6 @@ def test_store_kwargs_passes_zero_for_an_auto_budget(monkeypatch):
     assert not hasattr(_store_args, "AUTO_FALLBACK_BUDGET")
 
 
-def test_the_store_says_what_it_reserves(monkeypatch):
-    """What an shm store reserves in /dev/shm, as C reports it (status's
-    store_bytes, what its creator says it reserved): the segment file's
-    size, a little over its areas of BYTE_BUDGET."""
-    monkeypatch.delenv("WIREHEAD_STORE", raising=False)
-    from wirehead_torch import _C
-    from wirehead_torch._store_args import store_kwargs
-    from wirehead_torch.config import resolve
-    for swap_cap, budget in ((1, 4096), (300, 5000), (8, 1 << 20)):
-        cfg = resolve({"STORE": f"shm://{whlib.unique_name()}", "SWAP_CAP": swap_cap,
-                       "SAMPLE": ["a"], "BYTE_BUDGET": budget})
-        st = _C.Store(**store_kwargs(cfg))
-        try:
-            size = os.stat(f"/dev/shm/wirehead.{cfg.store[len('shm://'):]}").st_size
-            got = st.status()
-            area = got["byte_budget"]  # BYTE_BUDGET in whole pages
-            assert got["store_bytes"] == size and budget <= area < budget + 4096
-            assert len(got["areas"]) * area < size < len(got["areas"]) * area + (1 << 20)
-        finally:
-            st.close()
-            wt.clean(cfg)
-
-
 # -- redaction ------------------------------------------------------------------
 
 @pytest.mark.parametrize("uri, shown", [
