@@ -131,12 +131,11 @@ class ToDevice:
                     yield stage_batch(self._stage, batch, from_dlpack)
                     continue
                 fields, extras, form = batch.fields, batch.extras, batch.form
-                if batch.direct is not None:  # large rows left in the store
-                    arr, direct, reread = self._stage.copy_rows(
-                        batch.take(), batches._direct_store(), *batch.direct[:-1])
-                else:
-                    arr, direct = self._stage.copy_slot(batch.take())
-                del batch  # the stage holds the slot until its copy completed
+                # rows a worker left in the store are copied from there
+                store = batches._direct_store() if batch.in_store else None
+                arr, direct, _ = self._stage.copy_slot(batch.take(), wire=batch.wire,
+                                                       store=store)
+                del batch, store  # the stage holds the slot until its copy completed
                 self._counts["registered" if direct else "staged"] += 1
                 if not direct and not self._said.get("said"):
                     self._say(device)

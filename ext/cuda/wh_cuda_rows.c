@@ -49,45 +49,34 @@ static void *wh__reread_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
 /* The batch read again in this process, as the worker read it: the rows'
  * positions and padding from the slot, from the first row's generation on
  * (a reclaimed one moves to the newest), checked; one copy. */
-static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh__rows_at_t *at, const wh_gpu_rows_t *rq,
-                                 wh_err_t *err) {
+static wh_buf_t *wh__rows_reread(wh_gpu_t *g, wh_store_t *st, const wh__rows_at_t *at,
+                                 const wh_batch_wire_t *w, wh_err_t *err) {
     wh__reread_t c = {at, g, NULL};
-    const wh_store_config_t *cfg = wh_store_config(rq->st);
+    const wh_store_config_t *cfg = wh_store_config(st);
     wh_batch_fill_t f = {0};
-    f.st = rq->st;
+    f.st = st;
     f.schema = &cfg->schema;
-    f.n = rq->n;
-    f.want = rq->want;
-    f.timeout_s = rq->timeout_s;
-    f.strict = rq->strict;
+    f.n = w->b.n;
+    f.want = w->b.want;
+    f.timeout_s = w->timeout_s;
+    f.strict = w->strict;
     f.at = wh__reread_at;
     f.at_ctx = &c;
     f.mem = wh__reread_mem;
     f.mem_ctx = &c;
-    f.ignore_fields = rq->ignore_fields;
-    f.ignore_int = rq->ignore_int;
-    f.ignore_float = rq->ignore_float;
+    f.ignore_fields = w->ignore_fields;
+    f.ignore_int = w->ignore_int;
+    f.ignore_float = w->ignore_float;
     wh_batch_t b;
     void *data;
-    wh_batch_stats_t st;
+    wh_batch_stats_t bs;
     wh_buf_t *dev = NULL;
-    bool ok = wh_batch_fill(&f, at->gen[0], &b, &data, &st, err);
-    for (int k = 0; ok && k < rq->nfields; k++) {
-        if (!(rq->want & (1u << k)) || (b.off[k] == rq->off[k] && b.meta[k].nbytes == rq->row[k]))
-            continue;
-        ok = wh_err_set(err, WH_E_INVALID,
-                        "field '%s': generation %llu holds samples of %llu bytes where the "
-                        "batch's worker read %llu; samples stacked in one batch need one shape",
-                        cfg->schema.names[k], (unsigned long long)st.gen,
-                        (unsigned long long)b.meta[k].nbytes, (unsigned long long)rq->row[k]);
-    }
-    if (ok && b.size != rq->size)
-        ok = wh_err_set(err, WH_E_INVALID, "the batch read again has %llu bytes, not %llu",
-                        (unsigned long long)b.size, (unsigned long long)rq->size);
-    if (ok) dev = wh__gpu_copy(g, c.h, b.size, NULL, err);
+    if (wh_batch_fill(&f, at->gen[0], &b, &data, &bs, err) &&
+        wh_batch_same_layout(&w->b, &b, &cfg->schema, bs.gen, err))
+        dev = wh__gpu_copy(g, c.h, b.size, NULL, err);
     if (dev) {
         pthread_mutex_lock(&g->mu);
-        g->stats.host_copy_bytes += st.host_bytes;
+        g->stats.host_copy_bytes += bs.host_bytes;
         g->stats.rereads++;
         pthread_mutex_unlock(&g->mu);
     }
@@ -98,22 +87,24 @@ static wh_buf_t *wh__rows_reread(wh_gpu_t *g, const wh__rows_at_t *at, const wh_
 /* Views of every row's large fields, by the generation and position the
  * slot names; false (nothing held) when one is not the sample the worker
  * read any more, or an error other than a read's (*fatal). */
-static bool wh__rows_view(const wh_gpu_rows_t *rq, const wh__rows_at_t *at, wh__rowhold_t *hold,
-                          const char **src, bool *fatal, wh_err_t *err) {
-    for (uint32_t i = 0; i < rq->n; i++) {
+static bool wh__rows_view(wh_store_t *st, const wh_batch_wire_t *w, const wh__rows_at_t *at,
+                          wh__rowhold_t *hold, const char **src, bool *fatal, wh_err_t *err) {
+    const wh_batch_t *b = &w->b;
+    size_t nf = (size_t)b->nfields;
+    for (uint32_t i = 0; i < b->n; i++) {
         uint64_t known[WH_MAX_FIELDS] = {0};
-        memcpy(known, rq->sums + (size_t)i * (size_t)rq->nfields, (size_t)rq->nfields * 8);
+        memcpy(known, w->sums + (size_t)i * nf * 8, nf * 8);
         wh_sample_meta_t m;
         wh_err_t e = {0};
-        if (!wh_store_view_known(rq->st, at->gen[i], at->pos[i], known, &hold->views[i], &m, &e)) {
+        if (!wh_store_view_known(st, at->gen[i], at->pos[i], known, &hold->views[i], &m, &e)) {
             *fatal = e.code == WH_E_SYS || e.code == WH_E_INTERNAL;
             if (*fatal && err) *err = e;
             return false;
         }
         hold->n = i + 1;
-        for (int f = 0; f < rq->nfields; f++) {
-            if (!(rq->direct & (1u << f))) continue;
-            if (f >= m.nfields || m.f[f].checksum != known[f] || m.f[f].nbytes != rq->row[f])
+        for (int f = 0; f < b->nfields; f++) {
+            if (!(b->direct & (1u << f))) continue;
+            if (f >= m.nfields || m.f[f].checksum != known[f] || m.f[f].nbytes != b->meta[f].nbytes)
                 return false;
             src[(size_t)i * WH_MAX_FIELDS + f] = (const char *)hold->views[i]->data + m.f[f].offset;
         }
@@ -121,59 +112,27 @@ static bool wh__rows_view(const wh_gpu_rows_t *rq, const wh__rows_at_t *at, wh__
     return true;
 }
 
-wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t *rq,
-                                bool *direct_out, bool *reread, wh_err_t *err) {
+wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, wh_store_t *st,
+                                const wh_batch_wire_t *w, bool *direct_out, bool *reread,
+                                wh_err_t *err) {
     *direct_out = *reread = false;
-    if (rq->n < 1 || rq->nfields < 1 || rq->nfields > WH_MAX_FIELDS || !(rq->direct & rq->want) ||
-        (rq->direct & ~rq->want))
-        return wh_err_set(err, WH_E_INVALID, "copy_slot: no fields left in the store"), NULL;
-    wh_batch_t b;
-    memset(&b, 0, sizeof b);
-    b.n = rq->n;
-    b.nfields = rq->nfields;
-    b.direct = rq->direct;
-    for (int f = 0; f < rq->nfields; f++) {
-        b.off[f] = rq->off[f];
-        b.meta[f].nbytes = rq->row[f];
-    }
-    b.pad_off = rq->pad_off;
-    b.gen_off = rq->gen_off;
-    b.pos_off = rq->pos_off;
-    b.pv_off = rq->pv_off;
-    b.size = rq->size;
-    /* the layout comes from the handle: the blocks in order, inside the
-     * batch, and the slot's part the size of the slot claimed */
-    uint64_t end = 0;
-    bool fits = true;
-    for (int f = 0; f < rq->nfields && fits; f++) {
-        uint64_t part;
-        if (!(rq->want & (1u << f))) continue;
-        fits = b.off[f] >= end && wh_mul_ok(b.meta[f].nbytes, b.n, &part) &&
-               wh_add_ok(b.off[f], WH_ALIGN_UP(part), &end);
-    }
-    fits = fits && b.size <= WH_SAMPLE_MAX_BYTES * 64 && end <= b.size && b.pad_off <= b.size &&
-           b.gen_off <= b.size && b.pos_off <= b.size && b.pv_off <= b.size && b.pad_off >= end &&
-           b.gen_off >= b.pad_off + b.n && b.pos_off >= b.gen_off + 8 * (uint64_t)b.n &&
-           b.pv_off >= b.pos_off + 8 * (uint64_t)b.n && b.size >= b.pv_off + 8 * (uint64_t)b.n &&
-           b.size <= WH_SAMPLE_MAX_BYTES * 64;
-    b.hsize = fits ? wh_batch_host_off(&b, b.size) : 0;
-    if (!fits || b.hsize != held->size)
+    if (!w->b.direct || w->b.hsize != held->size)
         return wh_err_set(err, WH_E_INVALID,
-                          "copy_slot: a batch layout (%llu bytes, %llu in the slot) that does "
-                          "not fit its %zu-byte slot",
-                          (unsigned long long)b.size, (unsigned long long)b.hsize, held->size),
+                          "copy_slot: no fields left in the store, or the layout read for "
+                          "another slot"),
                NULL;
+    wh_batch_t b = w->b;
+    uint32_t n = b.n;
     const char *slot = held->data;
-    wh__rows_at_t at = {malloc(rq->n * sizeof *at.gen), malloc(rq->n * sizeof *at.pos),
-                        malloc(rq->n)};
-    wh__rowhold_t *hold = calloc(1, sizeof *hold + rq->n * sizeof(wh_buf_t *));
-    const char **src = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *src);
+    wh__rows_at_t at = {malloc(n * sizeof *at.gen), malloc(n * sizeof *at.pos), malloc(n)};
+    wh__rowhold_t *hold = calloc(1, sizeof *hold + n * sizeof(wh_buf_t *));
+    const char **src = calloc((size_t)n * WH_MAX_FIELDS, sizeof *src);
     wh_buf_t *dev = NULL;
     bool ok = at.gen && at.pos && at.pad && hold && src;
     if (!ok) wh_err_set(err, WH_E_SYS, "out of memory");
     uint64_t goff = wh_batch_host_off(&b, b.gen_off), poff = wh_batch_host_off(&b, b.pos_off),
              padoff = wh_batch_host_off(&b, b.pad_off);
-    for (uint32_t i = 0; ok && i < rq->n; i++) {
+    for (uint32_t i = 0; ok && i < n; i++) {
         int64_t gen, pos;
         memcpy(&gen, slot + goff + 8 * (uint64_t)i, 8);
         memcpy(&pos, slot + poff + 8 * (uint64_t)i, 8);
@@ -187,14 +146,14 @@ wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t
         at.pos[i] = (uint32_t)pos;
     }
     bool fatal = !ok;
-    if (ok) wh_store_set_dma_views(rq->st, true);
-    if (!ok || !wh__rows_view(rq, &at, hold, src, &fatal, err)) {
+    if (ok) wh_store_set_dma_views(st, true);
+    if (!ok || !wh__rows_view(st, w, &at, hold, src, &fatal, err)) {
         for (uint32_t i = 0; hold && i < hold->n; i++) wh_buf_unref(hold->views[i]);
         free(hold);
         free(src);
         if (!fatal) {
             *reread = true;
-            dev = wh__rows_reread(g, &at, rq, err);
+            dev = wh__rows_reread(g, st, &at, w, err);
         }
         free(at.gen);
         free(at.pos);

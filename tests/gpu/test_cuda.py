@@ -1140,20 +1140,18 @@ def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, c
                                                                           shm_cfg, change):
     # the layout a handle names is checked against the slot claimed before
     # any copy is queued from it
-    import struct
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     dl = ring_loader(cfg, workers=1, batch=2, device="cuda")
     inner = dl._slot_batches
 
     def slot_batches(stage):
         for b in inner(stage):
-            d = b.direct
+            words = whlib.wire_words(b.wire)
             if change == "size":
-                b.direct = d._replace(size=d.size + 64)
+                words[whlib.WIRE_WORDS["size"]] += 64
             else:  # the data field's rows said to start before the id's end
-                offs = list(struct.unpack(f"{len(d.offsets) // 8}Q", d.offsets))
-                offs[1] = 0
-                b.direct = d._replace(offsets=struct.pack(f"{len(offs)}Q", *offs))
+                words[whlib.WIRE_WORDS["off"] + 1] = 0
+            b.wire = whlib.pack_wire(words)
             yield b
 
     dl._slot_batches = slot_batches
