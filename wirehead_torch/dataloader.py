@@ -10,7 +10,7 @@ from . import _C
 from ._order import check_yields, plan_sizes, rank_world, warn_padding
 from ._reader import reader_timeout
 from .dataset import _CurrentGenerationReader
-from .iterable import _DIRECT, _GEN, WireheadIterableDataset
+from .iterable import WireheadIterableDataset
 
 _STATE_VERSION = 1
 
@@ -293,12 +293,12 @@ class DataLoader(torch.utils.data.DataLoader):
             _ring.direct(token, True)
         if shared is not None and stage is not None and not stage.stats()["staged_why"]:
             # read by each worker as its epoch starts, so set before they start
-            shared[_DIRECT] = stage.direct_min(self._store_uri())[0]
+            shared.direct_min = stage.direct_min(self._store_uri())[0]
         try:
             yield from self._host_iter()
         finally:
             if shared is not None:
-                shared[_DIRECT] = 0
+                shared.direct_min = 0
             if token is not None:
                 _ring.direct(token, False)
 
@@ -328,7 +328,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 ds.load_state_dict(dict(resume["dataset"], epoch=epoch,
                                         batches_consumed=start))
             else:
-                ds._set_epoch(epoch)
+                ds._shared.start(epoch)
         else:
             self._plan_sampler.epoch, self._plan_sampler.start = epoch, start
         self._epoch = epoch + 1
@@ -394,7 +394,7 @@ class DataLoader(torch.utils.data.DataLoader):
             ds = self.dataset
             # the generation the epoch reads: set by worker 0, which yields
             # the epoch's (and a resumed epoch's) first batch
-            gen = ds._shared[_GEN] if consumed and not self._done else 0
+            gen = ds._shared.generation if consumed and not self._done else 0
             state["dataset"] = {"generation": int(gen), "pad": ds.order.pad}
         return state
 

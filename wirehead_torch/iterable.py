@@ -1,13 +1,13 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
 import copy
-import multiprocessing
 
 import torch
 
 from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
+from ._epochs import MAX_WORKERS, EpochState
 from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
 from ._reader import (
     check_int,
@@ -20,17 +20,6 @@ from ._reader import (
 )
 from ._store import ProcessStore, check_min_params
 from .config import get_config
-
-_MAX_WORKERS = 256
-# shared epoch state: [base epoch, resume batches (-1: none), resume
-# generation, generation in use, the device iteration's cut-over for rows
-# left in the store (0: none), iterations of worker 0, of worker 1, ...]
-_BASE, _RESUME, _RESUME_GEN, _GEN, _DIRECT, _COUNTS = range(6)
-_REGION = _COUNTS + _MAX_WORKERS
-# A dataset pickled to several rank processes before they exist (ddp_spawn)
-# carries one shared array to all of them: each rank keeps its state in its
-# own region (rank mod _RANK_REGIONS; ranks that share memory share a host).
-_RANK_REGIONS = 64
 
 
 class WireheadIterableDataset(torch.utils.data.IterableDataset):
@@ -82,8 +71,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         if batch_size is not None:
             check_int("batch_size", batch_size, 1, _C.SWAP_CAP_MAX)
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0
-                                        or num_workers > _MAX_WORKERS):
-            raise ValueError(f"num_workers must be 0..{_MAX_WORKERS}, got {num_workers!r}")
+                                        or num_workers > MAX_WORKERS):
+            raise ValueError(f"num_workers must be 0..{MAX_WORKERS}, got {num_workers!r}")
         if batches and not batch_size:
             raise ValueError("batches=True yields whole batches: give batch_size too")
         if batches:
@@ -111,19 +100,15 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                                      rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._store = ProcessStore(self.cfg, local=True,
                                     min_params=self.min_params_version)
-        # Shared with worker processes (fork, spawn, forkserver) so that
-        # persistent and fresh workers agree on the epoch.
-        self._raw = multiprocessing.RawArray("q", _REGION * _RANK_REGIONS)
-        for r in range(_RANK_REGIONS):
-            self._raw[r * _REGION + _RESUME] = -1
+        # shared with worker processes (fork, spawn, forkserver)
+        self._epochs = EpochState()
         self._local_resume = None  # StatefulDataLoader protocol (per worker)
         self._progress = (0, 0, 0)  # (epoch, items yielded, generation) in this process
 
     @property
     def _shared(self):
-        """This rank's region of the shared epoch state."""
-        start = (self.order.rank % _RANK_REGIONS) * _REGION
-        return memoryview(self._raw).cast("B").cast("q")[start:start + _REGION]
+        """This rank's epoch state (a RankEpoch in shared memory)."""
+        return self._epochs.of_rank(self.order.rank)
 
     # --- sizes -------------------------------------------------------
     def _private_copy(self):
@@ -154,22 +139,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         A state loaded for the same epoch still applies (the usual
         load_state_dict, then set_epoch loop); one for another epoch is
         dropped."""
-        sh = self._shared
-        untouched = not any(sh[_COUNTS:])
-        if sh[_RESUME] >= 0 and sh[_BASE] == int(epoch) and untouched:
-            return
-        self._set_epoch(epoch)
-
-    def _set_epoch(self, epoch):
-        sh = self._shared
-        sh[_BASE] = int(epoch)
-        sh[_RESUME] = -1
-        for w in range(_MAX_WORKERS):
-            sh[_COUNTS + w] = 0
-
-    def _epoch_of_running(self):
-        sh = self._shared
-        return sh[_BASE] + max(sh[_COUNTS] - 1, 0)
+        self._shared.set_epoch(epoch)
 
     def state_dict(self, batches_consumed=None):
         """With batches_consumed (the rank's batches taken this epoch): the
@@ -179,8 +149,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             epoch, step, gen = self._progress
             return {"epoch": epoch, "step": step, "generation": gen,
                     "seed": self.order.seed}
-        return {"epoch": self._epoch_of_running(), "batches_consumed": int(batches_consumed),
-                "generation": self._shared[_GEN], "seed": self.order.seed,
+        sh = self._shared
+        return {"epoch": sh.running_epoch(), "batches_consumed": int(batches_consumed),
+                "generation": sh.generation, "seed": self.order.seed,
                 "world_size": self.order.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "drop_last": self.drop_last}
 
@@ -196,11 +167,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
                                  f"dataset has {have!r} (the worker count, batch size, world "
                                  f"size and seed must not change mid-epoch)")
-        self._set_epoch(state["epoch"])
-        sh = self._shared
-        sh[_RESUME] = int(state["batches_consumed"])
-        sh[_RESUME_GEN] = int(state.get("generation", 0))
-        sh[_GEN] = sh[_RESUME_GEN]
+        self._shared.resume(state["epoch"], state["batches_consumed"],
+                            state.get("generation", 0))
 
     # --- iteration ------------------------------------------------------
     def __iter__(self):
@@ -211,21 +179,20 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                              f"but runs in a DataLoader with num_workers={workers}; pass the "
                              f"same value to both")
         sh = self._shared
-        count = sh[_COUNTS + worker]
-        sh[_COUNTS + worker] = count + 1
-        epoch, start, gen = sh[_BASE] + count, 0, 0
+        epoch, resumed = sh.begin_iteration(worker)
+        start, gen = 0, 0
         plan = self._plan(workers, worker)
         if self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
             # later iterations of this worker go on from the resumed epoch
-            sh[_COUNTS + worker] = max(epoch - sh[_BASE] + 1, 1)
-        elif count == 0 and sh[_RESUME] >= 0:
+            sh.continue_from(worker, epoch)
+        elif resumed is not None:
             # a resumed DataLoader asks worker 0 first: this worker plays the
             # role whose batch comes next, so the order is the original one
-            role, start = _C.plan_resume(**plan, consumed=sh[_RESUME])
+            role, start = _C.plan_resume(**plan, consumed=resumed)
             plan = self._plan(workers, role)
-            gen = sh[_RESUME_GEN]
+            gen = sh.resume_generation
         what = "WireheadIterableDataset"
         sizes = check_yields(plan, what, self.batch_size, self.drop_last)
         if worker == 0 and self._pad_warn:
@@ -243,7 +210,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                                      min_params=self.min_params_version)
         gen = gen or newest
         if worker == 0:
-            self._shared[_GEN] = gen
+            self._shared.generation = gen
         positions, pads = _C.plan_items(**plan, epoch=epoch, start=start, stop=steps)
         return store, gen, memoryview(positions).cast("q"), pads
 
@@ -285,7 +252,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         ring, B = self._batch_ring, self.batch_size
         # a wirehead_torch.DataLoader's device iteration: large rows stay in
         # the store, its main process copies them from there (docs/gpu.md)
-        direct_min = self._shared[_DIRECT]
+        direct_min = self._shared.direct_min
         for b0 in range(0, len(positions), B):
             n = min(B, len(positions) - b0)
             gen = step_generation(store, gen, o.refresh)
