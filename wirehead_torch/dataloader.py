@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from . import _C
-from ._order import check_yields, plan_sizes, rank_world, warn_padding
+from ._order import WorkerShare, check_yields, plan_sizes, rank_world, warn_padding
 from ._reader import reader_timeout
 from .dataset import _CurrentGenerationReader
 from .iterable import WireheadIterableDataset
@@ -19,7 +19,8 @@ class _PlanBatchSampler(torch.utils.data.Sampler):
     """Batches of positions for a map-style reader, in the plan's order: the
     rank's share of a generation (every rank the same count, a short one
     repeating samples as torch's DistributedSampler does), shuffled by
-    (seed, epoch), cut into batches; drop_last drops a partial last batch.
+    (seed, epoch), cut into batches (WorkerShare); drop_last drops a
+    partial last batch.
     epoch and start (batches to skip) are set by the DataLoader before each
     iteration."""
 
@@ -46,12 +47,10 @@ class _PlanBatchSampler(torch.utils.data.Sampler):
         return -(-steps // self.batch_size)
 
     def __iter__(self):
-        pos, _ = _C.plan_items(**self.plan(), epoch=self.epoch)
-        pos = memoryview(pos).cast("q").tolist()
-        B, start = self.batch_size, self.start
-        self.start = 0
-        for b in range(start, -(-len(pos) // B)):
-            yield pos[b * B:(b + 1) * B]
+        share = WorkerShare(self.plan(), self.epoch)
+        start, self.start = self.start, 0
+        for positions, _ in share.batches(self.batch_size, skip=start):
+            yield positions.tolist()
 
 
 class DataLoader(torch.utils.data.DataLoader):

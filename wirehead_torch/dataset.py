@@ -6,13 +6,7 @@ import numpy as np
 
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
-from ._reader import (
-    check_views_store,
-    read_sample,
-    reader_timeout,
-    view_sample,
-    wait_for_generation,
-)
+from ._reader import Generations, check_views_store, read_sample, reader_timeout, view_sample
 from ._store import ProcessStore, check_min_params
 from .config import get_config
 
@@ -110,6 +104,11 @@ class _CurrentGenerationReader(_Base):
                                      rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._warned_single = False  # batches=True read one index in a DataLoader worker
 
+    @property
+    def _generations(self):
+        """Which generation each read starts on (_reader.Generations)."""
+        return Generations(self.cfg, self.timeout, self.min_params_version)
+
     def _private_copy(self):
         """A copy with store handle and ring of its own (what a
         wirehead_torch.DataLoader reads: two loaders over one dataset must
@@ -140,8 +139,7 @@ class _CurrentGenerationReader(_Base):
                         "it sampler=BatchSampler(...) and batch_size=None for the ring",
                         type(self).__name__)
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout,
-                                  min_params=self.min_params_version)
+        gen = self._generations.for_epoch(store)
         # an indexed read names its corrupt sample rather than substitute another
         got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
                if self.views else None)
@@ -176,8 +174,7 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
                              f"indices is no batch")
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout,
-                                  min_params=self.min_params_version)
+        gen = self._generations.for_epoch(store)
         info = torch.utils.data.get_worker_info()
         worker = None if info is None else info.id
         batch, _ = self._batch_ring.fill(store, gen, positions, worker, skip=False)

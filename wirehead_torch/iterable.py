@@ -8,15 +8,21 @@ from . import _C
 from ._arrays import to_output
 from ._batch import BatchRing, refuse_with_batches
 from ._epochs import MAX_WORKERS, EpochState
-from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
+from ._order import (
+    Order,
+    WorkerShare,
+    check_ignore_fits,
+    check_yields,
+    plan_sizes,
+    warn_padding,
+)
 from ._reader import (
+    Generations,
     check_int,
     check_views_store,
     read_sample,
     reader_timeout,
-    step_generation,
     view_sample,
-    wait_for_generation,
 )
 from ._store import ProcessStore, check_min_params
 from .config import get_config
@@ -110,6 +116,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         """This rank's epoch state (a RankEpoch in shared memory)."""
         return self._epochs.of_rank(self.order.rank)
 
+    @property
+    def _generations(self):
+        """Which generation each epoch and step reads (_reader.Generations)."""
+        return Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh)
+
     # --- sizes -------------------------------------------------------
     def _private_copy(self):
         """A copy with epoch state, store handle and ring of its own."""
@@ -180,46 +191,47 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                              f"same value to both")
         sh = self._shared
         epoch, resumed = sh.begin_iteration(worker)
-        start, gen = 0, 0
-        plan = self._plan(workers, worker)
+        gen = 0
+
+        def plan_of(w):
+            return self._plan(workers, w)
+
         if self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
             # later iterations of this worker go on from the resumed epoch
             sh.continue_from(worker, epoch)
-        elif resumed is not None:
-            # a resumed DataLoader asks worker 0 first: this worker plays the
-            # role whose batch comes next, so the order is the original one
-            role, start = _C.plan_resume(**plan, consumed=resumed)
-            plan = self._plan(workers, role)
-            gen = sh.resume_generation
+            share = WorkerShare.of_worker(plan_of, worker, epoch, start=start)
+        else:
+            share = WorkerShare.of_worker(plan_of, worker, epoch, resumed=resumed)
+            if resumed is not None:
+                gen = sh.resume_generation
         what = "WireheadIterableDataset"
-        sizes = check_yields(plan, what, self.batch_size, self.drop_last)
+        sizes = check_yields(share.plan, what, self.batch_size, self.drop_last)
         if worker == 0 and self._pad_warn:
-            warn_padding(plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
-        steps = sizes["steps"]
+            warn_padding(share.plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
         if self.batches:
-            return self._batches(plan, epoch, start, steps, gen, worker, info is not None)
-        return self._items(plan, epoch, start, steps, gen, worker,
-                           self.views and info is None)
+            return self._batches(share, gen, worker, info is not None)
+        return self._items(share, gen, worker, self.views and info is None)
 
-    def _start(self, plan, epoch, start, steps, gen, worker):
-        """(store, generation, positions, pads) of this worker's epoch."""
-        store = self._store.get()
-        newest = wait_for_generation(store, self.cfg, self.timeout,
-                                     min_params=self.min_params_version)
-        gen = gen or newest
+    def _start(self, gen, worker):
+        """(store, generation, rule) of this worker's epoch (gen: a resumed
+        state's; rule: which generation each step reads); worker 0's
+        generation is the rank's generation in use."""
+        store, rule = self._store.get(), self._generations
+        gen = rule.for_epoch(store, resume=gen)
         if worker == 0:
             self._shared.generation = gen
-        positions, pads = _C.plan_items(**plan, epoch=epoch, start=start, stop=steps)
-        return store, gen, memoryview(positions).cast("q"), pads
+        return store, gen, rule
 
-    def _items(self, plan, epoch, start, steps, gen, worker, views=False):
+    def _items(self, share, gen, worker, views=False):
         o = self.order
-        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
+        store, gen, rule = self._start(gen, worker)
+        positions, pads = share.rows()
+        epoch, start = share.epoch, share.start
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
-            gen = step_generation(store, gen, o.refresh)
+            gen = rule.for_step(store, gen)
             got = view_sample(store, gen, pos, o.want, self.timeout) if views else None
             viewed = got is not None
             if not viewed:  # a copy, also when the pin policy refuses the view
@@ -246,20 +258,19 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             yield item
 
     # --- batches=True: the shared ring (_batch.py) ------------------------
-    def _batches(self, plan, epoch, start, steps, gen, worker, in_worker):
+    def _batches(self, share, gen, worker, in_worker):
         o = self.order
-        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
+        store, gen, rule = self._start(gen, worker)
         ring, B = self._batch_ring, self.batch_size
         # a wirehead_torch.DataLoader's device iteration: large rows stay in
         # the store, its main process copies them from there (docs/gpu.md)
         direct_min = self._shared.direct_min
-        for b0 in range(0, len(positions), B):
-            n = min(B, len(positions) - b0)
-            gen = step_generation(store, gen, o.refresh)
-            batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
-                                    worker if in_worker else None, pads=pads[b0:b0 + n],
-                                    ignore=((o.label_fields, o.ignore_index)
-                                            if o.pad == "ignore" else None),
+        done = share.start
+        for positions, pads in share.batches(B):
+            gen = rule.for_step(store, gen)
+            batch, rows = ring.fill(store, gen, positions, worker if in_worker else None,
+                                    pads=pads, ignore=((o.label_fields, o.ignore_index)
+                                                       if o.pad == "ignore" else None),
                                     direct_min=direct_min)
             if o.pad == "ignore":
                 try:
@@ -268,7 +279,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     ring.give_back(batch)
                     raise
             gen = rows[-1].generation
-            self._progress = (epoch, start + b0 + n, gen)
+            done += len(positions)
+            self._progress = (share.epoch, done, gen)
             yield ring.deliver(batch, extras=True, in_worker=in_worker)
 
     def _check_ignore(self, batch):
