@@ -54,6 +54,16 @@ def refuse_with_batches(**given):
             raise ValueError(f"{key}= with batches=True: {_REFUSED[key]}")
 
 
+def refuse_in_loader(what, ds, **given):
+    """refuse_with_batches for the ring of a DataLoader (what) over ds: the
+    error names the dataset and the DataLoader's way out."""
+    try:
+        refuse_with_batches(**given)
+    except ValueError as e:
+        raise ValueError(f"{what}: {type(ds).__name__}({e}; or pass ring=False to the "
+                         f"DataLoader for the ordinary collate path (two copies)") from None
+
+
 class LayoutEntry(NamedTuple):
     """A field of the samples a batch stacks, as learnt from its first row."""
     index: int  # in the stored sample
@@ -132,6 +142,13 @@ class BatchRing:
         self._pickled_by = self._unpickled_in = None
         _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
+
+    def owned_by_loader(self, what):
+        """The ring's errors name what the user passed: a DataLoader (what)
+        with ring=True."""
+        self.what = f"{what} (ring=True, its default)"
+        self.asked = "the DataLoader's ring (ring=True, its default)"
+        self.way_out = "pass ring=False to the DataLoader"
 
     def __getstate__(self):
         d = dict(self.__dict__)

@@ -115,8 +115,11 @@ class ToDevice:
 
     def _run(self, batches, device, from_dlpack):
         from ._ring import SlotBatch, tensors
-        slots = getattr(batches, "_slot_batches", None)
-        source = iter(slots(self._stage) if slots is not None else batches)
+        # a wirehead_torch.DataLoader hands its batches over still in their
+        # ring slots (its DeviceFeed); any other iterable as tensors
+        feed_of = getattr(batches, "device_feed", None)
+        feed = feed_of(self._stage) if feed_of is not None else None
+        source = iter(feed.batches() if feed is not None else batches)
         try:
             while True:
                 # slots whose copies completed go back to their workers
@@ -132,7 +135,7 @@ class ToDevice:
                     continue
                 fields, extras, form = batch.fields, batch.extras, batch.form
                 # rows a worker left in the store are copied from there
-                store = batches._direct_store() if batch.in_store else None
+                store = feed.store() if batch.in_store else None
                 arr, direct, _ = self._stage.copy_slot(batch.take(), wire=batch.wire,
                                                        store=store)
                 del batch, store  # the stage holds the slot until its copy completed
@@ -141,12 +144,8 @@ class ToDevice:
                     self._say(device)
                 yield tensors(arr, fields, extras, form, from_dlpack)
         except Exception:
-            # a copy that raised: a wt.DataLoader's workers stop now, not
-            # when the garbage collector frees its iterator (they could
-            # otherwise read on, and even make the store again)
-            abort = getattr(batches, "_abort", None)
-            if abort is not None:
-                abort()
+            if feed is not None:
+                feed.abort()
             raise
         finally:
             self._last = self.stats()

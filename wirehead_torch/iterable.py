@@ -6,7 +6,7 @@ import torch
 
 from . import _C
 from ._arrays import to_output
-from ._batch import BatchRing, refuse_with_batches
+from ._batch import BatchRing, refuse_in_loader, refuse_with_batches
 from ._epochs import MAX_WORKERS, EpochState
 from ._order import (
     Order,
@@ -298,3 +298,102 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         d["_store"] = ProcessStore(self.cfg, local=True,
                                     min_params=self.min_params_version)
         return d
+
+
+class IterableAdapter:
+    """What wirehead_torch.DataLoader asks of a WireheadIterableDataset (one
+    adapter per dataset kind; dataset.MapAdapter is the other): a copy of
+    the dataset set up for the DataLoader (its batch size, workers and
+    drop_last; batches=True on the ring), and that copy's plan, epochs,
+    generation in use and resume state, through named methods."""
+
+    kind = "iterable"
+    # a device iteration's workers may leave large rows in the store
+    # (docs/gpu.md): set_direct_min says from what size
+    hands_over_positions = True
+
+    @staticmethod
+    def fits(dataset):
+        return isinstance(dataset, WireheadIterableDataset)
+
+    def __init__(self, dataset, what, *, ring, batch_size, num_workers, shuffle, drop_last,
+                 seed):
+        del seed  # the dataset's own (its order)
+        ds = self.dataset = dataset._private_copy()
+        self.what, self.ring, self.batch_size = what, ring, batch_size
+        for name, have, want in (("batch_size", ds.batch_size, batch_size),
+                                 ("num_workers", ds.num_workers, num_workers)):
+            if have is not None and have != want:
+                raise ValueError(f"{what}: the dataset was given {name}={have} but the "
+                                 f"DataLoader {name}={want}; leave it out of the dataset (the "
+                                 f"DataLoader tells it)")
+        if ds.drop_last and not drop_last:
+            raise ValueError(f"{what}: the dataset was given drop_last=True but the "
+                             f"DataLoader drop_last=False; pass drop_last to the DataLoader")
+        if ring:
+            refuse_in_loader(what, ds, views=ds.views, transform=ds.transform is not None)
+        ds.batch_size, ds.num_workers, ds.drop_last = batch_size, num_workers, bool(drop_last)
+        ds.batches = ring
+        ds._batch_ring.owned_by_loader(what)
+        ds._pad_warn = False  # reported by the DataLoader, in the main process, once per epoch
+        ds._pad_memo = {}
+        if shuffle is not None and shuffle != ds.order.shuffle:
+            ds.order = copy.copy(ds.order)
+            ds.order.shuffle = shuffle
+
+    def torch_args(self, collate_fn):
+        """The torch DataLoader's arguments this kind sets."""
+        return dict(batch_size=None if self.ring else self.batch_size, shuffle=None,
+                    drop_last=False, collate_fn=collate_fn)
+
+    @property
+    def token(self):
+        """The dataset's ring (its files' name)."""
+        return self.dataset._batch_ring.token
+
+    def plan(self):
+        """The plan of worker 0 of this rank."""
+        return self.dataset._plan(self.dataset.num_workers)
+
+    def begin_epoch(self, epoch, start, resume):
+        """The next iteration runs epoch from the rank's batch start on;
+        resume: the state loaded for it (None: a fresh epoch). Set before
+        the workers start (or, persistent, go on): they share it."""
+        sh = self.dataset._shared
+        if resume is None:
+            sh.start(epoch)
+        else:
+            sh.resume(epoch, start, resume["dataset"].get("generation", 0))
+
+    def generation(self):
+        """The generation the running epoch reads (set by worker 0, which
+        yields the epoch's, and a resumed epoch's, first batch)."""
+        return self.dataset._shared.generation
+
+    def resume_state(self, mid_epoch):
+        """This kind's part of the DataLoader's state_dict()."""
+        gen = self.generation() if mid_epoch else 0
+        return {"dataset": {"generation": int(gen), "pad": self.dataset.order.pad}}
+
+    def loaded(self, state):
+        """A state for load_state_dict, checked against this dataset: the
+        one to keep."""
+        pad = self.dataset.order.pad
+        if state.get("dataset", {}).get("pad", pad) != pad:
+            raise ValueError(f"{self.what}: cannot resume: state has pad="
+                             f"{state['dataset']['pad']!r}, the dataset pad={pad!r}")
+        state = copy.deepcopy(state)
+        state.setdefault("dataset", {})
+        return state
+
+    def set_direct_min(self, nbytes):
+        """A device iteration's cut-over (0: none): the workers leave rows
+        of at least nbytes in the store. Read by each worker as its epoch
+        starts, so set before they start. HANDOVER_CHECK: rows re-hashes
+        every row at hand-over: all then stay in the slot."""
+        if self.dataset.cfg["HANDOVER_CHECK"] != "rows":
+            self.dataset._shared.direct_min = nbytes
+
+    def store(self):
+        """This process's handle on the dataset's store."""
+        return self.dataset._store.get()
