@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _C, _ring
-from ._arrays import _import_torch, _torch_dtype, needs_cast_message
+from ._arrays import import_torch, needs_cast_message, torch_dtype
 from ._order import warn_skipped
 from ._reader import gen_text
 
@@ -83,7 +83,7 @@ class RowRead(NamedTuple):
 
 
 def _itemsize(dtype):
-    torch = _import_torch()  # not before a batch is read: numpy-only readers lack it
+    torch = import_torch()  # not before a batch is read: numpy-only readers lack it
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
@@ -212,14 +212,14 @@ class BatchRing:
         pid, checked = self._checked
         if pid == os.getpid() and [e._replace(nbytes=0) for e in checked] == out:
             return checked
-        torch = _import_torch()
+        torch = import_torch()
         for e in out:
-            if _torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
+            if torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
                 if e.cast is None:
                     raise TypeError(needs_cast_message(e.name, e.dtype, numpy_ok=False))
                 raise TypeError(f"cast={{'{e.name}': {e.cast!r}}}: torch {torch.__version__} "
                                 f"has no dtype {e.cast!r}")
-            if _torch_dtype(e.dtype, asked=True) is None:
+            if torch_dtype(e.dtype, asked=True) is None:
                 raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
                                 f"{torch.__version__} cannot view; {self.asked} needs a dtype "
                                 f"torch has ({self.way_out} with cast=)")

@@ -127,12 +127,12 @@ def clean(config=None, config_path=None, local_only=False):
     if cfg["LOCAL_CACHE"]:  # this node's copy and its relay's files; first, so a
         # refused copy leaves the store too
         from .config import local_cache_uri
-        from .relay import _files
+        from .relay import relay_files
         local = local_cache_uri(cfg)
         existed |= os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")
         _C.clean(**store_kwargs(cfg, local=True))
         try:  # the figures; the lock file stays (a running relay holds it)
-            os.unlink(_files(local)[1])
+            os.unlink(relay_files(local)[1])
         except FileNotFoundError:
             pass
     if not local_only:

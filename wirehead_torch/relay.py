@@ -32,7 +32,7 @@ NOTE_EVERY = 5.0  # seconds between a waiting relay's notes, as readers say thei
 SUMMARY_EVERY = 30.0  # seconds between a running relay's summary lines
 
 
-def _files(local_uri):
+def relay_files(local_uri):
     """The relay's lock file and its figures, next to the local store."""
     name = local_uri[len("shm://"):]
     return (f"/dev/shm/wirehead-relay.{name}.lock", f"/dev/shm/wirehead-relay.{name}.json")
@@ -73,7 +73,7 @@ def relay_figures(cfg):
     if not local:
         return None
     try:
-        fd = _open_owned(_files(local)[1], os.O_RDONLY)
+        fd = _open_owned(relay_files(local)[1], os.O_RDONLY)
     except (FileNotFoundError, ConfigError):
         return None
     with os.fdopen(fd) as f:
@@ -144,7 +144,7 @@ class WireheadRelay:
     def _acquire(self):
         """Takes the node's relay lock (flock: the kernel lets go of it when
         the holder dies, however it dies); True once held."""
-        path = _files(self.local)[0]
+        path = relay_files(self.local)[0]
         fd = _open_owned(path, os.O_RDWR | os.O_CREAT)
         noted = None
         while True:
@@ -203,7 +203,7 @@ class WireheadRelay:
         user put there first is refused at the start, not at the first
         write, and before the lock is taken."""
         try:
-            os.close(_open_owned(_files(self.local)[1], os.O_RDONLY))
+            os.close(_open_owned(relay_files(self.local)[1], os.O_RDONLY))
         except FileNotFoundError:
             pass
 
@@ -215,7 +215,7 @@ class WireheadRelay:
         self.figures["updated"] = now
         # readers of the figures see the old file or the new one; the temporary
         # is made exclusively and only a regular file is replaced
-        write_file(_files(self.local)[1], json.dumps(self.figures).encode(), ConfigError,
+        write_file(relay_files(self.local)[1], json.dumps(self.figures).encode(), ConfigError,
                    replaces="file", mode=0o600)
 
     def step(self):
@@ -337,7 +337,7 @@ class WireheadRelay:
         self._dst.close()
         if self._lock_fd is not None:
             # removed while held (a waiting relay then locks a new file), then let go
-            path = _files(self.local)[0]
+            path = relay_files(self.local)[0]
             if self._still_named(self._lock_fd, path):
                 os.unlink(path)
             os.close(self._lock_fd)

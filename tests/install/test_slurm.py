@@ -163,7 +163,7 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
     assert "one relay per node" in train and "train: done (0)" in train
     check_ranks(run_dir, 3, swap_cap)
     import wirehead_torch as wt
-    from wirehead_torch.relay import _files
+    from wirehead_torch.relay import relay_files
     wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"]})
     # each node's copy and its relay's files, by the names the relays said
     # (the step's end may SIGKILL a relay before it removes its lock); a
@@ -172,7 +172,7 @@ def test_relay_per_node_with_local_cache(cluster, mongo_server, tmp_path):
         local = "shm://" + line.split("shm://", 1)[1].split()[0]
         wt.clean({"STORE": store, "SWAP_CAP": swap_cap, "SAMPLE": ["input", "label"],
                   "LOCAL_CACHE": local}, local_only=True)
-        for path in _files(local):
+        for path in relay_files(local):
             if os.path.exists(path):
                 os.unlink(path)
         assert not os.path.exists(f"/dev/shm/wirehead.{local[len('shm://'):]}")

@@ -497,7 +497,7 @@ def test_quiet_relay_and_its_figures_while_mongodb_is_unreachable(relay_cfg, cap
             relay.stop()
             t.join(30)
             relay.close()
-            for path in wt.relay._files(dead["LOCAL_CACHE"]):  # its lock and figures
+            for path in wt.relay.relay_files(dead["LOCAL_CACHE"]):  # its lock and figures
                 if os.path.exists(path):
                     os.unlink(path)
             wt.clean({"STORE": dead["LOCAL_CACHE"], "SWAP_CAP": SWAP_CAP,
