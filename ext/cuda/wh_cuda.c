@@ -352,7 +352,8 @@ wh_buf_t *wh__gpu_gather(wh_gpu_t *g, const wh_batch_t *b, const char *host, wh_
     /* each row's file checked after the copy, then the slot's, if any */
     if (b->n) wh_fault_cut("gather", b->views[0]->data);
     wh_buf_t *dev = NULL;
-    if (wh_batch_gather(b, host, h->data, &rows, err) && (!held || wh_ring_held_intact(held, err))) {
+    if (wh_batch_gather(b, host, h->data, &rows, err) &&
+        (!held || wh_ring_held_intact(held, err))) {
         wh__gpu_host_copied(g, rows);
         dev = wh__gpu_copy(g, h, b->size, NULL, err);
     }
