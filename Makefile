@@ -227,11 +227,14 @@ test-wheel: wheel
 	sh tests/helpers/wheel_smoke.sh "$$(ls dist/wirehead_torch-*manylinux*.whl)"
 
 # Style kept by tools: the C tree matches .clang-format, the Python passes
-# ruff with the rules in pyproject.toml.
+# ruff with the rules in pyproject.toml; the house by layers, without
+# circles (check_layers.py), and no package module reaching into another's
+# private names (check_names.py).
 CFORMAT_FILES = $(wildcard ext/*/*.c ext/*/*.h tests/c/*.c tests/fuzz/*.c benchmarks/*.c tests/gpu/fakecuda/*.c)
 lint: .venv/.test-stamp $(EXT)
 	clang-format --dry-run --Werror $(CFORMAT_FILES)
 	$(PY) tests/helpers/check_layers.py
+	$(PY) tests/helpers/check_names.py
 	$(PY) -m ruff check wirehead_torch compat tests benchmarks setup.py
 
 test: test-deps lint test-c test-fuzz test-py test-asan test-installed test-wheel test-torch2

@@ -96,7 +96,7 @@ __version__ = "0.1.0"
 __all__ = [
     "WireheadGenerator", "WireheadManager", "WireheadRelay", "WireheadIterableDataset",
     "WireheadLoader",
-    "MongoheadDataset", "MongoTupleheadDataset", "DataLoader",
+    "MongoheadDataset", "MongoTupleheadDataset", "DataLoader", "to_device",
     "load_config", "Config", "ConfigError", "status", "clean", "gen_label", "WireheadError",
     "set_params", "get_params", "current_params", "current_params_version",
     "MAX_PARAMS_BYTES", "MAX_PARAMS_DEPTH",

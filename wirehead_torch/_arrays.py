@@ -14,7 +14,8 @@ torch = None
 _LIMITED_UNSIGNED = {"uint16", "uint32", "uint64"}
 
 
-def _import_torch():
+def import_torch():
+    """torch, imported on first use (numpy-only readers run without it)."""
     global torch
     if torch is None:
         import torch as t
@@ -26,10 +27,12 @@ _NUMPY_OK = {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "in
              "float16", "float32", "float64", "complex64", "complex128"}
 
 
-def _torch_dtype(name, asked=False):
+def torch_dtype(name, asked=False):
+    """The torch dtype of a store dtype name, None where this torch has none
+    (or limits it to what cast= asks for: asked)."""
     if name in _LIMITED_UNSIGNED and not asked:
         return None
-    return getattr(_import_torch(), name, None)
+    return getattr(import_torch(), name, None)
 
 
 def to_store_arrays(item, names):
@@ -91,7 +94,7 @@ def to_store_arrays(item, names):
 
 def needs_cast_message(name, dtype, numpy_ok=True):
     way = "read it as numpy (output='numpy') or ask" if numpy_ok else "ask"
-    t = _import_torch()
+    t = import_torch()
     if dtype in _LIMITED_UNSIGNED and getattr(t, dtype, None) is not None:
         return (f"field '{name}' is stored as {dtype}; torch {t.__version__} has {dtype} "
                 f"tensors but most of its ops are not implemented for them, so they are "
@@ -108,8 +111,8 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
     cast maps field name -> dtype name for an explicit, user-requested cast;
     numpy_ok says whether the caller offers output='numpy' (for the error)."""
     target = (cast or {}).get(name)
-    if target is not None and output != "numpy" and _torch_dtype(target, asked=True) is None:
-        raise TypeError(f"cast={{'{name}': {target!r}}}: torch {_import_torch().__version__} "
+    if target is not None and output != "numpy" and torch_dtype(target, asked=True) is None:
+        raise TypeError(f"cast={{'{name}': {target!r}}}: torch {import_torch().__version__} "
                         f"has no dtype {target!r}")
     if output == "numpy":
         if arr.dtype == "bfloat16":
@@ -119,8 +122,8 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
         if arr.dtype == "bool":
             x = x.view(np.bool_)
         return x.astype(target) if target else x
-    _import_torch()
-    tdt = _torch_dtype(arr.dtype, asked=(target == arr.dtype))
+    import_torch()
+    tdt = torch_dtype(arr.dtype, asked=(target == arr.dtype))
     if tdt is None:
         if target is None:
             raise TypeError(needs_cast_message(name, arr.dtype, numpy_ok))
@@ -130,6 +133,6 @@ def to_output(arr, name, output="torch", cast=None, numpy_ok=True):
     if arr.dtype == "bool" and t.dtype != torch.bool:
         t = t.view(torch.bool)
     if target and target != arr.dtype:
-        t = t.to(_torch_dtype(target, asked=True))
+        t = t.to(torch_dtype(target, asked=True))
     return t
 

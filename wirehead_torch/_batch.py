@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _C, _ring
-from ._arrays import _import_torch, _torch_dtype, needs_cast_message
+from ._arrays import import_torch, needs_cast_message, torch_dtype
 from ._order import warn_skipped
 from ._reader import gen_text
 
@@ -54,6 +54,16 @@ def refuse_with_batches(**given):
             raise ValueError(f"{key}= with batches=True: {_REFUSED[key]}")
 
 
+def refuse_in_loader(what, ds, **given):
+    """refuse_with_batches for the ring of a DataLoader (what) over ds: the
+    error names the dataset and the DataLoader's way out."""
+    try:
+        refuse_with_batches(**given)
+    except ValueError as e:
+        raise ValueError(f"{what}: {type(ds).__name__}({e}; or pass ring=False to the "
+                         f"DataLoader for the ordinary collate path (two copies)") from None
+
+
 class LayoutEntry(NamedTuple):
     """A field of the samples a batch stacks, as learnt from its first row."""
     index: int  # in the stored sample
@@ -73,48 +83,27 @@ class RowRead(NamedTuple):
 
 
 def _itemsize(dtype):
-    torch = _import_torch()  # not before a batch is read: numpy-only readers lack it
+    torch = import_torch()  # not before a batch is read: numpy-only readers lack it
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
-class DirectRows(NamedTuple):
-    """What the main process needs of a batch whose large fields' rows a
-    worker left in the store (the hand-over of positions, docs/gpu.md):
-    CudaStage.copy_rows's arguments after the slot and the store."""
-    n: int  # rows
-    want: int  # the fields batched, a bit each
-    direct: int  # those left in the store
-    offsets: bytes  # uint64 per stored field: where its rows start (whole layout)
-    rows: bytes  # uint64 per stored field: bytes a row
-    extras: tuple  # offsets of is_pad, generation, position, params_version
-    size: int  # bytes of the whole batch (on the device)
-    sums: bytes  # per row, every field's stored XXH3 as the worker read it
-    timeout: float  # a batch read again is read as the worker read it
-    skip: bool
-    ignore_fields: int
-    ignore_value: object
-    host_size: int  # bytes of the slot
-
-    def checks(self):
-        """Rows the slot's seal holds: those of the fields in the slot, and
-        one for the extras."""
-        return self.n * bin(self.want & ~self.direct).count("1") + 1
-
-
 class Batch:
-    """One filled batch: the slot (None: heap memory, no slot was free)
-    and its (version, sequence), its heap memory (a uint8 Array; None for a
-    slot), the field layout and each field's place in it, the extras' places (is_pad,
-    generation, position, params_version) and the slot's seal (the XXH3 of
-    its header and row table)."""
+    """One filled batch: the slot (None: heap memory, no slot was free) and
+    its stamp (version, sequence), its heap memory (a uint8 Array; None for
+    a slot), the field layout (LayoutEntry per field) and each field's
+    place in it (SlotField), the extras' places (is_pad, generation,
+    position, params_version), the slot's seal (the XXH3 of its header and
+    row table), the batch's layout as the main process reads it (wire:
+    bytes only C reads) and whether rows of some fields stayed in the store
+    (in_store)."""
 
-    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "seal", "size",
-                 "direct")
+    __slots__ = ("ring", "slot", "stamp", "mem", "layout", "fields", "extras", "seal", "wire",
+                 "in_store")
 
-    def __init__(self, ring, slot, stamp, mem, layout, fields, extras, seal, size, direct=None):
+    def __init__(self, *, ring, slot, stamp, mem, layout, fields, extras, seal, wire, in_store):
         self.ring, self.slot, self.stamp, self.mem, self.layout = ring, slot, stamp, mem, layout
-        self.fields, self.extras, self.seal, self.size = fields, extras, seal, size
-        self.direct = direct  # DirectRows: large rows left in the store
+        self.fields, self.extras, self.seal = fields, extras, seal
+        self.wire, self.in_store = wire, in_store
 
 
 class BatchRing:
@@ -153,6 +142,13 @@ class BatchRing:
         self._pickled_by = self._unpickled_in = None
         _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
+
+    def owned_by_loader(self, what):
+        """The ring's errors name what the user passed: a DataLoader (what)
+        with ring=True."""
+        self.what = f"{what} (ring=True, its default)"
+        self.asked = "the DataLoader's ring (ring=True, its default)"
+        self.way_out = "pass ring=False to the DataLoader"
 
     def __getstate__(self):
         d = dict(self.__dict__)
@@ -216,14 +212,14 @@ class BatchRing:
         pid, checked = self._checked
         if pid == os.getpid() and [e._replace(nbytes=0) for e in checked] == out:
             return checked
-        torch = _import_torch()
+        torch = import_torch()
         for e in out:
-            if _torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
+            if torch_dtype(e.cast or e.dtype, asked=e.cast is not None) is None:
                 if e.cast is None:
                     raise TypeError(needs_cast_message(e.name, e.dtype, numpy_ok=False))
                 raise TypeError(f"cast={{'{e.name}': {e.cast!r}}}: torch {torch.__version__} "
                                 f"has no dtype {e.cast!r}")
-            if _torch_dtype(e.dtype, asked=True) is None:
+            if torch_dtype(e.dtype, asked=True) is None:
                 raise TypeError(f"field '{e.name}' is stored as {e.dtype}, which torch "
                                 f"{torch.__version__} cannot view; {self.asked} needs a dtype "
                                 f"torch has ({self.way_out} with cast=)")
@@ -273,9 +269,12 @@ class BatchRing:
         # another dtype get it in their cast copy (_ring.tensors), the rest here
         cast = self.cast or {}
         in_c = [i for i, name in zip(self.want, self.names) if name in labels and name not in cast]
-        got = _C.ring_fill(ring.c if ring else None, store, gen, pos.tobytes(), pad, self.want,
-                           self.timeout, skip, RING_WAIT_S if worker is not None and ring else 0,
-                           in_c if ignore else None, value, direct_min if ring else 0)
+        got = _C.ring_fill(ring=ring.c if ring else None, store=store, generation=gen,
+                           positions=pos.tobytes(), pads=pad, want=self.want,
+                           timeout=self.timeout, skip=skip,
+                           wait_s=RING_WAIT_S if worker is not None and ring else 0,
+                           ignore_fields=in_c if ignore else None, ignore_value=value,
+                           direct_min=direct_min if ring else 0)
         if got.mismatch_generation is not None:
             first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
                                  None) for i, name in zip(self.want, self.names)]
@@ -304,21 +303,10 @@ class BatchRing:
                   ("position", got.position_offset, "int64", n),
                   ("params_version", got.params_version_offset, "int64", n))
         slot = got.slot if got.slot >= 0 else None
-        direct = None
-        if got.direct:
-            offsets, rows = [0] * self.nfields, [0] * self.nfields
-            for e in layout:
-                offsets[e.index], rows[e.index] = got.offsets[e.index], e.nbytes
-            mask = sum(1 << i for i in got.direct)
-            direct = DirectRows(
-                n, sum(1 << i for i in self.want), mask,
-                np.asarray(offsets, np.uint64).tobytes(), np.asarray(rows, np.uint64).tobytes(),
-                (got.pad_offset, got.generation_offset, got.position_offset,
-                 got.params_version_offset), got.size, got.checksums, self.timeout, skip,
-                sum(1 << i for i in in_c) if ignore else 0, value if ignore else None,
-                got.host_size)
-        batch = Batch(ring if slot is not None else None, slot, (got.version, got.sequence),
-                      got.memory, layout, fields, extras, got.seal, got.size, direct)
+        batch = Batch(ring=ring if slot is not None else None, slot=slot,
+                      stamp=(got.version, got.sequence), mem=got.memory, layout=layout,
+                      fields=fields, extras=extras, seal=got.seal, wire=got.wire,
+                      in_store=got.in_store)
         return batch, [RowRead(*r) for r in zip(got.generation, got.position, got.is_pad,
                                                   got.params_version)]
 
@@ -338,8 +326,10 @@ class BatchRing:
             if in_worker:
                 return _ring.tensors(mem, batch.fields, more, self.form)
             return _ring.batch_of(mem, batch.fields, more, self.form, self.token)
-        size = batch.direct.host_size if batch.direct else batch.size
+        version, sequence = batch.stamp
         if in_worker:
-            return batch.ring.handle(batch.slot, batch.stamp, batch.fields, more, self.form,
-                                     batch.seal, size, batch.direct)
-        return batch.ring.local(batch.slot, batch.fields, more, size, self.form, batch.direct)
+            return batch.ring.handle(slot=batch.slot, version=version, sequence=sequence,
+                                     fields=batch.fields, extras=more, form=self.form,
+                                     seal=batch.seal, wire=batch.wire, in_store=batch.in_store)
+        return batch.ring.local(slot=batch.slot, fields=batch.fields, extras=more,
+                                form=self.form, wire=batch.wire, in_store=batch.in_store)

@@ -145,6 +145,47 @@ def plan_sizes(plan):
     return _C.plan_info(**plan)
 
 
+class WorkerShare:
+    """Which rows one reader produces in an epoch, and in which batches:
+    the one place this is decided on the Python side (docs/design.md,
+    "Sample order"). A WireheadIterableDataset's worker reads its plan's
+    steps from start on, in batches of its own; a map-style reader under
+    wirehead_torch.DataLoader hands out its rank's batches (worker 0's plan
+    of the rank, no workers), which torch gives to worker i mod num_workers.
+    plan: Order.plan's arguments of the reader; start: the steps it read
+    already."""
+
+    def __init__(self, plan, epoch, start=0):
+        self.plan, self.epoch, self.start = plan, int(epoch), int(start)
+
+    @classmethod
+    def of_worker(cls, plan_of, worker, epoch, *, resumed=None, start=0):
+        """Worker's share (plan_of(w): worker w's plan); resumed: the
+        rank's batches taken before a resume of this epoch, for the
+        worker's first iteration after it: the worker then plays the role
+        whose batch comes next, so the order is the original one."""
+        plan = plan_of(worker)
+        if resumed is not None:
+            from . import _C
+            role, start = _C.plan_resume(**plan, consumed=resumed)
+            plan = plan_of(role)
+        return cls(plan, epoch, start)
+
+    def rows(self):
+        """(positions, pads) of the steps from start on: int64 positions
+        (a memoryview) and one pad flag (byte) a row."""
+        from . import _C
+        positions, pads = _C.plan_items(**self.plan, epoch=self.epoch, start=self.start)
+        return memoryview(positions).cast("q"), pads
+
+    def batches(self, size, skip=0):
+        """(positions, pads) of each batch of size rows (the last may be
+        shorter), skip batches left out."""
+        positions, pads = self.rows()
+        for b0 in range(skip * size, len(positions), size):
+            yield positions[b0:b0 + size], pads[b0:b0 + size]
+
+
 # Padding above this share of a rank's items in an epoch is logged (once
 # per epoch): a batch_size close to or above SWAP_CAP / (world x workers)
 # makes most of every batch repeats.

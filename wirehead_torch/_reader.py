@@ -245,16 +245,36 @@ def wait_for_generation(store, cfg, timeout, newer_than=0, min_params=0, *, stop
         f"{original_layout_hint(cfg)}") from None
 
 
-def step_generation(store, gen, refresh):
-    """The generation the next step reads: with refresh='step' the newest
-    sealed one, where it is newer than gen (during an outage gen stays: the
-    read policy waits it out); with refresh='epoch' gen."""
-    if refresh != "step":
-        return gen
-    try:
-        return max(gen, store.current())
-    except _C.StoreUnavailableError:
-        return gen
+class Generations:
+    """Which generation a reader reads: the one place this is decided,
+    asked by every reader kind (WireheadIterableDataset, the map-style
+    readers, WireheadLoader, wirehead_torch.DataLoader with or without a
+    device). An epoch (a map-style reader: each read) starts on the
+    generation a resumed state names, else on the newest sealed one,
+    waited for (min_params: made entirely under params >= it); with
+    refresh='step' each step moves on to the newest sealed one (the C
+    loader's threads do that step themselves)."""
+
+    def __init__(self, cfg, timeout, min_params=0, refresh="epoch"):
+        self.cfg, self.timeout = cfg, timeout
+        self.min_params, self.refresh = min_params, refresh
+
+    def for_epoch(self, store, resume=0):
+        """The generation an epoch starts on; resume: the one a resumed
+        state names (0: none). Waits for a generation either way."""
+        newest = wait_for_generation(store, self.cfg, self.timeout, min_params=self.min_params)
+        return resume or newest
+
+    def for_step(self, store, gen):
+        """The generation the next step reads, gen the one the last read:
+        with refresh='step' the newest sealed one where it is newer (during
+        an outage gen stays: the read policy waits it out); else gen."""
+        if self.refresh != "step":
+            return gen
+        try:
+            return max(gen, store.current())
+        except _C.StoreUnavailableError:
+            return gen
 
 
 def read_sample(store, gen, pos, want, timeout, skip=True):

@@ -168,23 +168,43 @@ class WorkerRing:
             pass  # no marker: said again rather than never
         return True
 
-    def handle(self, j, stamp, fields, extras, form, seal, size, direct=None):
-        """The filled slot j (stamp: its version and fill sequence) as the
-        handle sent to the main process, with seal: the XXH3 of the slot's
-        header and row table (each row's stored checksum, which its copy
-        was checked against); direct: the rows left in the store
-        (_batch.DirectRows), None when the slot holds the whole batch."""
-        ver, seq = stamp
-        return RingBatch(self.main_pid, self.token, self.worker, self.nslots, j, ver, seq,
-                         self.pid, fields, extras, form, seal, size, direct)
+    def handle(self, *, slot, version, sequence, fields, extras, form, seal, wire, in_store):
+        """The filled slot (version, sequence: its stamp) as the handle sent
+        to the main process, with seal: the XXH3 of the slot's header and
+        row table (each row's stored checksum, which its copy was checked
+        against); wire: the batch's layout as ring_fill wrote it (bytes only
+        C reads); in_store: rows of some fields stayed in the store."""
+        return RingBatch(SlotHandle(
+            main_pid=self.main_pid, token=self.token, worker=self.worker, nslots=self.nslots,
+            slot=slot, version=version, sequence=sequence, worker_pid=self.pid, fields=fields,
+            extras=extras, form=form, seal=seal, wire=wire, in_store=in_store))
 
-    def local(self, j, fields, extras, size, form="dict", direct=None):
+    def local(self, *, slot, fields, extras, form, wire, in_store):
         """In-process iteration: the batch as tensors (a SlotBatch while a
         device iteration runs), no handle."""
-        return batch_of(self.c.local(j, size), fields, extras, form, self.token, direct)
+        return batch_of(self.c.local(slot=slot, wire=wire), fields, extras, form, self.token,
+                        wire, in_store)
 
     def close(self):
         self.c.unlock()
+
+
+class SlotHandle(NamedTuple):
+    """What crosses a DataLoader worker's queue for a batch in a ring slot."""
+    main_pid: int  # the process that runs the DataLoader
+    token: str  # the dataset's ring (BatchRing.token)
+    worker: object  # the region: the worker's id
+    nslots: int  # slots of the region
+    slot: int
+    version: int  # the slot file's version and fill sequence: the fill it names
+    sequence: int
+    worker_pid: int  # the worker that filled it
+    fields: tuple  # SlotField per field batched
+    extras: tuple  # (name, offset, dtype, rows) per extra
+    form: str  # "dict" or "list"
+    seal: int  # XXH3 of the slot's seal
+    wire: bytes  # the batch's layout as ring_fill wrote it: read only in C
+    in_store: bool  # rows of some fields stayed in the store
 
 
 class RingBatch:
@@ -193,18 +213,18 @@ class RingBatch:
     Use the dataset with DataLoader(batch_size=None): it yields whole
     batches (a map-style reader with sampler=BatchSampler(...) too)."""
 
-    __slots__ = ("args",)
+    __slots__ = ("handle",)
 
-    def __init__(self, *args):
-        self.args = args
+    def __init__(self, handle):
+        self.handle = handle
 
     def __reduce__(self):
-        return _rebuild, self.args
+        return _open, (self.handle,)
 
     def __repr__(self):
-        return (f"<wirehead_torch RingBatch slot {self.args[4]} of worker {self.args[2]}: "
-                f"opened as tensors in the DataLoader's main process; a DataLoader over "
-                f"a dataset with batches=True needs batch_size=None>")
+        return (f"<wirehead_torch RingBatch slot {self.handle.slot} of worker "
+                f"{self.handle.worker}: opened as tensors in the DataLoader's main process; a "
+                f"DataLoader over a dataset with batches=True needs batch_size=None>")
 
 
 # main process: (main pid, token, worker) -> _C.Ring
@@ -226,16 +246,16 @@ def direct(token, on):
 class SlotBatch:
     """A batch still in its slot (mem: the claimed slot's uint8 Array, or
     heap memory), for a device iteration to copy straight from the slot;
-    direct: the rows a worker left in the store (_batch.DirectRows), for
-    the copy to take from there. take() hands mem over once: whoever still
-    refers to this object (a reader's suspended frame) no longer holds the
-    slot."""
+    wire: the batch's layout as its worker wrote it (None for heap memory),
+    in_store: the rows of some fields are in the store, for the copy to take
+    from there. take() hands mem over once: whoever still refers to this
+    object (a reader's suspended frame) no longer holds the slot."""
 
-    __slots__ = ("mem", "fields", "extras", "form", "direct")
+    __slots__ = ("mem", "fields", "extras", "form", "wire", "in_store")
 
-    def __init__(self, mem, fields, extras, form, direct=None):
+    def __init__(self, mem, fields, extras, form, wire=None, in_store=False):
         self.mem, self.fields, self.extras, self.form = mem, fields, extras, form
-        self.direct = direct
+        self.wire, self.in_store = wire, in_store
 
     def __repr__(self):
         return ("<wirehead_torch SlotBatch: a batch for a device iteration of "
@@ -246,35 +266,36 @@ class SlotBatch:
         return mem
 
 
-def batch_of(mem, fields, extras, form, token, direct=None):
+def batch_of(mem, fields, extras, form, token, wire=None, in_store=False):
     """The batch over mem: tensors, or a SlotBatch while a device iteration
     of token runs. One whose large rows are in the store is always a
     SlotBatch: only a device iteration asks for those, and one that ended
     leaves them only to batches torch drops unread."""
-    if token in _DIRECT or direct is not None:
-        return SlotBatch(mem, tuple(fields), tuple(extras), form, direct)
+    if token in _DIRECT or in_store:
+        return SlotBatch(mem, tuple(fields), tuple(extras), form, wire, in_store)
     return tensors(mem, fields, extras, form)
+
+
 # token -> how its batches are checked at hand-over (hand_over_checks)
 _CHECK = {}
 
 
-def _rebuild(main_pid, token, worker, nslots, j, ver, seq, wpid, fields, extras, form, seal,
-             size, direct=None):
-    if os.getpid() != main_pid:
+def _open(h):
+    """A SlotHandle unpickled: the batch over its slot, claimed and checked
+    (in C; the slot goes back to its worker when the last tensor over it
+    dies)."""
+    if os.getpid() != h.main_pid:
         raise RuntimeError(f"a wirehead ring batch opens only in the process that runs the "
-                           f"DataLoader (pid {main_pid}), not in pid {os.getpid()}")
-    key = (main_pid, token, worker)
+                           f"DataLoader (pid {h.main_pid}), not in pid {os.getpid()}")
+    key = (h.main_pid, h.token, h.worker)
     ring = _MAIN.get(key)
     if ring is None:
-        ring = _MAIN[key] = _C.Ring(region_path(main_pid, token, worker), nslots, False,
-                                    main_pid, str(worker))
-    # checked in C; the slot goes back to its worker when the last tensor
-    # over it dies. The seal's table: every row of every field the slot
-    # holds, then the extras
-    rows = direct.checks() if direct else sum(f.shape[0] for f in fields) + 1
-    check = _CHECK.get(token, _C.RING_CHECK_SLOT)
-    return batch_of(ring.claim(j, ver, seq, wpid, size, seal, rows, check), fields, extras, form,
-                    token, direct)
+        ring = _MAIN[key] = _C.Ring(region_path(h.main_pid, h.token, h.worker), h.nslots, False,
+                                    h.main_pid, str(h.worker))
+    mem = ring.claim(slot=h.slot, version=h.version, sequence=h.sequence,
+                     worker_pid=h.worker_pid, seal=h.seal, wire=h.wire,
+                     check=_CHECK.get(h.token, _C.RING_CHECK_SLOT))
+    return batch_of(mem, h.fields, h.extras, h.form, h.token, h.wire, h.in_store)
 
 
 def tensors(mem, fields, extras, form="dict", from_dlpack=None):

@@ -12,14 +12,14 @@ import time
 from . import _C, _files
 from ._reader import wait_for_generation
 from ._shard_format import (
-    _BLOCK,
-    _END,
-    _LOCK_NAME,
-    _WAIT_NOTE_EVERY,
+    BLOCK,
+    END,
+    EXPORT_NOTE_EVERY,
     INDEX_FORMAT,
     INDEX_NAME,
+    LOCK_NAME,
     ShardError,
-    _bytes_of,
+    bytes_of,
     log,
     npy_header,
     tar_header,
@@ -86,10 +86,10 @@ class _ShardWriter:
     def add(self, gen, pos, arrays):
         """One sample: arrays are (dtype name, shape, C-contiguous buffer)
         in SAMPLE order."""
-        size = sum(_BLOCK + len(npy_header(d, s)) + b.nbytes + (-b.nbytes) % _BLOCK
+        size = sum(BLOCK + len(npy_header(d, s)) + b.nbytes + (-b.nbytes) % BLOCK
                    for d, s, b in arrays)  # npy headers are 64-aligned: padding is the data's
         if self._f is not None and self._entry["samples"] and \
-                self._entry["bytes"] + size + len(_END) > self.shard_size:
+                self._entry["bytes"] + size + len(END) > self.shard_size:
             self.close_shard()
         if self._f is None:
             self._open()
@@ -105,7 +105,7 @@ class _ShardWriter:
             member_hash.update(data)
             self._write(tar_header(name, total, self._mtime) + head)
             self._write(data)
-            pad = -total % _BLOCK
+            pad = -total % BLOCK
             if pad:
                 self._write(b"\0" * pad)
             self._entry["members"][name] = member_hash.hexdigest()
@@ -130,7 +130,7 @@ class _ShardWriter:
     def close_shard(self):
         if self._f is None:
             return
-        self._write(_END)
+        self._write(END)
         os.fsync(self._f.fileno())
         f, self._f = self._f, None
         self._entry["xxh3"] = self._hash.hexdigest()
@@ -305,12 +305,12 @@ class _Out:
         file taken over when it is a plain file of this user's (one name, not
         a link); anything else at the name is refused naming it."""
         try:
-            return os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+            return os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                            os.O_CLOEXEC, 0o644, dir_fd=self.fd)
         except FileExistsError:
             pass
         try:
-            fd = os.open(_LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            fd = os.open(LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=self.fd)
         except OSError:
             fd = None
@@ -319,7 +319,7 @@ class _Out:
             if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
                 return fd
             os.close(fd)
-        path = self.name(_LOCK_NAME)
+        path = self.name(LOCK_NAME)
         raise ShardError(f"{path}: {_files.there(path, self.fd)} is there that no export of "
                          f"this user made; refusing to lock through it (remove it)")
 
@@ -328,7 +328,7 @@ class _Out:
         made and wrote nothing into is removed again (while its name is
         still that directory)."""
         if lock is not None:
-            _files.remove_own(self.name(_LOCK_NAME), _files.identity(lock), self.fd)
+            _files.remove_own(self.name(LOCK_NAME), _files.identity(lock), self.fd)
             os.close(lock)
         if self.made and not wrote and \
                 _files.named(self._name, self._parent) == _files.identity(self.fd):
@@ -380,7 +380,7 @@ def export_shards(out, config_path=None, config=None, *, generations=None, sampl
     except ValueError:
         raise ValueError(f"shard_size must be a byte count like 1073741824 or '1GiB', got "
                          f"{shard_size!r}") from None
-    if limit < _BLOCK * 4:
+    if limit < BLOCK * 4:
         raise ValueError(f"shard_size {shard_size!r} is too small (at least 2 KiB)")
     fields = list(cfg["SAMPLE"])
     for f in fields:
@@ -416,7 +416,7 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
             swap_cap = store.swap_cap
             while not stop:
                 gen = wait_for_generation(store, cfg, timeout, last, stop=stop,
-                                          who=_WHO, note_every=_WAIT_NOTE_EVERY,
+                                          who=_WHO, note_every=EXPORT_NOTE_EVERY,
                                           longer="timeout= (--timeout) or READ_TIMEOUT")
                 if gen is None:
                     break
@@ -448,7 +448,7 @@ def _export(w, store_handle, cfg, out, generations, samples, timeout, quiet, on_
                         gen, pos = got.generation, 0
                         continue
                     w.add(gen, got.position,
-                          [(a.dtype, a.shape, _bytes_of(a)) for a in got.arrays])
+                          [(a.dtype, a.shape, bytes_of(a)) for a in got.arrays])
                     del got
                     pos += 1
                     if samples is not None and w.written >= samples:

@@ -17,24 +17,24 @@ from . import _C, _files
 log = logging.getLogger("wirehead_torch")
 
 INDEX_NAME = "index.json"
-_LOCK_NAME = ".export.lock"
+LOCK_NAME = ".export.lock"
 INDEX_FORMAT = "wirehead_torch shards"
 SUPPORTED_MEMBERS = ".npy (NumPy arrays of a numeric or bool dtype)"
 
-_BLOCK = 512
-_END = b"\0" * (2 * _BLOCK)
+BLOCK = 512
+END = b"\0" * (2 * BLOCK)
 _NPY_MAGIC = b"\x93NUMPY"
-_NPY_HEADER_MAX = 1 << 16  # far above any header of <= MAX_NDIM dims
+NPY_HEADER_MAX = 1 << 16  # far above any header of <= MAX_NDIM dims
 _PAX_MAX = 1 << 20  # a pax or GNU long-name record larger than this is refused
 _NAME_MAX = 4096
 _READ_CHUNK = 8 << 20
-_WAIT_NOTE_EVERY = 10.0  # seconds between an export's notes on what it waits for
+EXPORT_NOTE_EVERY = 10.0  # seconds between an export's notes on what it waits for
 
 # store dtype name <-> .npy descr (little-endian; one-byte types say '|')
-_DESCR = {"bool": "|b1", "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2",
+DESCR = {"bool": "|b1", "uint8": "|u1", "int8": "|i1", "uint16": "<u2", "int16": "<i2",
           "uint32": "<u4", "int32": "<i4", "uint64": "<u8", "int64": "<i8", "float16": "<f2",
           "float32": "<f4", "float64": "<f8", "complex64": "<c8", "complex128": "<c16"}
-_FROM_DESCR = {v: k for k, v in _DESCR.items()}
+_FROM_DESCR = {v: k for k, v in DESCR.items()}
 _FROM_DESCR.update({"<b1": "bool", "<u1": "uint8", "<i1": "int8", "=b1": "bool",
                     "=u1": "uint8", "=i1": "int8"})
 _KEY_RE = re.compile(r"g(\d+)-p(\d+)$")
@@ -57,7 +57,7 @@ class ShardError(_C.WireheadError, ValueError):
         self.sample_only = False
 
 
-def _SampleError(message, shard=None, member=None):
+def SampleError(message, shard=None, member=None):
     """A ShardError of bad bytes inside one sample; the archive around it
     is intact, so on_error="skip" drops just that sample."""
     e = ShardError(message, shard, member)
@@ -72,9 +72,9 @@ def _SampleError(message, shard=None, member=None):
 def npy_header(dtype, shape):
     """The .npy (format 1.0) header of a C-order array of dtype (a store
     dtype name) and shape, padded so the data starts 64-byte aligned."""
-    descr = _DESCR.get(dtype)
+    descr = DESCR.get(dtype)
     if descr is None:
-        raise ShardError(f"dtype {dtype} has no .npy form (supported: {sorted(_DESCR)})")
+        raise ShardError(f"dtype {dtype} has no .npy form (supported: {sorted(DESCR)})")
     dims = ", ".join(str(int(d)) for d in shape) + ("," if len(shape) == 1 else "")
     text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}"
     total = len(_NPY_MAGIC) + 4 + len(text) + 1
@@ -95,7 +95,7 @@ def tar_header(name, size, mtime):
     raw = name.encode("utf-8")
     if len(raw) > 100:
         raise ShardError(f"member name {name!r} is longer than 100 bytes")
-    h = bytearray(_BLOCK)
+    h = bytearray(BLOCK)
     h[0:len(raw)] = raw
     h[100:108] = b"0000644\0"
     h[108:116] = b"0000000\0"
@@ -124,13 +124,13 @@ def _parse_number(field, what, shard, member):
     return int(text, 8)
 
 
-def _safe_name(name, shard):
+def safe_name(name, shard):
     if "\0" in name or "\\" in name or name.startswith("/") or len(name) > _NAME_MAX:
-        raise _SampleError("unsafe member name (absolute, a NUL or a backslash, or too long)",
+        raise SampleError("unsafe member name (absolute, a NUL or a backslash, or too long)",
                            shard, name)
     parts = name.split("/")
     if ".." in parts:
-        raise _SampleError("unsafe member name (a '..' component leaves the archive)",
+        raise SampleError("unsafe member name (a '..' component leaves the archive)",
                            shard, name)
     return name
 
@@ -139,49 +139,49 @@ def parse_npy(head, member_size, shard, member):
     """(dtype name, shape, fortran, header bytes) of a .npy member whose
     first bytes are head (at least its whole header)."""
     if len(head) < 10 or head[:6] != _NPY_MAGIC:
-        raise _SampleError("not a .npy file (no \\x93NUMPY magic)", shard, member)
+        raise SampleError("not a .npy file (no \\x93NUMPY magic)", shard, member)
     major = head[6]
     if major == 1:
         hlen, start = int.from_bytes(head[8:10], "little"), 10
     elif major in (2, 3):
         if len(head) < 12:
-            raise _SampleError(".npy header cut short", shard, member)
+            raise SampleError(".npy header cut short", shard, member)
         hlen, start = int.from_bytes(head[8:12], "little"), 12
     else:
-        raise _SampleError(f".npy format version {major} is not 1, 2 or 3", shard, member)
-    if hlen > _NPY_HEADER_MAX or start + hlen > min(len(head), member_size):
-        raise _SampleError(f".npy header of {hlen} bytes does not fit the member of "
+        raise SampleError(f".npy format version {major} is not 1, 2 or 3", shard, member)
+    if hlen > NPY_HEADER_MAX or start + hlen > min(len(head), member_size):
+        raise SampleError(f".npy header of {hlen} bytes does not fit the member of "
                            f"{member_size} bytes", shard, member)
     try:
         text = bytes(head[start:start + hlen]).decode("utf-8" if major == 3 else "latin1")
         d = ast.literal_eval(text)
     except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
-        raise _SampleError(".npy header is not a Python literal", shard, member) from None
+        raise SampleError(".npy header is not a Python literal", shard, member) from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
-        raise _SampleError(".npy header must hold exactly descr, fortran_order and shape",
+        raise SampleError(".npy header must hold exactly descr, fortran_order and shape",
                            shard, member)
     descr, fortran, shape = d["descr"], d["fortran_order"], d["shape"]
     dtype = _FROM_DESCR.get(descr) if isinstance(descr, str) else None
     if dtype is None:
-        raise _SampleError(f".npy dtype {descr!r} is not supported: wirehead_torch stores "
-                           f"little-endian numeric and bool arrays ({', '.join(sorted(_DESCR))});"
+        raise SampleError(f".npy dtype {descr!r} is not supported: wirehead_torch stores "
+                           f"little-endian numeric and bool arrays ({', '.join(sorted(DESCR))});"
                            f" object arrays (pickles) are never read", shard, member)
     if not isinstance(fortran, bool) or not isinstance(shape, tuple) or \
             len(shape) > _C.MAX_NDIM or not all(
                 isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape):
-        raise _SampleError(f".npy header: bad fortran_order or shape {shape!r} (at most "
+        raise SampleError(f".npy header: bad fortran_order or shape {shape!r} (at most "
                            f"{_C.MAX_NDIM} non-negative dims)", shard, member)
     nbytes = np.dtype(descr).itemsize
     for x in shape:
         nbytes *= x
     if start + hlen + nbytes != member_size:
-        raise _SampleError(f".npy data of shape {shape} {dtype} is {nbytes} bytes, the member "
+        raise SampleError(f".npy data of shape {shape} {dtype} is {nbytes} bytes, the member "
                            f"holds {member_size - start - hlen}", shard, member)
     return dtype, shape, fortran, start + hlen
 
 
 
-def _bytes_of(arr):
+def bytes_of(arr):
     """The C-contiguous bytes of a store Array (bfloat16 as its raw bits)."""
     if arr.dtype == "bfloat16":
         raise ShardError("field of dtype bfloat16 has no .npy form (NumPy has no bfloat16); "
@@ -235,7 +235,7 @@ def _brace(s):
     return [x for it in items for x in _brace(head + it + tail)]
 
 
-class _Reader:
+class ShardReader:
     """Reads one shard member by member from a binary file, bounded by the
     file's size, feeding every byte to the shard checksum when asked."""
 
@@ -274,7 +274,7 @@ class _Reader:
             n -= k
 
 
-def _members(rd):
+def tar_members(rd):
     """(name, size) of each regular member, the reader left at its data;
     the caller consumes exactly size bytes plus padding."""
     pending_name = None
@@ -283,13 +283,13 @@ def _members(rd):
         if rd.offset == rd.size:
             raise ShardError("truncated: the archive ends without its end-of-archive blocks",
                              rd.shard)
-        h = rd.read_exact(_BLOCK)
+        h = rd.read_exact(BLOCK)
         if not any(h):
             return
         stored = _parse_number(h[148:156], "checksum", rd.shard, None)
         blank = h[:148] + b" " * 8 + h[156:]
         if stored not in (sum(blank), sum(b - 256 if b > 127 else b for b in blank)):
-            raise ShardError(f"tar header at offset {rd.offset - _BLOCK} fails its checksum "
+            raise ShardError(f"tar header at offset {rd.offset - BLOCK} fails its checksum "
                              f"(not a tar file, or damaged)", rd.shard)
         name = h[0:100].split(b"\0", 1)[0]
         if h[257:263] == b"ustar\0" and h[345]:  # POSIX ustar only: old GNU keeps times there
@@ -301,7 +301,7 @@ def _members(rd):
         if pending_size is not None:
             size, pending_size = pending_size, None
         kind = bytes(h[156:157])
-        padded = size + (-size % _BLOCK)
+        padded = size + (-size % BLOCK)
         if padded > rd.size - rd.offset:
             raise ShardError(f"truncated: the member's {size} bytes run past the file's end "
                              f"({rd.size} bytes)", rd.shard, name)
@@ -346,7 +346,7 @@ def _pax(data, shard, member):
     return path, size
 
 
-def _load_index(directory, cache):
+def load_index(directory, cache):
     if directory not in cache:
         path = os.path.join(directory, INDEX_NAME)
         idx = None

@@ -101,18 +101,19 @@ class ProcessStore:
         self._h = PerProcess()
         self._noted = False
 
-    @property
-    def _st(self):
+    def opened(self):
+        """This process's handle where it has opened one, else None (opens
+        nothing)."""
         return self._h.get()
 
     def note_created(self, say=None):
         """Says, once, what an shm store this process created reserves in
         /dev/shm (say: print it there too); nothing for a store made by
         another process or one that keeps no files there (MongoDB)."""
-        if self._noted or self._st is None or _uri.shm_files(self.cfg["STORE"]) is None:
+        if self._noted or self.opened() is None or _uri.shm_files(self.cfg["STORE"]) is None:
             return
         try:
-            st = self._st.status()
+            st = self.opened().status()
         except _C.WireheadError:  # not created yet (auto): the first put will
             return
         self._noted = True

@@ -115,8 +115,11 @@ class ToDevice:
 
     def _run(self, batches, device, from_dlpack):
         from ._ring import SlotBatch, tensors
-        slots = getattr(batches, "_slot_batches", None)
-        source = iter(slots(self._stage) if slots is not None else batches)
+        # a wirehead_torch.DataLoader hands its batches over still in their
+        # ring slots (its DeviceFeed); any other iterable as tensors
+        feed_of = getattr(batches, "device_feed", None)
+        feed = feed_of(self._stage) if feed_of is not None else None
+        source = iter(feed.batches() if feed is not None else batches)
         try:
             while True:
                 # slots whose copies completed go back to their workers
@@ -131,23 +134,18 @@ class ToDevice:
                     yield stage_batch(self._stage, batch, from_dlpack)
                     continue
                 fields, extras, form = batch.fields, batch.extras, batch.form
-                if batch.direct is not None:  # large rows left in the store
-                    arr, direct, reread = self._stage.copy_rows(
-                        batch.take(), batches._direct_store(), *batch.direct[:-1])
-                else:
-                    arr, direct = self._stage.copy_slot(batch.take())
-                del batch  # the stage holds the slot until its copy completed
+                # rows a worker left in the store are copied from there
+                store = feed.store() if batch.in_store else None
+                arr, direct, _ = self._stage.copy_slot(batch.take(), wire=batch.wire,
+                                                       store=store)
+                del batch, store  # the stage holds the slot until its copy completed
                 self._counts["registered" if direct else "staged"] += 1
                 if not direct and not self._said.get("said"):
                     self._say(device)
                 yield tensors(arr, fields, extras, form, from_dlpack)
         except Exception:
-            # a copy that raised: a wt.DataLoader's workers stop now, not
-            # when the garbage collector frees its iterator (they could
-            # otherwise read on, and even make the store again)
-            abort = getattr(batches, "_abort", None)
-            if abort is not None:
-                abort()
+            if feed is not None:
+                feed.abort()
             raise
         finally:
             self._last = self.stats()

@@ -1,57 +1,22 @@
 """wirehead_torch.DataLoader: a torch DataLoader that sets up the one-copy
 batch ring for the wirehead datasets, orders their samples by the plan, and
-resumes mid-epoch (state_dict / load_state_dict)."""
+resumes mid-epoch (state_dict / load_state_dict). It asks its dataset
+through one adapter per kind (iterable.IterableAdapter,
+dataset.MapAdapter), and hands its batches to a device through DeviceFeed
+(the protocol to_device of cuda.py takes)."""
 import copy
 import weakref
 
 import torch
 
-from . import _C
-from ._order import check_yields, plan_sizes, rank_world, warn_padding
+from . import _C, _ring
+from ._order import check_yields, warn_padding
 from ._reader import reader_timeout
-from .dataset import _CurrentGenerationReader
-from .iterable import _DIRECT, _GEN, WireheadIterableDataset
+from .dataset import MapAdapter
+from .iterable import IterableAdapter
 
 _STATE_VERSION = 1
-
-
-class _PlanBatchSampler(torch.utils.data.Sampler):
-    """Batches of positions for a map-style reader, in the plan's order: the
-    rank's share of a generation (every rank the same count, a short one
-    repeating samples as torch's DistributedSampler does), shuffled by
-    (seed, epoch), cut into batches; drop_last drops a partial last batch.
-    epoch and start (batches to skip) are set by the DataLoader before each
-    iteration."""
-
-    def __init__(self, swap_cap, batch_size, drop_last, shuffle, seed, rank, world_size):
-        self.swap_cap = swap_cap
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.shuffle = shuffle
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        self._rank, self._world = rank, world_size
-        self.epoch = 0
-        self.start = 0
-
-    def plan(self):
-        rank, world = rank_world(self._rank, self._world)
-        # workers 0: a map-style DataLoader hands batches to its workers in
-        # order itself; batch only matters with drop_last (whole batches)
-        return dict(swap_cap=self.swap_cap, world=world, rank=rank, workers=0, worker=0,
-                    batch=self.batch_size if self.drop_last else 0, shuffle=self.shuffle,
-                    seed=self.seed, pad=0, drop_last=self.drop_last)
-
-    def __len__(self):
-        steps = plan_sizes(self.plan())["steps"]
-        return -(-steps // self.batch_size)
-
-    def __iter__(self):
-        pos, _ = _C.plan_items(**self.plan(), epoch=self.epoch)
-        pos = memoryview(pos).cast("q").tolist()
-        B, start = self.batch_size, self.start
-        self.start = 0
-        for b in range(start, -(-len(pos) // B)):
-            yield pos[b * B:(b + 1) * B]
+_ADAPTERS = (IterableAdapter, MapAdapter)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -93,11 +58,8 @@ class DataLoader(torch.utils.data.DataLoader):
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  seed=0, ring=True, device=None, **kwargs):
         what = "wirehead_torch.DataLoader"
-        if isinstance(dataset, WireheadIterableDataset):
-            kind = "iterable"
-        elif isinstance(dataset, _CurrentGenerationReader):
-            kind = "map"
-        else:
+        adapter = next((a for a in _ADAPTERS if a.fits(dataset)), None)
+        if adapter is None:
             raise TypeError(f"{what} reads WireheadIterableDataset, MongoheadDataset or "
                             f"MongoTupleheadDataset; got {type(dataset).__name__} (use "
                             f"torch.utils.data.DataLoader for other datasets)")
@@ -130,8 +92,6 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError(f"{what}: device= copies each batch straight from its ring slot "
                              f"to the device; pin_memory=True would copy it into page-locked "
                              f"memory first: pass one of them")
-        ds = dataset._private_copy()
-        self._kind = kind
         self._ring = bool(ring)
         self._what = what
         self._epoch = 0           # the epoch the next iteration runs
@@ -139,31 +99,13 @@ class DataLoader(torch.utils.data.DataLoader):
         self._current = None      # (epoch, batches consumed) of the running iteration
         self._done = False        # the running iteration yielded its last batch
         self._pad_memo = {}
-        if kind == "iterable":
-            self._setup_iterable(ds, batch_size, num_workers, shuffle, drop_last)
-            super().__init__(ds, batch_size=None if ring else batch_size, shuffle=None,
-                             num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, drop_last=False, timeout=timeout,
-                             worker_init_fn=worker_init_fn,
-                             multiprocessing_context=multiprocessing_context,
-                             generator=generator, **kwargs)
-        else:
-            self._setup_map(ds, seed)
-            bs = _PlanBatchSampler(len(ds), batch_size, bool(drop_last), bool(shuffle), seed,
-                                   None, None)
-            self._plan_sampler = bs
-            if ring:
-                super().__init__(ds, batch_size=None, sampler=bs, num_workers=num_workers,
-                                 pin_memory=pin_memory, timeout=timeout,
-                                 worker_init_fn=worker_init_fn,
-                                 multiprocessing_context=multiprocessing_context,
-                                 generator=generator, **kwargs)
-            else:
-                super().__init__(ds, batch_sampler=bs, num_workers=num_workers,
-                                 collate_fn=collate_fn, pin_memory=pin_memory, timeout=timeout,
-                                 worker_init_fn=worker_init_fn,
-                                 multiprocessing_context=multiprocessing_context,
-                                 generator=generator, **kwargs)
+        self._adapter = adapter(dataset, what, ring=self._ring, batch_size=batch_size,
+                                num_workers=num_workers, shuffle=shuffle, drop_last=drop_last,
+                                seed=seed)
+        super().__init__(self._adapter.dataset, num_workers=num_workers, pin_memory=pin_memory,
+                         timeout=timeout, worker_init_fn=worker_init_fn,
+                         multiprocessing_context=multiprocessing_context, generator=generator,
+                         **self._adapter.torch_args(collate_fn), **kwargs)
         self._batch = batch_size
         self._workers = num_workers
         self._drop_last = bool(drop_last)
@@ -180,57 +122,6 @@ class DataLoader(torch.utils.data.DataLoader):
                 raise ValueError(f"{what}: device= takes a CUDA device ('cuda', 'cuda:1', "
                                  f"an index) or 'cpu'; got {device!r}")
 
-    # --- set-up ------------------------------------------------------------
-    def _setup_iterable(self, ds, B, K, shuffle, drop_last):
-        for name, have, want in (("batch_size", ds.batch_size, B),
-                                 ("num_workers", ds.num_workers, K)):
-            if have is not None and have != want:
-                raise ValueError(f"{self._what}: the dataset was given {name}={have} but the "
-                                 f"DataLoader {name}={want}; leave it out of the dataset (the "
-                                 f"DataLoader tells it)")
-        if ds.drop_last and not drop_last:
-            raise ValueError(f"{self._what}: the dataset was given drop_last=True but the "
-                             f"DataLoader drop_last=False; pass drop_last to the DataLoader")
-        if self._ring:
-            self._refuse(ds, views=ds.views, transform=ds.transform is not None)
-        ds.batch_size, ds.num_workers, ds.drop_last = B, K, bool(drop_last)
-        ds.batches = self._ring
-        self._name_ring(ds)
-        ds._pad_warn = False  # reported here, in the main process, once per epoch
-        ds._pad_memo = {}
-        if shuffle is not None and shuffle != ds.order.shuffle:
-            ds.order = copy.copy(ds.order)
-            ds.order.shuffle = shuffle
-
-    def _setup_map(self, ds, seed):
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{self._what}: seed must be an integer, got {seed!r}")
-        if self._ring:
-            self._refuse(ds, transform=ds.transform is not None,
-                         normalize=ds.normalize is not None, views=ds.views,
-                         output=ds.output != "torch")
-            if ds.names[0] == ds.names[1]:
-                raise ValueError(f"{self._what}: the ring reads two distinct fields; sample= "
-                                 f"names {ds.names[0]!r} twice (pass ring=False)")
-        ds.batches = self._ring
-        self._name_ring(ds)
-
-    def _name_ring(self, ds):
-        """The ring's errors name what the user passed: this DataLoader."""
-        ring = ds._batch_ring
-        ring.what = f"{self._what} (ring=True, its default)"
-        ring.asked = "the DataLoader's ring (ring=True, its default)"
-        ring.way_out = "pass ring=False to the DataLoader"
-
-    def _refuse(self, ds, **given):
-        from ._batch import refuse_with_batches
-        try:
-            refuse_with_batches(**given)
-        except ValueError as e:
-            raise ValueError(f"{self._what}: {type(ds).__name__}({e}; or pass ring=False to "
-                             f"the DataLoader for the ordinary collate path (two copies)") \
-                from None
-
     # --- epochs ------------------------------------------------------------
     def set_epoch(self, epoch):
         """The next iteration runs this epoch. A state loaded for the same
@@ -243,9 +134,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def _plan(self):
         """The plan of worker 0 of this rank (what len(), the padding and
         the empty-epoch checks ask)."""
-        if self._kind == "iterable":
-            return self.dataset._plan(self._workers)
-        return self._plan_sampler.plan()
+        return self._adapter.plan()
 
     def __iter__(self):
         if self._device is not None:
@@ -278,39 +167,11 @@ class DataLoader(torch.utils.data.DataLoader):
                                f"CudaError, has none)")
         return it.stats()
 
-    def _slot_batches(self, stage=None):
-        """The batches as to_device takes them: with the ring, each one
-        still in its slot (a SlotBatch, claimed, not yet tensors). A
-        WireheadIterableDataset's workers then leave rows of at least the
-        stage's cut-over in an shm store (the hand-over of positions,
-        docs/gpu.md): they are copied to the device from there."""
-        from . import _ring
-        token = self.dataset._batch_ring.token if self._ring else None
-        # HANDOVER_CHECK: rows re-hashes every row at hand-over: all stay in the slot
-        shared = self.dataset._shared if token and self._kind == "iterable" and \
-            self.dataset.cfg["HANDOVER_CHECK"] != "rows" else None
-        if token is not None:
-            _ring.direct(token, True)
-        if shared is not None and stage is not None and not stage.stats()["staged_why"]:
-            # read by each worker as its epoch starts, so set before they start
-            shared[_DIRECT] = stage.direct_min(self._store_uri())[0]
-        try:
-            yield from self._host_iter()
-        finally:
-            if shared is not None:
-                shared[_DIRECT] = 0
-            if token is not None:
-                _ring.direct(token, False)
-
-    def _store_uri(self):
-        """The store this process reads: the node-local copy under LOCAL_CACHE."""
-        from ._store_args import store_kwargs
-        return store_kwargs(self.dataset.cfg, create=False, local=True)["uri"]
-
-    def _direct_store(self):
-        """This process's handle on the dataset's store: the rows its
-        workers left there are viewed through it."""
-        return self.dataset._store.get()
+    def device_feed(self, stage):
+        """This DataLoader's batches as a device iteration takes them: the
+        DeviceFeed of an iteration copied by stage (a _C.CudaStage), the
+        protocol to_device (cuda.py) uses."""
+        return DeviceFeed(self, stage)
 
     def _host_iter(self):
         resume = self._resume
@@ -320,17 +181,7 @@ class DataLoader(torch.utils.data.DataLoader):
         plan = self._plan()
         info = check_yields(plan, self._what, self._batch, self._drop_last)
         warn_padding(plan, info, self._what, epoch, self._pad_memo, self._batch)
-        ds = self.dataset
-        if self._kind == "iterable":
-            # the dataset's epoch state is shared with its workers: set it
-            # before they start (or, persistent, resume) this iteration
-            if resume:
-                ds.load_state_dict(dict(resume["dataset"], epoch=epoch,
-                                        batches_consumed=start))
-            else:
-                ds._set_epoch(epoch)
-        else:
-            self._plan_sampler.epoch, self._plan_sampler.start = epoch, start
+        self._adapter.begin_epoch(epoch, start, resume)
         self._epoch = epoch + 1
         self._current = [epoch, start]
         self._done = False
@@ -353,8 +204,8 @@ class DataLoader(torch.utils.data.DataLoader):
             raise
 
     def _abort(self):
-        """The device copy of a batch raised (cuda.py): the workers of the
-        running iteration end now, as after a worker's error."""
+        """The device copy of a batch raised (DeviceFeed.abort): the workers
+        of the running iteration end now, as after a worker's error."""
         ref, self._torch_it = getattr(self, "_torch_it", None), None
         it = ref() if ref is not None else None
         if it is not None:
@@ -385,17 +236,12 @@ class DataLoader(torch.utils.data.DataLoader):
         else:
             epoch, consumed = self._current
         plan = self._plan()
-        state = {"version": _STATE_VERSION, "kind": self._kind, "epoch": epoch,
+        state = {"version": _STATE_VERSION, "kind": self._adapter.kind, "epoch": epoch,
                  "batches_consumed": consumed, "batch_size": self._batch,
                  "num_workers": self._workers, "drop_last": self._drop_last,
                  "world_size": plan["world"], "seed": plan["seed"],
                  "shuffle": plan["shuffle"]}
-        if self._kind == "iterable":
-            ds = self.dataset
-            # the generation the epoch reads: set by worker 0, which yields
-            # the epoch's (and a resumed epoch's) first batch
-            gen = ds._shared[_GEN] if consumed and not self._done else 0
-            state["dataset"] = {"generation": int(gen), "pad": ds.order.pad}
+        state.update(self._adapter.resume_state(bool(consumed) and not self._done))
         return state
 
     def load_state_dict(self, state):
@@ -407,9 +253,10 @@ class DataLoader(torch.utils.data.DataLoader):
         if int(state.get("version", 1)) > _STATE_VERSION:
             raise ValueError(f"{self._what}: state version {state['version']} is newer than "
                              f"this wirehead_torch reads ({_STATE_VERSION})")
-        if state.get("kind") != self._kind:
+        kind = self._adapter.kind
+        if state.get("kind") != kind:
             raise ValueError(f"{self._what}: state is of a {state.get('kind')} dataset, this "
-                             f"DataLoader reads a {self._kind} one")
+                             f"DataLoader reads a {kind} one")
         plan = self._plan()
         for key, have in (("batch_size", self._batch), ("num_workers", self._workers),
                           ("drop_last", self._drop_last), ("world_size", plan["world"]),
@@ -419,14 +266,54 @@ class DataLoader(torch.utils.data.DataLoader):
                                  f"this DataLoader has {have!r} (batch size, workers, "
                                  f"drop_last, world size, seed and shuffle must not change "
                                  f"mid-epoch)")
-        if self._kind == "iterable" and state.get("dataset", {}).get("pad",
-                                                                     self.dataset.order.pad) \
-                != self.dataset.order.pad:
-            raise ValueError(f"{self._what}: cannot resume: state has pad="
-                             f"{state['dataset']['pad']!r}, the dataset pad="
-                             f"{self.dataset.order.pad!r}")
-        self._resume = copy.deepcopy(state)
-        if self._kind == "iterable":
-            self._resume.setdefault("dataset", {})
+        self._resume = self._adapter.loaded(state)
         self._epoch = int(state["epoch"])
         self._current = None
+
+
+class DeviceFeed:
+    """What a device iteration (to_device, cuda.py) asks of a
+    wirehead_torch.DataLoader: the protocol between the two, documented in
+    docs/gpu.md. batches() yields each batch still in its ring slot
+    (_ring.SlotBatch, claimed, not yet tensors; a batch that missed the ring
+    as ordinary tensors); store() is the handle through which the rows a
+    worker left in the store (SlotBatch.in_store) are viewed; abort() ends
+    the running iteration's workers when a copy raised."""
+
+    def __init__(self, loader, stage):
+        self.loader, self.stage = loader, stage
+
+    def batches(self):
+        """The batches as the device takes them. With the ring, a
+        WireheadIterableDataset's workers leave rows of at least the
+        stage's cut-over in an shm store (the hand-over of positions,
+        docs/gpu.md): they are copied to the device from there."""
+        loader, adapter = self.loader, self.loader._adapter
+        token = adapter.token if loader._ring else None
+        hands_over = token is not None and adapter.hands_over_positions
+        if token is not None:
+            _ring.direct(token, True)
+        if hands_over and not self.stage.stats()["staged_why"]:
+            adapter.set_direct_min(self.stage.direct_min(self._store_uri())[0])
+        try:
+            yield from loader._host_iter()
+        finally:
+            if hands_over:
+                adapter.set_direct_min(0)
+            if token is not None:
+                _ring.direct(token, False)
+
+    def _store_uri(self):
+        """The store this process reads: the node-local copy under LOCAL_CACHE."""
+        from ._store_args import store_kwargs
+        return store_kwargs(self.loader.dataset.cfg, create=False, local=True)["uri"]
+
+    def store(self):
+        """This process's handle on the dataset's store."""
+        return self.loader._adapter.store()
+
+    def abort(self):
+        """A batch's copy raised: the workers of the running iteration end
+        now, not when the garbage collector frees its iterator (they could
+        otherwise read on, and even make the store again)."""
+        self.loader._abort()

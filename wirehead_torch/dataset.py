@@ -5,23 +5,19 @@ import logging
 import numpy as np
 
 from ._arrays import to_output
-from ._batch import BatchRing, refuse_with_batches
-from ._reader import (
-    check_views_store,
-    read_sample,
-    reader_timeout,
-    view_sample,
-    wait_for_generation,
-)
+from ._batch import BatchRing, refuse_in_loader, refuse_with_batches
+from ._order import WorkerShare, plan_sizes, rank_world
+from ._reader import Generations, check_views_store, read_sample, reader_timeout, view_sample
 from ._store import ProcessStore, check_min_params
 from .config import get_config
 
 try:
     import torch
     _Base = torch.utils.data.Dataset
+    _Sampler = torch.utils.data.Sampler
 except ImportError:  # pragma: no cover - torch is a dependency of readers
     torch = None
-    _Base = object
+    _Base = _Sampler = object
 
 log = logging.getLogger("wirehead_torch")
 
@@ -110,6 +106,11 @@ class _CurrentGenerationReader(_Base):
                                      rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._warned_single = False  # batches=True read one index in a DataLoader worker
 
+    @property
+    def _generations(self):
+        """Which generation each read starts on (_reader.Generations)."""
+        return Generations(self.cfg, self.timeout, self.min_params_version)
+
     def _private_copy(self):
         """A copy with store handle and ring of its own (what a
         wirehead_torch.DataLoader reads: two loaders over one dataset must
@@ -140,8 +141,7 @@ class _CurrentGenerationReader(_Base):
                         "it sampler=BatchSampler(...) and batch_size=None for the ring",
                         type(self).__name__)
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout,
-                                  min_params=self.min_params_version)
+        gen = self._generations.for_epoch(store)
         # an indexed read names its corrupt sample rather than substitute another
         got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
                if self.views else None)
@@ -176,8 +176,7 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
                              f"indices is no batch")
         store = self._store.get()
-        gen = wait_for_generation(store, self.cfg, self.timeout,
-                                  min_params=self.min_params_version)
+        gen = self._generations.for_epoch(store)
         info = torch.utils.data.get_worker_info()
         worker = None if info is None else info.id
         batch, _ = self._batch_ring.fill(store, gen, positions, worker, skip=False)
@@ -214,3 +213,118 @@ class MongoTupleheadDataset(_CurrentGenerationReader):
                 return self._ring_batch(index)
             return [self[int(i)] for i in index]
         return self._pair(index)
+
+
+class PlanBatchSampler(_Sampler):
+    """Batches of positions for a map-style reader, in the plan's order: the
+    rank's share of a generation (every rank the same count, a short one
+    repeating samples as torch's DistributedSampler does), shuffled by
+    (seed, epoch), cut into batches (WorkerShare); drop_last drops a
+    partial last batch. epoch and start (batches to skip) are set by the
+    DataLoader before each iteration."""
+
+    def __init__(self, swap_cap, batch_size, drop_last, shuffle, seed, rank, world_size):
+        self.swap_cap = swap_cap
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+        self.start = 0
+
+    def plan(self):
+        rank, world = rank_world(self._rank, self._world)
+        # workers 0: a map-style DataLoader hands batches to its workers in
+        # order itself; batch only matters with drop_last (whole batches)
+        return dict(swap_cap=self.swap_cap, world=world, rank=rank, workers=0, worker=0,
+                    batch=self.batch_size if self.drop_last else 0, shuffle=self.shuffle,
+                    seed=self.seed, pad=0, drop_last=self.drop_last)
+
+    def __len__(self):
+        steps = plan_sizes(self.plan())["steps"]
+        return -(-steps // self.batch_size)
+
+    def __iter__(self):
+        share = WorkerShare(self.plan(), self.epoch)
+        start, self.start = self.start, 0
+        for positions, _ in share.batches(self.batch_size, skip=start):
+            yield positions.tolist()
+
+
+class MapAdapter:
+    """What wirehead_torch.DataLoader asks of a MongoheadDataset or
+    MongoTupleheadDataset (one adapter per dataset kind;
+    iterable.IterableAdapter is the other): a copy of the dataset set up
+    for the DataLoader (batches=True on the ring), the sampler that orders
+    it by the plan, and its plan, epochs and resume state, through named
+    methods."""
+
+    kind = "map"
+    hands_over_positions = False  # every row of its batches is in the slot
+
+    @staticmethod
+    def fits(dataset):
+        return isinstance(dataset, _CurrentGenerationReader)
+
+    def __init__(self, dataset, what, *, ring, batch_size, num_workers, shuffle, drop_last,
+                 seed):
+        del num_workers  # torch hands the sampler's batches to the workers in turn
+        ds = self.dataset = dataset._private_copy()
+        self.ring = ring
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"{what}: seed must be an integer, got {seed!r}")
+        if ring:
+            refuse_in_loader(what, ds, transform=ds.transform is not None,
+                             normalize=ds.normalize is not None, views=ds.views,
+                             output=ds.output != "torch")
+            if ds.names[0] == ds.names[1]:
+                raise ValueError(f"{what}: the ring reads two distinct fields; sample= "
+                                 f"names {ds.names[0]!r} twice (pass ring=False)")
+        ds.batches = ring
+        ds._batch_ring.owned_by_loader(what)
+        self.sampler = PlanBatchSampler(len(ds), batch_size, bool(drop_last), bool(shuffle),
+                                        seed, None, None)
+
+    def torch_args(self, collate_fn):
+        """The torch DataLoader's arguments this kind sets: the sampler's
+        batches, whole (the ring) or collated."""
+        if self.ring:
+            return dict(batch_size=None, sampler=self.sampler)
+        return dict(batch_sampler=self.sampler, collate_fn=collate_fn)
+
+    @property
+    def token(self):
+        """The dataset's ring (its files' name)."""
+        return self.dataset._batch_ring.token
+
+    def plan(self):
+        """The plan of this rank (its batches go to the workers in turn)."""
+        return self.sampler.plan()
+
+    def begin_epoch(self, epoch, start, resume):
+        """The next iteration runs epoch from the rank's batch start on."""
+        del resume  # the sampler's epoch and start say it all
+        self.sampler.epoch, self.sampler.start = epoch, start
+
+    def generation(self):
+        """0: every read starts on the newest generation, none is the
+        epoch's."""
+        return 0
+
+    def resume_state(self, mid_epoch):
+        """This kind's part of the DataLoader's state_dict(): none."""
+        del mid_epoch
+        return {}
+
+    def loaded(self, state):
+        """A state for load_state_dict: the one to keep."""
+        return copy.deepcopy(state)
+
+    def set_direct_min(self, nbytes):
+        """No rows stay in the store: nothing to set."""
+        del nbytes
+
+    def store(self):
+        """This process's handle on the dataset's store."""
+        return self.dataset._store.get()

@@ -1,36 +1,31 @@
 """WireheadIterableDataset: this worker's share of each epoch, for an
 ordinary torch DataLoader under DDP."""
 import copy
-import multiprocessing
 
 import torch
 
 from . import _C
 from ._arrays import to_output
-from ._batch import BatchRing, refuse_with_batches
-from ._order import Order, check_ignore_fits, check_yields, plan_sizes, warn_padding
+from ._batch import BatchRing, refuse_in_loader, refuse_with_batches
+from ._epochs import MAX_WORKERS, EpochState
+from ._order import (
+    Order,
+    WorkerShare,
+    check_ignore_fits,
+    check_yields,
+    plan_sizes,
+    warn_padding,
+)
 from ._reader import (
+    Generations,
     check_int,
     check_views_store,
     read_sample,
     reader_timeout,
-    step_generation,
     view_sample,
-    wait_for_generation,
 )
 from ._store import ProcessStore, check_min_params
 from .config import get_config
-
-_MAX_WORKERS = 256
-# shared epoch state: [base epoch, resume batches (-1: none), resume
-# generation, generation in use, the device iteration's cut-over for rows
-# left in the store (0: none), iterations of worker 0, of worker 1, ...]
-_BASE, _RESUME, _RESUME_GEN, _GEN, _DIRECT, _COUNTS = range(6)
-_REGION = _COUNTS + _MAX_WORKERS
-# A dataset pickled to several rank processes before they exist (ddp_spawn)
-# carries one shared array to all of them: each rank keeps its state in its
-# own region (rank mod _RANK_REGIONS; ranks that share memory share a host).
-_RANK_REGIONS = 64
 
 
 class WireheadIterableDataset(torch.utils.data.IterableDataset):
@@ -82,8 +77,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         if batch_size is not None:
             check_int("batch_size", batch_size, 1, _C.SWAP_CAP_MAX)
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0
-                                        or num_workers > _MAX_WORKERS):
-            raise ValueError(f"num_workers must be 0..{_MAX_WORKERS}, got {num_workers!r}")
+                                        or num_workers > MAX_WORKERS):
+            raise ValueError(f"num_workers must be 0..{MAX_WORKERS}, got {num_workers!r}")
         if batches and not batch_size:
             raise ValueError("batches=True yields whole batches: give batch_size too")
         if batches:
@@ -111,19 +106,20 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                                      rows=self.cfg["HANDOVER_CHECK"] == "rows")
         self._store = ProcessStore(self.cfg, local=True,
                                     min_params=self.min_params_version)
-        # Shared with worker processes (fork, spawn, forkserver) so that
-        # persistent and fresh workers agree on the epoch.
-        self._raw = multiprocessing.RawArray("q", _REGION * _RANK_REGIONS)
-        for r in range(_RANK_REGIONS):
-            self._raw[r * _REGION + _RESUME] = -1
+        # shared with worker processes (fork, spawn, forkserver)
+        self._epochs = EpochState()
         self._local_resume = None  # StatefulDataLoader protocol (per worker)
         self._progress = (0, 0, 0)  # (epoch, items yielded, generation) in this process
 
     @property
     def _shared(self):
-        """This rank's region of the shared epoch state."""
-        start = (self.order.rank % _RANK_REGIONS) * _REGION
-        return memoryview(self._raw).cast("B").cast("q")[start:start + _REGION]
+        """This rank's epoch state (a RankEpoch in shared memory)."""
+        return self._epochs.of_rank(self.order.rank)
+
+    @property
+    def _generations(self):
+        """Which generation each epoch and step reads (_reader.Generations)."""
+        return Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh)
 
     # --- sizes -------------------------------------------------------
     def _private_copy(self):
@@ -154,22 +150,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         A state loaded for the same epoch still applies (the usual
         load_state_dict, then set_epoch loop); one for another epoch is
         dropped."""
-        sh = self._shared
-        untouched = not any(sh[_COUNTS:])
-        if sh[_RESUME] >= 0 and sh[_BASE] == int(epoch) and untouched:
-            return
-        self._set_epoch(epoch)
-
-    def _set_epoch(self, epoch):
-        sh = self._shared
-        sh[_BASE] = int(epoch)
-        sh[_RESUME] = -1
-        for w in range(_MAX_WORKERS):
-            sh[_COUNTS + w] = 0
-
-    def _epoch_of_running(self):
-        sh = self._shared
-        return sh[_BASE] + max(sh[_COUNTS] - 1, 0)
+        self._shared.set_epoch(epoch)
 
     def state_dict(self, batches_consumed=None):
         """With batches_consumed (the rank's batches taken this epoch): the
@@ -179,8 +160,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             epoch, step, gen = self._progress
             return {"epoch": epoch, "step": step, "generation": gen,
                     "seed": self.order.seed}
-        return {"epoch": self._epoch_of_running(), "batches_consumed": int(batches_consumed),
-                "generation": self._shared[_GEN], "seed": self.order.seed,
+        sh = self._shared
+        return {"epoch": sh.running_epoch(), "batches_consumed": int(batches_consumed),
+                "generation": sh.generation, "seed": self.order.seed,
                 "world_size": self.order.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "drop_last": self.drop_last}
 
@@ -196,11 +178,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
                                  f"dataset has {have!r} (the worker count, batch size, world "
                                  f"size and seed must not change mid-epoch)")
-        self._set_epoch(state["epoch"])
-        sh = self._shared
-        sh[_RESUME] = int(state["batches_consumed"])
-        sh[_RESUME_GEN] = int(state.get("generation", 0))
-        sh[_GEN] = sh[_RESUME_GEN]
+        self._shared.resume(state["epoch"], state["batches_consumed"],
+                            state.get("generation", 0))
 
     # --- iteration ------------------------------------------------------
     def __iter__(self):
@@ -211,48 +190,48 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                              f"but runs in a DataLoader with num_workers={workers}; pass the "
                              f"same value to both")
         sh = self._shared
-        count = sh[_COUNTS + worker]
-        sh[_COUNTS + worker] = count + 1
-        epoch, start, gen = sh[_BASE] + count, 0, 0
-        plan = self._plan(workers, worker)
+        epoch, resumed = sh.begin_iteration(worker)
+        gen = 0
+
+        def plan_of(w):
+            return self._plan(workers, w)
+
         if self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
             # later iterations of this worker go on from the resumed epoch
-            sh[_COUNTS + worker] = max(epoch - sh[_BASE] + 1, 1)
-        elif count == 0 and sh[_RESUME] >= 0:
-            # a resumed DataLoader asks worker 0 first: this worker plays the
-            # role whose batch comes next, so the order is the original one
-            role, start = _C.plan_resume(**plan, consumed=sh[_RESUME])
-            plan = self._plan(workers, role)
-            gen = sh[_RESUME_GEN]
+            sh.continue_from(worker, epoch)
+            share = WorkerShare.of_worker(plan_of, worker, epoch, start=start)
+        else:
+            share = WorkerShare.of_worker(plan_of, worker, epoch, resumed=resumed)
+            if resumed is not None:
+                gen = sh.resume_generation
         what = "WireheadIterableDataset"
-        sizes = check_yields(plan, what, self.batch_size, self.drop_last)
+        sizes = check_yields(share.plan, what, self.batch_size, self.drop_last)
         if worker == 0 and self._pad_warn:
-            warn_padding(plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
-        steps = sizes["steps"]
+            warn_padding(share.plan, sizes, what, epoch, self._pad_memo, self.batch_size or 1)
         if self.batches:
-            return self._batches(plan, epoch, start, steps, gen, worker, info is not None)
-        return self._items(plan, epoch, start, steps, gen, worker,
-                           self.views and info is None)
+            return self._batches(share, gen, worker, info is not None)
+        return self._items(share, gen, worker, self.views and info is None)
 
-    def _start(self, plan, epoch, start, steps, gen, worker):
-        """(store, generation, positions, pads) of this worker's epoch."""
-        store = self._store.get()
-        newest = wait_for_generation(store, self.cfg, self.timeout,
-                                     min_params=self.min_params_version)
-        gen = gen or newest
+    def _start(self, gen, worker):
+        """(store, generation, rule) of this worker's epoch (gen: a resumed
+        state's; rule: which generation each step reads); worker 0's
+        generation is the rank's generation in use."""
+        store, rule = self._store.get(), self._generations
+        gen = rule.for_epoch(store, resume=gen)
         if worker == 0:
-            self._shared[_GEN] = gen
-        positions, pads = _C.plan_items(**plan, epoch=epoch, start=start, stop=steps)
-        return store, gen, memoryview(positions).cast("q"), pads
+            self._shared.generation = gen
+        return store, gen, rule
 
-    def _items(self, plan, epoch, start, steps, gen, worker, views=False):
+    def _items(self, share, gen, worker, views=False):
         o = self.order
-        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
+        store, gen, rule = self._start(gen, worker)
+        positions, pads = share.rows()
+        epoch, start = share.epoch, share.start
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
-            gen = step_generation(store, gen, o.refresh)
+            gen = rule.for_step(store, gen)
             got = view_sample(store, gen, pos, o.want, self.timeout) if views else None
             viewed = got is not None
             if not viewed:  # a copy, also when the pin policy refuses the view
@@ -279,20 +258,19 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             yield item
 
     # --- batches=True: the shared ring (_batch.py) ------------------------
-    def _batches(self, plan, epoch, start, steps, gen, worker, in_worker):
+    def _batches(self, share, gen, worker, in_worker):
         o = self.order
-        store, gen, positions, pads = self._start(plan, epoch, start, steps, gen, worker)
+        store, gen, rule = self._start(gen, worker)
         ring, B = self._batch_ring, self.batch_size
         # a wirehead_torch.DataLoader's device iteration: large rows stay in
         # the store, its main process copies them from there (docs/gpu.md)
-        direct_min = self._shared[_DIRECT]
-        for b0 in range(0, len(positions), B):
-            n = min(B, len(positions) - b0)
-            gen = step_generation(store, gen, o.refresh)
-            batch, rows = ring.fill(store, gen, positions[b0:b0 + n],
-                                    worker if in_worker else None, pads=pads[b0:b0 + n],
-                                    ignore=((o.label_fields, o.ignore_index)
-                                            if o.pad == "ignore" else None),
+        direct_min = self._shared.direct_min
+        done = share.start
+        for positions, pads in share.batches(B):
+            gen = rule.for_step(store, gen)
+            batch, rows = ring.fill(store, gen, positions, worker if in_worker else None,
+                                    pads=pads, ignore=((o.label_fields, o.ignore_index)
+                                                       if o.pad == "ignore" else None),
                                     direct_min=direct_min)
             if o.pad == "ignore":
                 try:
@@ -301,7 +279,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                     ring.give_back(batch)
                     raise
             gen = rows[-1].generation
-            self._progress = (epoch, start + b0 + n, gen)
+            done += len(positions)
+            self._progress = (share.epoch, done, gen)
             yield ring.deliver(batch, extras=True, in_worker=in_worker)
 
     def _check_ignore(self, batch):
@@ -319,3 +298,102 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         d["_store"] = ProcessStore(self.cfg, local=True,
                                     min_params=self.min_params_version)
         return d
+
+
+class IterableAdapter:
+    """What wirehead_torch.DataLoader asks of a WireheadIterableDataset (one
+    adapter per dataset kind; dataset.MapAdapter is the other): a copy of
+    the dataset set up for the DataLoader (its batch size, workers and
+    drop_last; batches=True on the ring), and that copy's plan, epochs,
+    generation in use and resume state, through named methods."""
+
+    kind = "iterable"
+    # a device iteration's workers may leave large rows in the store
+    # (docs/gpu.md): set_direct_min says from what size
+    hands_over_positions = True
+
+    @staticmethod
+    def fits(dataset):
+        return isinstance(dataset, WireheadIterableDataset)
+
+    def __init__(self, dataset, what, *, ring, batch_size, num_workers, shuffle, drop_last,
+                 seed):
+        del seed  # the dataset's own (its order)
+        ds = self.dataset = dataset._private_copy()
+        self.what, self.ring, self.batch_size = what, ring, batch_size
+        for name, have, want in (("batch_size", ds.batch_size, batch_size),
+                                 ("num_workers", ds.num_workers, num_workers)):
+            if have is not None and have != want:
+                raise ValueError(f"{what}: the dataset was given {name}={have} but the "
+                                 f"DataLoader {name}={want}; leave it out of the dataset (the "
+                                 f"DataLoader tells it)")
+        if ds.drop_last and not drop_last:
+            raise ValueError(f"{what}: the dataset was given drop_last=True but the "
+                             f"DataLoader drop_last=False; pass drop_last to the DataLoader")
+        if ring:
+            refuse_in_loader(what, ds, views=ds.views, transform=ds.transform is not None)
+        ds.batch_size, ds.num_workers, ds.drop_last = batch_size, num_workers, bool(drop_last)
+        ds.batches = ring
+        ds._batch_ring.owned_by_loader(what)
+        ds._pad_warn = False  # reported by the DataLoader, in the main process, once per epoch
+        ds._pad_memo = {}
+        if shuffle is not None and shuffle != ds.order.shuffle:
+            ds.order = copy.copy(ds.order)
+            ds.order.shuffle = shuffle
+
+    def torch_args(self, collate_fn):
+        """The torch DataLoader's arguments this kind sets."""
+        return dict(batch_size=None if self.ring else self.batch_size, shuffle=None,
+                    drop_last=False, collate_fn=collate_fn)
+
+    @property
+    def token(self):
+        """The dataset's ring (its files' name)."""
+        return self.dataset._batch_ring.token
+
+    def plan(self):
+        """The plan of worker 0 of this rank."""
+        return self.dataset._plan(self.dataset.num_workers)
+
+    def begin_epoch(self, epoch, start, resume):
+        """The next iteration runs epoch from the rank's batch start on;
+        resume: the state loaded for it (None: a fresh epoch). Set before
+        the workers start (or, persistent, go on): they share it."""
+        sh = self.dataset._shared
+        if resume is None:
+            sh.start(epoch)
+        else:
+            sh.resume(epoch, start, resume["dataset"].get("generation", 0))
+
+    def generation(self):
+        """The generation the running epoch reads (set by worker 0, which
+        yields the epoch's, and a resumed epoch's, first batch)."""
+        return self.dataset._shared.generation
+
+    def resume_state(self, mid_epoch):
+        """This kind's part of the DataLoader's state_dict()."""
+        gen = self.generation() if mid_epoch else 0
+        return {"dataset": {"generation": int(gen), "pad": self.dataset.order.pad}}
+
+    def loaded(self, state):
+        """A state for load_state_dict, checked against this dataset: the
+        one to keep."""
+        pad = self.dataset.order.pad
+        if state.get("dataset", {}).get("pad", pad) != pad:
+            raise ValueError(f"{self.what}: cannot resume: state has pad="
+                             f"{state['dataset']['pad']!r}, the dataset pad={pad!r}")
+        state = copy.deepcopy(state)
+        state.setdefault("dataset", {})
+        return state
+
+    def set_direct_min(self, nbytes):
+        """A device iteration's cut-over (0: none): the workers leave rows
+        of at least nbytes in the store. Read by each worker as its epoch
+        starts, so set before they start. HANDOVER_CHECK: rows re-hashes
+        every row at hand-over: all then stay in the slot."""
+        if self.dataset.cfg["HANDOVER_CHECK"] != "rows":
+            self.dataset._shared.direct_min = nbytes
+
+    def store(self):
+        """This process's handle on the dataset's store."""
+        return self.dataset._store.get()

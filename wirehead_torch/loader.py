@@ -7,7 +7,7 @@ import torch
 from . import _C
 from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
-from ._reader import check_int, reader_timeout, wait_for_generation
+from ._reader import Generations, check_int, reader_timeout
 from ._redact import secrets_hidden
 from ._store import PerProcess, ProcessStore, check_min_params
 from ._store_args import store_kwargs
@@ -143,10 +143,10 @@ class WireheadLoader:
         info = check_yields(plan, "WireheadLoader", self.batch_size)
         warn_padding(plan, info, "WireheadLoader", epoch, self._pad_memo, self.batch_size)
         ld = self._loader()
-        # wait here, not in C, so Ctrl-C and a server outage are handled
-        newest = wait_for_generation(self._store.get(), self.cfg, self.timeout,
-                                     min_params=self.min_params_version)
-        ld.start(epoch, start, gen or newest)
+        # wait here, not in C, so Ctrl-C and a server outage are handled;
+        # with refresh='step' the C threads move on to newer ones themselves
+        rule = Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh)
+        ld.start(epoch, start, rule.for_epoch(self._store.get(), resume=gen))
         self._resume = None
         self._epoch = epoch + 1
         self._current = (epoch, ld.info()["generation"])

@@ -353,7 +353,7 @@ class WireheadManager:
                 self._end_line(stop, max_swaps)
         finally:
             try:
-                if store is not None and store is self._store._st:
+                if store is not None and store is self._store.opened():
                     store.resign()
             except _C.WireheadError as e:
                 log.warning("%s: could not release the lease: %s", self.NAME, e)

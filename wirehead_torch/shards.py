@@ -16,21 +16,21 @@ from . import _C, _files
 from ._redact import redact
 from ._shard_export import export_shards  # noqa: F401 (the module's public names)
 from ._shard_format import (  # noqa: F401 (INDEX_FORMAT: the module's public names)
-    _BLOCK,
-    _DESCR,
-    _NPY_HEADER_MAX,
+    BLOCK,
+    DESCR,
     INDEX_FORMAT,
     INDEX_NAME,
+    NPY_HEADER_MAX,
     SUPPORTED_MEMBERS,
+    SampleError,
     ShardError,
-    _load_index,
-    _members,
-    _Reader,
-    _safe_name,
-    _SampleError,
+    ShardReader,
     expand_urls,
+    load_index,
     log,
     parse_npy,
+    safe_name,
+    tar_members,
 )
 from ._store import ProcessStore
 from .config import get_config
@@ -59,7 +59,7 @@ def check_store_layout(urls, config_path=None, config=None):
         handle.close()
     cache = {}
     for p in paths:
-        idx = _load_index(os.path.dirname(os.path.abspath(p)), cache)
+        idx = load_index(os.path.dirname(os.path.abspath(p)), cache)
         for field, want in ((idx or {}).get("schema") or {}).items():
             if field not in have or want is None:
                 continue
@@ -173,7 +173,7 @@ class ShardSource:
                 self._fail(ShardError("empty file (0 bytes), not a tar archive", path), True)
                 return
             try:
-                idx = _load_index(os.path.dirname(os.path.abspath(path)), self._indexes)
+                idx = load_index(os.path.dirname(os.path.abspath(path)), self._indexes)
             except ShardError as e:
                 self._fail(e, True)
                 return
@@ -199,13 +199,13 @@ class ShardSource:
                 return
             schema = (idx or {}).get("schema") if entry is not None else None
             whole = check and self.verify == "full"
-            rd = _Reader(f, path, size, _C.Xxh3() if whole else None)
+            rd = ShardReader(f, path, size, _C.Xxh3() if whole else None)
             yield from self._samples(rd, fields, schema, entry if check else None)
 
     def _samples(self, rd, fields, schema, entry):
         pos = {name: i for i, name in enumerate(fields)}
         key, arrays, bad = None, None, None
-        members = _members(rd)
+        members = tar_members(rd)
         while True:
             try:
                 item = next(members, None)
@@ -234,7 +234,7 @@ class ShardSource:
                     self._fail(e, True)
                     return
                 try:  # read past the rest of the bad member: the next one is intact
-                    rd.skip(start + size + (-size % _BLOCK) - rd.offset, name)
+                    rd.skip(start + size + (-size % BLOCK) - rd.offset, name)
                 except ShardError as e2:
                     self._fail(e2, True)
                     return
@@ -254,32 +254,32 @@ class ShardSource:
     def _member(self, rd, name, size, kind, key, arrays, pos, schema, entry, bad):
         """Reads one member into arrays; a sample-only ShardError leaves the rest of
         the member to the caller to read past."""
-        padded = size + (-size % _BLOCK)
+        padded = size + (-size % BLOCK)
         if bad is not None:  # the rest of a bad sample is read past
             rd.skip(padded, name)
             return
-        _safe_name(name, rd.shard)
+        safe_name(name, rd.shard)
         if kind not in (b"0", b"\0", b"7"):
             what = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device",
                     b"4": "a block device", b"6": "a FIFO"}.get(kind, f"of type {kind!r}")
-            raise _SampleError(f"member is {what}; shards hold regular files of "
+            raise SampleError(f"member is {what}; shards hold regular files of "
                                f"{SUPPORTED_MEMBERS}", rd.shard, name)
         if not key[1].endswith(".npy"):
-            raise _SampleError(f"unsupported member type; shards hold {SUPPORTED_MEMBERS} "
+            raise SampleError(f"unsupported member type; shards hold {SUPPORTED_MEMBERS} "
                                f"members named KEY.FIELD.npy", rd.shard, name)
         field = key[1][:-4]
         if field not in pos:
-            raise _SampleError(f"field {field!r} is not one of the fields {list(pos)}",
+            raise SampleError(f"field {field!r} is not one of the fields {list(pos)}",
                                rd.shard, name)
         if field in arrays:
-            raise _SampleError(f"field {field!r} twice in one sample", rd.shard, name)
-        head = rd.read_exact(min(size, _NPY_HEADER_MAX + 12), name)
+            raise SampleError(f"field {field!r} twice in one sample", rd.shard, name)
+        head = rd.read_exact(min(size, NPY_HEADER_MAX + 12), name)
         dtype, shape, fortran, hsize = parse_npy(head, size, rd.shard, name)
         want = (schema or {}).get(field)
         if want is not None and (
                 (want.get("dtype") is not None and want["dtype"] != dtype) or
                 (want.get("shape") is not None and list(want["shape"]) != list(shape))):
-            raise _SampleError(f"{dtype} of shape {list(shape)} contradicts the schema of "
+            raise SampleError(f"{dtype} of shape {list(shape)} contradicts the schema of "
                                f"{INDEX_NAME}: {want.get('dtype')} of shape "
                                f"{want.get('shape')}", rd.shard, name)
         buf = np.empty(size - hsize, np.uint8)  # not zeroed: every byte is read into it
@@ -289,16 +289,16 @@ class ShardSource:
         if entry is not None and entry.get("members"):
             want_hash = entry["members"].get(name)
             if want_hash is None:
-                raise _SampleError(f"member not listed in {INDEX_NAME}: damaged or added",
+                raise SampleError(f"member not listed in {INDEX_NAME}: damaged or added",
                                    rd.shard, name)
             h = _C.Xxh3()
             h.update(head[:hsize])
             h.update(buf)
             if h.hexdigest() != want_hash:
-                raise _SampleError(f"XXH3-64 {h.hexdigest()} differs from {INDEX_NAME}'s "
+                raise SampleError(f"XXH3-64 {h.hexdigest()} differs from {INDEX_NAME}'s "
                                    f"{want_hash}: damaged", rd.shard, name)
         rd.skip(padded - size, name)
-        arrays[field] = buf.view(_DESCR[dtype]).reshape(shape, order="F" if fortran else "C")
+        arrays[field] = buf.view(DESCR[dtype]).reshape(shape, order="F" if fortran else "C")
 
     def _finish(self, shard, key, arrays, fields, bad):
         if bad is not None:
@@ -306,7 +306,7 @@ class ShardSource:
         self.last_fields = fields
         missing = [f for f in fields if f not in arrays]
         if missing:
-            self._fail(_SampleError(f"sample {key[0]!r} has no member for field(s) "
+            self._fail(SampleError(f"sample {key[0]!r} has no member for field(s) "
                                     f"{missing} (it has {sorted(arrays)})", shard), False)
             return None
         return tuple(arrays[f] for f in fields)

@@ -79,42 +79,26 @@ wh_buf_t *wh_gpu_copy_batch(wh_gpu_t *g, const wh_batch_t *b, bool *refused, wh_
  * memory), the bytes are copied into page-locked memory first
  * (host_copy_bytes); after a refusal every later slot goes that way. */
 wh_buf_t *wh_gpu_copy_slot(wh_gpu_t *g, wh_buf_t *held, bool *direct, wh_err_t *err);
-/* A ring slot's batch whose large fields a worker left in the store (the
- * hand-over of positions, docs/gpu.md): the slot holds the rest (host
- * layout, wh_batch_host_off) and each row's generation and position. */
-typedef struct {
-    wh_store_t *st;  /* this process's handle on the store */
-    uint32_t n;      /* rows */
-    uint32_t want;   /* fields batched */
-    uint32_t direct; /* those left in the store (a subset of want) */
-    /* the whole batch's layout as the worker laid it out: for each wanted
-     * field its offset and bytes a row, the extras' offsets, the size */
-    uint64_t off[WH_MAX_FIELDS], row[WH_MAX_FIELDS];
-    uint64_t pad_off, gen_off, pos_off, pv_off, size;
-    int nfields;          /* fields a stored sample has */
-    const uint64_t *sums; /* per row, nfields stored checksums as the worker read them */
-    /* a batch read again (below) is read as the worker read it */
-    double timeout_s;
-    bool strict;
-    uint32_t ignore_fields;
-    int64_t ignore_int;
-    double ignore_float;
-} wh_gpu_rows_t;
-
-/* Copies such a batch to a device buffer: the slot's part straight from its
- * registered mapping (one copy a run), each large row straight from this
- * process's registered mapping of the store under a view taken here (one
- * copy a row; its bytes are not hashed again when its stored checksum is
- * the one the worker verified). The slot and the views are held until the
- * copy's event. A row whose generation was reclaimed since the worker read
- * it (or whose sample is no longer the one the worker read) makes the
- * whole batch read again here through the read policy into page-locked
- * memory, checked, one copy (*reread; host_copy_bytes counts its rows); a
- * layout other than the worker's is then an error naming the field. A
- * refused registration gathers the batch into page-locked memory
- * (*direct false, staged_why says why). */
-wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, const wh_gpu_rows_t *rq, bool *direct,
-                                bool *reread, wh_err_t *err);
+/* Copies a ring slot's batch whose large fields a worker left in the store
+ * (the hand-over of positions, docs/gpu.md) to a device buffer; w: its
+ * layout as the worker wrote it (wh_batch_wire_read, checked against
+ * held's size), the slot holding the rest (host layout, wh_batch_host_off)
+ * and each row's generation and position; st: this process's handle on
+ * the store. The slot's part goes straight from its registered mapping
+ * (one copy a run), each large row straight from this process's
+ * registered mapping of the store under a view taken here (one copy a row;
+ * its bytes are not hashed again when its stored checksum is the one the
+ * worker verified). The slot and the views are held until the copy's
+ * event. A row whose generation was reclaimed since the worker read it (or
+ * whose sample is no longer the one the worker read) makes the whole batch
+ * read again here through the read policy into page-locked memory,
+ * checked, one copy (*reread; host_copy_bytes counts its rows); a layout
+ * other than the worker's is then an error naming the field. A refused
+ * registration gathers the batch into page-locked memory (*direct false,
+ * staged_why says why). */
+wh_buf_t *wh_gpu_copy_slot_rows(wh_gpu_t *g, wh_buf_t *held, wh_store_t *st,
+                                const wh_batch_wire_t *w, bool *direct, bool *reread,
+                                wh_err_t *err);
 /* Records why batches are staged (shown by wh_gpu_stats). */
 void wh_gpu_set_staged(wh_gpu_t *g, const char *why);
 /* Whether the loaded runtime can register memory in place. */

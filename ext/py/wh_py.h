@@ -74,6 +74,11 @@ int wh_py_add_record(PyObject *m, PyTypeObject **slot, PyStructSequence_Desc *de
  * NULL item (its exception set) releases the others and gives NULL. */
 PyObject *wh_py_record(PyTypeObject *type, int n, ...);
 
+/* 0 when args (a call's positional arguments) is empty, else -1 with a
+ * TypeError naming fn: its arguments are keywords only (a call that names
+ * each one cannot pass them in another order). */
+int wh_py_keywords_only(const char *fn, PyObject *args);
+
 /* s as a str, or None when s is NULL. */
 PyObject *wh_py_str_or_none(const char *s);
 

@@ -257,11 +257,12 @@ out:
     return res;
 }
 
-/* A copy_rows call, run with the store's handle. */
+/* A copy of a batch whose rows a worker left in the store, run with the
+ * store's handle. */
 typedef struct {
     wh__pystage_t *self;
     wh_buf_t *held;
-    wh_gpu_rows_t rq;
+    const wh_batch_wire_t *w;
     wh_buf_t *dev;
     bool direct, reread;
 } wh__rows_call_t;
@@ -269,116 +270,85 @@ typedef struct {
 /* with the store's handle (GIL released, its mutex held) */
 static bool wh__rows_run(wh_store_t *st, void *ctx, wh_err_t *err) {
     wh__rows_call_t *c = ctx;
-    c->rq.st = st;
     pthread_mutex_lock(&c->self->mu);
     if (c->self->g)
-        c->dev = wh_gpu_copy_slot_rows(c->self->g, c->held, &c->rq, &c->direct, &c->reread, err);
+        c->dev = wh_gpu_copy_slot_rows(c->self->g, c->held, st, c->w, &c->direct, &c->reread, err);
     else
         wh_err_set(err, WH_E_INVALID, "CudaStage is closed");
     pthread_mutex_unlock(&c->self->mu);
     return c->dev != NULL;
 }
 
-/* copy_rows(mem, store, n, want, direct, offsets, rows, extras, size, sums,
- * timeout, skip, ignore_fields, ignore_value): a batch whose fields in the
- * direct mask a worker left in the store (offsets, rows: uint64 per stored
- * field; extras: the is_pad, generation, position and params_version
- * offsets; sums: per row every field's stored checksum as the worker read
- * it). Returns (device Array, direct, reread). */
-static PyObject *wh__stage_copy_rows(wh__pystage_t *self, PyObject *args) {
+/* copy_slot(mem, *, wire=None, store=None): a ring batch (mem: the uint8
+ * Array that Ring.claim or Ring.local gave, or heap memory) as one uint8
+ * device Array of its bytes, copied straight from the registered slot; the
+ * slot is held until the copy's event. wire: the batch's layout as its
+ * handle carried it (ring_fill's), checked against the slot; where it
+ * names rows a worker left in the store, those are copied from store (this
+ * process's Store) too. Returns (device Array, direct, reread): direct is
+ * False where the batch went staged (a refused registration:
+ * stats()["staged_why"] says why; or heap memory, no slot); reread where
+ * its rows were read again here (their generation was reclaimed). */
+static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_tstate(self);
-    PyObject *mem, *store, *ignv;
-    wh__rows_call_t c;
-    memset(&c, 0, sizeof c);
-    Py_buffer offs, rows, sums;
-    unsigned long long pad, gen, pos, pv, size;
-    int skip;
-    if (!PyArg_ParseTuple(args, "OOIIIy*y*(KKKK)Ky*dpIO", &mem, &store, &c.rq.n, &c.rq.want,
-                          &c.rq.direct, &offs, &rows, &pad, &gen, &pos, &pv, &size, &sums,
-                          &c.rq.timeout_s, &skip, &c.rq.ignore_fields, &ignv))
-        return NULL;
+    static char *kwlist[] = {"mem", "wire", "store", NULL};
+    PyObject *mem, *store = Py_None;
+    Py_buffer wire = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$y*O", kwlist, &mem, &wire, &store)) return NULL;
     PyObject *res = NULL;
-    int nf = (int)(offs.len / 8);
-    if (!PyObject_TypeCheck(mem, S->array) || ((wh_array_obj_t *)mem)->offset != 0 ||
-        ((wh_array_obj_t *)mem)->buf->device_type != 1) {
+    wh_batch_wire_t w;
+    wh_err_t err = {0};
+    memset(&w, 0, sizeof w);
+    if (!wh__stage_ok(self)) goto out;
+    if (!PyObject_TypeCheck(mem, S->array)) {
+        PyErr_Format(PyExc_TypeError, "copy_slot() takes a wirehead Array, got %s",
+                     Py_TYPE(mem)->tp_name);
+        goto out;
+    }
+    wh_array_obj_t *a = (wh_array_obj_t *)mem;
+    if (a->offset != 0 || a->buf->device_type != 1) {
         PyErr_Format(S->value, "copy_slot(): not a whole host batch buffer");
         goto out;
     }
-    if (nf < 1 || nf > WH_MAX_FIELDS || offs.len % 8 || rows.len != offs.len ||
-        sums.len != (Py_ssize_t)c.rq.n * nf * 8) {
-        PyErr_Format(S->value, "copy_slot(): offsets, rows and sums do not fit %u rows", c.rq.n);
-        goto out;
-    }
-    c.rq.nfields = nf;
-    memcpy(c.rq.off, offs.buf, (size_t)nf * 8);
-    memcpy(c.rq.row, rows.buf, (size_t)nf * 8);
-    c.rq.pad_off = pad;
-    c.rq.gen_off = gen;
-    c.rq.pos_off = pos;
-    c.rq.pv_off = pv;
-    c.rq.size = size;
-    c.rq.sums = sums.buf;
-    c.rq.strict = !skip;
-    if (ignv != Py_None) {
-        c.rq.ignore_int = PyLong_Check(ignv) ? PyLong_AsLongLong(ignv) : 0;
-        c.rq.ignore_float = PyLong_Check(ignv) ? (double)c.rq.ignore_int : PyFloat_AsDouble(ignv);
-        if (!PyLong_Check(ignv)) c.rq.ignore_int = (int64_t)c.rq.ignore_float;
-        if (PyErr_Occurred()) goto out;
-    }
-    if (!wh__stage_ok(self)) goto out;
-    c.self = self;
-    c.held = ((wh_array_obj_t *)mem)->buf;
-    wh_err_t err = {0};
-    bool ok = false;
-    if (wh_py_store_call(S, store, wh__rows_run, &c, &ok, &err) < 0) goto out;
-    if (!ok) {
+    wh_buf_t *held = a->buf, *dev = NULL;
+    if (wire.buf && !wh_batch_wire_read(wire.buf, (size_t)wire.len, held->size, &w, &err)) {
         wh_py_raise(S, &err);
         goto out;
     }
-    int64_t n = (int64_t)c.dev->size;
-    PyObject *arr = wh_array_new(S->array, c.dev, 0, WH_DT_U8, 1, &n);
-    wh_buf_unref(c.dev);
-    if (arr)
-        res = Py_BuildValue("(NOO)", arr, c.direct ? Py_True : Py_False,
-                            c.reread ? Py_True : Py_False);
-out:
-    PyBuffer_Release(&offs);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&sums);
-    return res;
-}
-
-/* copy_slot(mem): a ring batch (mem: the uint8 Array that Ring.claim or
- * Ring.local gave) as one uint8 device Array of its bytes, copied straight
- * from the registered slot; the slot is held until the copy's event.
- * Returns (device Array, direct): direct is False where the batch went
- * staged (a refused registration: stats()["staged_why"] says why; or heap
- * memory, no slot). */
-static PyObject *wh__stage_copy_slot(wh__pystage_t *self, PyObject *mem) {
-    wh_py_state_t *S = wh_py_tstate(self);
-    if (!wh__stage_ok(self)) return NULL;
-    if (!PyObject_TypeCheck(mem, S->array))
-        return PyErr_Format(PyExc_TypeError, "copy_slot() takes a wirehead Array, got %s",
-                            Py_TYPE(mem)->tp_name);
-    wh_array_obj_t *a = (wh_array_obj_t *)mem;
-    if (a->offset != 0 || a->buf->device_type != 1)
-        return PyErr_Format(S->value, "copy_slot(): not a whole host batch buffer");
-    wh_buf_t *held = a->buf;
-    wh_err_t err = {0};
-    wh_buf_t *dev = NULL;
-    bool direct = false;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
-    if (self->g)
-        dev = wh_gpu_copy_slot(self->g, held, &direct, &err);
-    else
-        wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
-    pthread_mutex_unlock(&self->mu);
-    Py_END_ALLOW_THREADS if (!dev) return wh_py_raise(S, &err);
+    bool direct = false, reread = false;
+    if (w.b.direct) { /* rows left in the store */
+        if (store == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "copy_slot(): a batch with rows left in the store "
+                                             "needs store=");
+            goto out;
+        }
+        wh__rows_call_t c = {self, held, &w, NULL, false, false};
+        bool ok = false;
+        if (wh_py_store_call(S, store, wh__rows_run, &c, &ok, &err) < 0) goto out;
+        dev = c.dev;
+        direct = c.direct;
+        reread = c.reread;
+    } else {
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->mu);
+        if (self->g)
+            dev = wh_gpu_copy_slot(self->g, held, &direct, &err);
+        else
+            wh_err_set(&err, WH_E_INVALID, "CudaStage is closed");
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+    }
+    if (!dev) {
+        wh_py_raise(S, &err);
+        goto out;
+    }
     int64_t n = (int64_t)dev->size;
     PyObject *arr = wh_array_new(S->array, dev, 0, WH_DT_U8, 1, &n);
     wh_buf_unref(dev);
-    if (!arr) return NULL;
-    return Py_BuildValue("(NO)", arr, direct ? Py_True : Py_False);
+    if (arr)
+        res = Py_BuildValue("(NOO)", arr, direct ? Py_True : Py_False, reread ? Py_True : Py_False);
+out:
+    if (wire.buf) PyBuffer_Release(&wire);
+    return res;
 }
 
 static PyObject *wh__stage_stats(wh__pystage_t *self, PyObject *unused) {
@@ -418,12 +388,10 @@ static PyObject *wh__stage_close(wh__pystage_t *self, PyObject *unused) {
 static PyMethodDef wh__stage_methods[] = {
     {"copy", (PyCFunction)wh__stage_copy, METH_O,
      "copy([(ptr, nbytes, dtype, shape), ...]) -> device Arrays (pinned ring, async copy)"},
-    {"copy_slot", (PyCFunction)wh__stage_copy_slot, METH_O,
-     "copy_slot(mem) -> (device Array, direct): a ring batch straight from its registered slot"},
-    {"copy_rows", (PyCFunction)wh__stage_copy_rows, METH_VARARGS,
-     "copy_rows(mem, store, n, want, direct, offsets, rows, extras, size, sums, timeout, skip, "
-     "ignore_fields, ignore_value) -> (device Array, direct, reread): a ring batch whose large "
-     "rows a worker left in the store, copied from the slot and from views of the store"},
+    {"copy_slot", (PyCFunction)(void (*)(void))wh__stage_copy_slot, METH_VARARGS | METH_KEYWORDS,
+     "copy_slot(mem, *, wire=None, store=None) -> (device Array, direct, reread): a ring batch "
+     "straight from its registered slot; the rows its layout (wire) says a worker left in the "
+     "store straight from views of store"},
     {"direct_min", (PyCFunction)wh__stage_direct_min, METH_O,
      "direct_min(uri) -> (bytes, why): the cut-over for rows copied straight from a store at "
      "uri, 0 and why where there is none"},

@@ -110,39 +110,75 @@ static PyObject *wh__ring_hash(wh__pyring_t *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
-static PyObject *wh__ring_claim(wh__pyring_t *self, PyObject *args) {
+/* A batch's layout as its handle carries it (wh_batch_wire_read, which
+ * checks it), read out of the buffer and the buffer released: the slot's
+ * bytes and the checks its seal hold. false with err set where refused. */
+static bool wh__ring_wire(Py_buffer *wire, wh_batch_wire_t *w, wh_err_t *err) {
+    bool ok = wh_batch_wire_read(wire->buf, (size_t)wire->len, 0, w, err);
+    w->sums = NULL; /* points into the buffer, released here */
+    PyBuffer_Release(wire);
+    return ok;
+}
+
+/* claim(*, slot, version, sequence, worker_pid, seal, wire, check) */
+static PyObject *wh__ring_claim(wh__pyring_t *self, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"slot", "version", "sequence", "worker_pid",
+                             "seal", "wire",    "check",    NULL};
     int j, check;
     long long ver, seq, wpid;
-    unsigned long long size, sum;
-    Py_ssize_t rows;
-    if (!PyArg_ParseTuple(args, "iLLLKKni", &j, &ver, &seq, &wpid, &size, &sum, &rows, &check))
+    unsigned long long sum;
+    Py_buffer wire;
+    if (wh_py_keywords_only("Ring.claim", args) < 0 ||
+        !PyArg_ParseTupleAndKeywords(args, kw, "iLLLKy*i", kwlist, &j, &ver, &seq, &wpid, &sum,
+                                     &wire, &check))
         return NULL;
-    if (rows < 0)
-        return PyErr_Format(PyExc_ValueError, "Ring.claim: rows must be >= 0, got %zd", rows);
+    wh_batch_wire_t w;
+    wh_err_t refused = {0}, err = {0};
+    bool fits = wh__ring_wire(&wire, &w, &refused);
     if (check < WH_RING_CHECK_NONE || check > WH_RING_CHECK_ROWS)
         return PyErr_Format(PyExc_ValueError, "Ring.claim: check must be 0, 1 or 2, got %d", check);
     if (!wh__ring_open(self)) return NULL;
-    wh_err_t err = {0};
     wh_buf_t *buf = NULL;
     bool ok;
+    if (!fits) {
+        /* a layout its worker did not write: the slot it names is taken
+         * and let go at once, back to its worker as after a refused claim
+         * (a handle of another fill takes nothing) */
+        Py_BEGIN_ALLOW_THREADS ok =
+            wh_ring_claim(self->r, j, ver, seq, wpid, 0, sum, 0, WH_RING_CHECK_NONE, &buf, &err);
+        if (ok) wh_buf_unref(buf);
+        Py_END_ALLOW_THREADS return wh_py_raise(S, &refused);
+    }
     Py_BEGIN_ALLOW_THREADS ok =
-        wh_ring_claim(self->r, j, ver, seq, wpid, size, sum, (size_t)rows, check, &buf, &err);
+        wh_ring_claim(self->r, j, ver, seq, wpid, w.b.hsize, sum, w.checks, check, &buf, &err);
     Py_END_ALLOW_THREADS if (!ok) return wh__ring_raise(&err, false);
-    return wh__bytes_array(S, buf, size);
+    return wh__bytes_array(S, buf, w.b.hsize);
 }
 
-static PyObject *wh__ring_local(wh__pyring_t *self, PyObject *args) {
+/* local(*, slot, wire) */
+static PyObject *wh__ring_local(wh__pyring_t *self, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"slot", "wire", NULL};
     int j;
-    unsigned long long size;
-    if (!PyArg_ParseTuple(args, "iK", &j, &size) || !wh__ring_open(self)) return NULL;
-    wh_err_t err = {0};
+    Py_buffer wire;
+    if (wh_py_keywords_only("Ring.local", args) < 0 ||
+        !PyArg_ParseTupleAndKeywords(args, kw, "iy*", kwlist, &j, &wire))
+        return NULL;
+    wh_batch_wire_t w;
+    wh_err_t refused = {0}, err = {0};
+    bool fits = wh__ring_wire(&wire, &w, &refused);
+    if (!wh__ring_open(self)) return NULL;
     wh_buf_t *buf = NULL;
     bool ok;
-    Py_BEGIN_ALLOW_THREADS ok = wh_ring_local(self->r, j, size, &buf, &err);
+    if (!fits) { /* the slot is free again, as after a refused local */
+        Py_BEGIN_ALLOW_THREADS ok = wh_ring_local(self->r, j, 0, &buf, &err);
+        if (ok) wh_buf_unref(buf);
+        Py_END_ALLOW_THREADS return wh_py_raise(S, &refused);
+    }
+    Py_BEGIN_ALLOW_THREADS ok = wh_ring_local(self->r, j, w.b.hsize, &buf, &err);
     Py_END_ALLOW_THREADS if (!ok) return wh__ring_raise(&err, false);
-    return wh__bytes_array(S, buf, size);
+    return wh__bytes_array(S, buf, w.b.hsize);
 }
 
 static PyObject *wh__ring_unlock(wh__pyring_t *self, PyObject *unused) {
@@ -230,7 +266,7 @@ static PyObject *wh__fill_pads(const wh__pyfill_t *c) {
     return out;
 }
 
-#define WH__FILL_ITEMS 23
+#define WH__FILL_ITEMS 22
 
 static PyObject *wh__none(void) {
     Py_INCREF(Py_None);
@@ -262,51 +298,34 @@ static int wh__ignore_args(wh_py_state_t *S, wh_batch_fill_t *rq, PyObject *fiel
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* The fields left in the store (their indices) and, for those batches,
- * every row's stored checksums (nfields uint64 a row) for the hand-over. */
-static PyObject *wh__fill_direct(const wh__pyfill_t *c, const uint64_t *sums, PyObject **ck) {
-    PyObject *out = PyTuple_New(0);
-    *ck = NULL;
-    for (int f = 0; out && f < c->b.nfields; f++) {
-        if (!(c->b.direct & (1u << f))) continue;
-        PyObject *k = PyLong_FromLong(f);
-        if (!k || _PyTuple_Resize(&out, PyTuple_GET_SIZE(out) + 1) < 0) {
-            Py_XDECREF(k);
-            Py_CLEAR(out);
-            break;
-        }
-        PyTuple_SET_ITEM(out, PyTuple_GET_SIZE(out) - 1, k);
-    }
-    if (!out) return NULL;
-    if (!c->b.direct) {
-        *ck = wh__none();
-        return out;
-    }
-    size_t nf = (size_t)c->b.nfields;
-    *ck = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(c->b.n * nf * 8));
-    if (!*ck) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    char *p = PyBytes_AS_STRING(*ck);
-    for (uint32_t i = 0; i < c->b.n; i++)
-        memcpy(p + i * nf * 8, sums + (size_t)i * WH_MAX_FIELDS, nf * 8);
+/* The batch's layout as its handle carries it to the main process
+ * (wh_batch_wire_write: with rows left in the store, their checksums and
+ * how to read them again). */
+static PyObject *wh__fill_wire(const wh__pyfill_t *c, const uint64_t *sums) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)wh_batch_wire_size(&c->b));
+    if (out) wh_batch_wire_write(&c->b, &c->rq, sums, PyBytes_AS_STRING(out));
     return out;
 }
 
-/* ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s,
- * ignore_fields=None, ignore_value=None, direct_min=0) */
-static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
+/* ring_fill(*, store, generation, positions, want, timeout, ring=None,
+ * pads=b"", skip=True, wait_s=0, ignore_fields=None, ignore_value=None,
+ * direct_min=0) */
+static PyObject *wh__ring_fill(PyObject *module, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_mstate(module);
-    PyObject *ring, *store, *wantl;
+    static char *kwlist[] = {"store",        "generation", "positions", "want",   "timeout",
+                             "ring",         "pads",       "skip",      "wait_s", "ignore_fields",
+                             "ignore_value", "direct_min", NULL};
+    PyObject *ring = Py_None, *store, *wantl;
     unsigned long long gen;
-    Py_buffer pos, pads;
-    double timeout, wait_s;
-    int skip;
+    Py_buffer pos, pads = {0};
+    double timeout, wait_s = 0;
+    int skip = 1;
     PyObject *ignl = Py_None, *ignv = Py_None;
     unsigned long long direct_min = 0;
-    if (!PyArg_ParseTuple(args, "OOKy*y*Odpd|OOK", &ring, &store, &gen, &pos, &pads, &wantl,
-                          &timeout, &skip, &wait_s, &ignl, &ignv, &direct_min))
+    if (wh_py_keywords_only("ring_fill", args) < 0 ||
+        !PyArg_ParseTupleAndKeywords(args, kw, "OKy*Od|Oy*pdOOK", kwlist, &store, &gen, &pos,
+                                     &wantl, &timeout, &ring, &pads, &skip, &wait_s, &ignl, &ignv,
+                                     &direct_min))
         return NULL;
     PyObject *res = NULL, *seq = NULL;
     uint64_t *sums = NULL;
@@ -373,8 +392,8 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
                            PyList_New(0), PyLong_FromUnsignedLongLong(c.st.corrupt),
                            wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL),
                            PyLong_FromUnsignedLongLong(c.st.mismatch_gen),
-                           PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none(),
-                           PyLong_FromLong(0), PyTuple_New(0), wh__none());
+                           PyLong_FromUnsignedLong(c.st.mismatch_pos), wh__none(), wh__none(),
+                           PyBool_FromLong(0));
         goto out;
     }
     /* a slot's bytes reach Python through claim or local; heap memory here */
@@ -387,8 +406,8 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
         mem = wh__none();
     else
         wh__ring_raise(&err, false);
-    PyObject *ck = NULL, *direct = mem ? wh__fill_direct(&c, sums, &ck) : NULL;
-    if (!direct) {
+    PyObject *wire = mem ? wh__fill_wire(&c, sums) : NULL;
+    if (!wire) {
         Py_XDECREF(mem);
         Py_DECREF(layouts);
         Py_DECREF(offsets);
@@ -402,8 +421,7 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args) {
             wh__fill_i64(&c, c.b.pos_off), wh__fill_pads(&c), wh__fill_i64(&c, c.b.pv_off),
             PyLong_FromUnsignedLongLong(c.st.corrupt),
             wh_py_str_or_none(c.st.corrupt ? c.st.last_skip : NULL), wh__none(), wh__none(),
-            PyLong_FromUnsignedLongLong(c.seal), PyLong_FromUnsignedLongLong(c.b.hsize), direct,
-            ck);
+            PyLong_FromUnsignedLongLong(c.seal), wire, PyBool_FromLong(c.b.direct != 0));
     }
     if (!res && c.slot >= 0) wh_ring_give_back(c.r, c.slot);
 out:
@@ -421,14 +439,15 @@ static PyMethodDef wh__ring_methods[] = {
     {"word", (PyCFunction)wh__ring_word, METH_VARARGS, "word(j, k): control word k of slot j"},
     {"hash", (PyCFunction)wh__ring_hash, METH_VARARGS,
      "hash(j, offset, n): XXH3-64 of n bytes of slot j from offset"},
-    {"claim", (PyCFunction)wh__ring_claim, METH_VARARGS,
-     "claim(j, version, sequence, worker_pid, size, seal, rows, check): the main process takes "
+    {"claim", (PyCFunction)(void (*)(void))wh__ring_claim, METH_VARARGS | METH_KEYWORDS,
+     "claim(*, slot, version, sequence, worker_pid, seal, wire, check): the main process takes "
      "a handle's slot and checks it (check 0: the control words only, 1: and the seal and the "
-     "extras, 2: and every row; rows: the checks the seal holds); a uint8 Array over it whose "
-     "last user hands it back"},
-    {"local", (PyCFunction)wh__ring_local, METH_VARARGS,
-     "local(j, size): slot j taken by this process as a uint8 Array whose last user hands it "
-     "back"},
+     "extras, 2: and every row); wire: the batch's layout as ring_fill wrote it, which says "
+     "the slot's bytes and the checks its seal holds; a uint8 Array over the slot whose last "
+     "user hands it back"},
+    {"local", (PyCFunction)(void (*)(void))wh__ring_local, METH_VARARGS | METH_KEYWORDS,
+     "local(*, slot, wire): a slot taken by this process as a uint8 Array whose last user "
+     "hands it back"},
     {"unlock", (PyCFunction)wh__ring_unlock, METH_NOARGS, "unlock(): release the region's lock"},
     {NULL, NULL, 0, NULL},
 };
@@ -450,12 +469,14 @@ static PyType_Spec wh__ring_spec = {
 };
 
 static PyMethodDef wh__ring_functions[] = {
-    {"ring_fill", (PyCFunction)wh__ring_fill, METH_VARARGS,
-     "ring_fill(ring, store, gen, positions, pads, want, timeout, skip, wait_s, "
-     "ignore_fields=None, ignore_value=None, direct_min=0) -> RingFill: one "
-     "batch read (each sample once, through the read policy) into a free slot of ring, or heap "
-     "memory when none comes free in wait_s (ring None: always); positions uint32 and pads one "
-     "byte per row, as bytes. ignore_fields, ignore_value: pad='ignore', the padding rows' "
+    {"ring_fill", (PyCFunction)(void (*)(void))wh__ring_fill, METH_VARARGS | METH_KEYWORDS,
+     "ring_fill(*, store, generation, positions, want, timeout, ring=None, pads=b'', "
+     "skip=True, wait_s=0, ignore_fields=None, ignore_value=None, direct_min=0) -> RingFill: one "
+     "batch read (each sample once, through the read policy, from generation on) into a free "
+     "slot of ring, or heap memory when none comes free in wait_s (ring None: always); "
+     "positions uint32 and pads one byte per row, as bytes; skip: a corrupt sample is "
+     "skipped (a neighbour stands in), else an error naming it. ignore_fields, ignore_value: "
+     "pad='ignore', the padding rows' "
      "label fields filled with the value (the caller checks it fits). direct_min > 0 (a "
      "slot of an shm store): rows of at least that many bytes stay in the store for the main "
      "process's device copy (docs/gpu.md), each checked here once per process."},
@@ -486,10 +507,11 @@ static PyStructSequence_Field wh__fill_fields[] = {
                             "is held then); None otherwise"},
     {"mismatch_position", "that row's position; None otherwise"},
     {"seal", "a slot's seal: the XXH3-64 of its header and row table (0 for heap memory)"},
-    {"host_size", "bytes the slot holds: size less the fields left in the store"},
-    {"direct", "the fields whose rows stayed in the store (direct_min), as indices"},
-    {"checksums", "with direct fields: bytes, per row the stored XXH3-64 of every field of its "
-                  "sample (uint64); None otherwise"},
+    {"wire", "the batch's layout as its handle carries it to the main process (bytes, read "
+             "back and checked only in C: Ring.claim, Ring.local, CudaStage.copy_slot); None "
+             "on a mismatch"},
+    {"in_store", "some fields' rows stayed in the store (direct_min): the main process copies "
+                 "them from there"},
     {NULL, NULL},
 };
 

@@ -89,6 +89,13 @@ PyObject *wh_py_record(PyTypeObject *type, int n, ...) {
     return r;
 }
 
+int wh_py_keywords_only(const char *fn, PyObject *args) {
+    if (!args || PyTuple_GET_SIZE(args) == 0) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes keyword arguments only (%zd given by position)", fn,
+                 PyTuple_GET_SIZE(args));
+    return -1;
+}
+
 PyObject *wh_py_str_or_none(const char *s) {
     if (s) return PyUnicode_FromString(s);
     Py_INCREF(Py_None);

@@ -7,19 +7,21 @@
 
 #include "wh_fault.h"
 
-bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
-                     wh_err_t *err) {
+/* The layout of n rows of fields of nbytes[f] bytes each (the wanted ones
+ * only; b->direct and the direct fields' b->meta[f].nbytes already set). */
+static bool wh__layout(wh_batch_t *b, int nfields, const uint64_t *nbytes, uint32_t n,
+                       uint32_t want, wh_err_t *err) {
     uint64_t off = 0, part;
-    for (int f = 0; f < m->nfields; f++) {
-        b->meta[f] = m->f[f];
+    for (int f = 0; f < nfields; f++) {
         b->off[f] = off;
         if (!(want & (1u << f))) continue;
-        if (!wh_mul_ok(m->f[f].nbytes, n, &part) || part > WH_SAMPLE_MAX_BYTES * 64 ||
+        if (!wh_mul_ok(nbytes[f], n, &part) || part > WH_SAMPLE_MAX_BYTES * 64 ||
             !wh_add_ok(off, WH_ALIGN_UP(part), &off))
             return wh_err_set(err, WH_E_INVALID, "batch size overflows");
     }
     b->n = n;
-    b->nfields = m->nfields;
+    b->nfields = nfields;
+    b->want = want;
     b->pad_off = off;
     b->gen_off = off + WH_ALIGN_UP(n);
     b->pos_off = b->gen_off + WH_ALIGN_UP(8 * (uint64_t)n);
@@ -27,6 +29,22 @@ bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint3
     b->size = b->pv_off + WH_ALIGN_UP(8 * (uint64_t)n);
     b->hsize = wh_batch_host_off(b, b->size);
     return true;
+}
+
+bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
+                     wh_err_t *err) {
+    uint64_t nbytes[WH_MAX_FIELDS];
+    for (int f = 0; f < m->nfields; f++) {
+        b->meta[f] = m->f[f];
+        nbytes[f] = m->f[f].nbytes;
+    }
+    return wh__layout(b, m->nfields, nbytes, n, want, err);
+}
+
+size_t wh_batch_checks(const wh_batch_t *b) {
+    size_t n = 0;
+    for (int f = 0; f < b->nfields; f++) n += (b->want & ~b->direct) >> f & 1u;
+    return n * b->n + 1;
 }
 
 uint64_t wh_batch_host_off(const wh_batch_t *b, uint64_t off) {
@@ -312,5 +330,147 @@ bool wh_batch_gather(const wh_batch_t *b, const char *h, char *to, uint64_t *row
     *rows = g.rows;
     for (uint32_t i = 0; b->direct && b->views && i < b->n; i++)
         if (!wh_store_view_intact(b->views[i], err)) return false;
+    return true;
+}
+
+/* ---- the wire form (wh_batch.h) ---- */
+
+/* Words of the head, then off[nfields] and row[nfields]; with direct
+ * fields the read settings, then the sums. */
+enum {
+    WH__W_MAGIC,
+    WH__W_N,
+    WH__W_NFIELDS,
+    WH__W_WANT,
+    WH__W_DIRECT,
+    WH__W_SIZE,
+    WH__W_HSIZE,
+    WH__W_PAD,
+    WH__W_GEN,
+    WH__W_POS,
+    WH__W_PV,
+    WH__W_HEAD
+};
+enum {
+    WH__W_TIMEOUT,
+    WH__W_STRICT,
+    WH__W_IGNORE_FIELDS,
+    WH__W_IGNORE_INT,
+    WH__W_IGNORE_FLOAT,
+    WH__W_READ
+};
+
+static uint64_t wh__wire_words(uint64_t nfields, uint64_t n, bool direct) {
+    return WH__W_HEAD + 2 * nfields + (direct ? WH__W_READ + n * nfields : 0);
+}
+
+size_t wh_batch_wire_size(const wh_batch_t *b) {
+    return (size_t)wh__wire_words((uint64_t)b->nfields, b->n, b->direct != 0) * 8;
+}
+
+static uint64_t wh__bits(double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    return u;
+}
+
+void wh_batch_wire_write(const wh_batch_t *b, const wh_batch_fill_t *rq, const uint64_t *sums,
+                         void *out) {
+    uint64_t *w = out, nf = (uint64_t)b->nfields;
+    w[WH__W_MAGIC] = WH_BATCH_WIRE_MAGIC;
+    w[WH__W_N] = b->n;
+    w[WH__W_NFIELDS] = nf;
+    w[WH__W_WANT] = b->want;
+    w[WH__W_DIRECT] = b->direct;
+    w[WH__W_SIZE] = b->size;
+    w[WH__W_HSIZE] = b->hsize;
+    w[WH__W_PAD] = b->pad_off;
+    w[WH__W_GEN] = b->gen_off;
+    w[WH__W_POS] = b->pos_off;
+    w[WH__W_PV] = b->pv_off;
+    for (int f = 0; f < b->nfields; f++) {
+        w[WH__W_HEAD + f] = b->off[f];
+        w[WH__W_HEAD + nf + f] = b->meta[f].nbytes;
+    }
+    if (!b->direct) return;
+    uint64_t *r = w + WH__W_HEAD + 2 * nf;
+    r[WH__W_TIMEOUT] = wh__bits(rq->timeout_s);
+    r[WH__W_STRICT] = rq->strict;
+    r[WH__W_IGNORE_FIELDS] = rq->ignore_fields;
+    r[WH__W_IGNORE_INT] = (uint64_t)rq->ignore_int;
+    r[WH__W_IGNORE_FLOAT] = wh__bits(rq->ignore_float);
+    for (uint32_t i = 0; i < b->n; i++)
+        memcpy(r + WH__W_READ + i * nf, sums + (size_t)i * WH_MAX_FIELDS, nf * 8);
+}
+
+/* Why the wire form at p is not a layout wh__layout gives, or NULL. */
+static const char *wh__wire_why(const unsigned char *p, size_t len, wh_batch_wire_t *w) {
+    uint64_t h[WH__W_HEAD];
+    if (len < sizeof h) return "too short";
+    memcpy(h, p, sizeof h);
+    uint64_t n = h[WH__W_N], nf = h[WH__W_NFIELDS], want = h[WH__W_WANT], direct = h[WH__W_DIRECT];
+    if (h[WH__W_MAGIC] != WH_BATCH_WIRE_MAGIC) return "not a batch layout";
+    if (nf < 1 || nf > WH_MAX_FIELDS || n < 1 || n > UINT32_MAX)
+        return "rows or fields out of range";
+    if (!want || want >> nf || (direct & ~want)) return "fields batched out of range";
+    if (len != wh__wire_words(nf, n, direct != 0) * 8) return "its length is not its rows'";
+    uint64_t off[WH_MAX_FIELDS], row[WH_MAX_FIELDS];
+    memcpy(off, p + WH__W_HEAD * 8, nf * 8);
+    memcpy(row, p + (WH__W_HEAD + nf) * 8, nf * 8);
+    wh_batch_t *b = &w->b;
+    b->direct = (uint32_t)direct;
+    for (uint64_t f = 0; f < nf; f++) b->meta[f].nbytes = row[f]; /* before: hsize counts them */
+    if (!wh__layout(b, (int)nf, row, (uint32_t)n, (uint32_t)want, NULL))
+        return "its rows' sizes overflow";
+    if (memcmp(b->off, off, nf * 8) || b->pad_off != h[WH__W_PAD] || b->gen_off != h[WH__W_GEN] ||
+        b->pos_off != h[WH__W_POS] || b->pv_off != h[WH__W_PV] || b->size != h[WH__W_SIZE] ||
+        b->hsize != h[WH__W_HSIZE])
+        return "its offsets or sizes are not the ones its rows give";
+    w->checks = wh_batch_checks(b);
+    if (!direct) return NULL;
+    uint64_t r[WH__W_READ];
+    memcpy(r, p + (WH__W_HEAD + 2 * nf) * 8, sizeof r);
+    memcpy(&w->timeout_s, &r[WH__W_TIMEOUT], 8);
+    memcpy(&w->ignore_float, &r[WH__W_IGNORE_FLOAT], 8);
+    w->strict = r[WH__W_STRICT] != 0;
+    w->ignore_int = (int64_t)r[WH__W_IGNORE_INT];
+    if (r[WH__W_STRICT] > 1 || r[WH__W_IGNORE_FIELDS] & ~(want & ~direct) ||
+        !(w->timeout_s >= 0 && w->timeout_s <= 1e9))
+        return "its read settings are out of range";
+    w->ignore_fields = (uint32_t)r[WH__W_IGNORE_FIELDS];
+    w->sums = p + (WH__W_HEAD + 2 * nf + WH__W_READ) * 8;
+    return NULL;
+}
+
+bool wh_batch_wire_read(const void *p, size_t len, uint64_t hsize, wh_batch_wire_t *w,
+                        wh_err_t *err) {
+    memset(w, 0, sizeof *w);
+    const char *why = wh__wire_why(p, len, w);
+    if (!why && hsize && w->b.hsize != hsize) why = "its part in the slot is not the slot's size";
+    if (!why) return true;
+    if (!hsize) return wh_err_set(err, WH_E_INVALID, "a ring batch's layout is refused: %s", why);
+    return wh_err_set(err, WH_E_INVALID,
+                      "a ring batch's layout (%llu bytes, %llu in the slot) does not fit its "
+                      "%llu-byte slot: %s",
+                      (unsigned long long)w->b.size, (unsigned long long)w->b.hsize,
+                      (unsigned long long)hsize, why);
+}
+
+bool wh_batch_same_layout(const wh_batch_t *want, const wh_batch_t *got, const wh_schema_t *schema,
+                          uint64_t gen, wh_err_t *err) {
+    for (int k = 0; k < want->nfields; k++) {
+        if (!(want->want & (1u << k)) ||
+            (got->off[k] == want->off[k] && got->meta[k].nbytes == want->meta[k].nbytes))
+            continue;
+        return wh_err_set(err, WH_E_INVALID,
+                          "field '%s': generation %llu holds samples of %llu bytes where the "
+                          "batch's worker read %llu; samples stacked in one batch need one shape",
+                          schema->names[k], (unsigned long long)gen,
+                          (unsigned long long)got->meta[k].nbytes,
+                          (unsigned long long)want->meta[k].nbytes);
+    }
+    if (got->size != want->size)
+        return wh_err_set(err, WH_E_INVALID, "the batch read again has %llu bytes, not %llu",
+                          (unsigned long long)got->size, (unsigned long long)want->size);
     return true;
 }

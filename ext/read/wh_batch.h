@@ -24,6 +24,7 @@ typedef struct {
     uint64_t size;                       /* bytes the batch fills */
     uint64_t hsize; /* bytes of buf it fills: size less the direct fields' blocks */
     int nfields;    /* fields of the samples (meta[0..nfields)) */
+    uint32_t want;  /* the fields batched, bit f for field f */
     /* the registered path (wh_batch_fill_t.views): with bit f of direct
      * set, row i's field f is not in buf but at src[i * WH_MAX_FIELDS + f],
      * inside the store view views[i], which buf's holder keeps */
@@ -32,9 +33,15 @@ typedef struct {
     wh_buf_t *const *views;
 } wh_batch_t;
 
-/* Lays out b for n rows of samples like m (the wanted fields only). */
+/* Lays out b for n rows of samples like m (the wanted fields only), the
+ * fields b->direct names left out of buf: the one place a batch's offsets
+ * and sizes are computed (wh_batch_wire_read computes them again here). */
 bool wh_batch_layout(wh_batch_t *b, const wh_sample_meta_t *m, uint32_t n, uint32_t want,
                      wh_err_t *err);
+
+/* The rows a ring slot's seal holds for b: each row of each field batched
+ * in buf (not those left in the store), and one for the extras. */
+size_t wh_batch_checks(const wh_batch_t *b);
 
 /* Where offset off of the laid-out batch is in buf: buf leaves out the
  * direct fields' blocks (they stay in the store), so its page-locked
@@ -114,5 +121,54 @@ int wh_batch_parts(const wh_batch_t *b, const char *h, uint64_t size, wh_batch_p
  * getting the rows' bytes copied; then every row's view checked, so a row
  * cut under the copy is an error naming its store, not zeros. */
 bool wh_batch_gather(const wh_batch_t *b, const char *h, char *to, uint64_t *rows, wh_err_t *err);
+
+/* ---- a batch's layout as it crosses processes ----
+ *
+ * A DataLoader worker's batch reaches the main process as a handle that
+ * Python pickles; what the main process needs of the batch's layout (to
+ * claim its slot, to copy it, rows left in the store among them) travels
+ * in it as bytes written and read back here, never computed or checked
+ * anywhere else: Python carries them opaque. Native uint64 words, in
+ * order: WH_BATCH_WIRE_MAGIC, n, nfields, want, direct, size, hsize,
+ * pad_off, gen_off, pos_off, pv_off, off[nfields], the bytes of a row of
+ * each field [nfields]; with direct fields then how a row is read again as
+ * the worker read it (timeout_s as a double, strict, ignore_fields,
+ * ignore_int, ignore_float as a double) and every row's stored checksums
+ * (n x nfields, each the XXH3-64 its bytes were checked against). */
+#define WH_BATCH_WIRE_MAGIC 0x314f59414c424857ull /* "WHBLAYO1" */
+
+/* A layout read back: b's n, nfields, want, direct, meta[f].nbytes,
+ * offsets and sizes (no dtypes, shapes, buf or views). */
+typedef struct {
+    wh_batch_t b;
+    size_t checks; /* wh_batch_checks(&b) */
+    /* with direct fields (b.direct): the worker's read of the batch */
+    double timeout_s;
+    bool strict;
+    uint32_t ignore_fields;
+    int64_t ignore_int;
+    double ignore_float;
+    const unsigned char *sums; /* n x nfields uint64 inside the bytes read (unaligned) */
+} wh_batch_wire_t;
+
+/* Bytes of b's wire form. */
+size_t wh_batch_wire_size(const wh_batch_t *b);
+/* Writes b's wire form (wh_batch_wire_size(b) bytes) to out; with direct
+ * fields rq (the fill, its read settings) and sums (per row WH_MAX_FIELDS
+ * stored checksums, wh_batch_fill_t.sums) go with it. */
+void wh_batch_wire_write(const wh_batch_t *b, const wh_batch_fill_t *rq, const uint64_t *sums,
+                         void *out);
+/* Reads a wire form of len bytes at p into w and checks it: its offsets and
+ * sizes must be the ones wh_batch_layout gives for its rows, and where
+ * hsize is nonzero (the bytes of the memory the batch arrived in) its part
+ * in buf must be hsize bytes. Anything else is an error naming the layout;
+ * w keeps pointers into p. */
+bool wh_batch_wire_read(const void *p, size_t len, uint64_t hsize, wh_batch_wire_t *w,
+                        wh_err_t *err);
+/* A batch read again (got) has the layout of the one it stands for (want):
+ * else an error naming the first field of another size (schema: names;
+ * gen: the generation it was read from). */
+bool wh_batch_same_layout(const wh_batch_t *want, const wh_batch_t *got, const wh_schema_t *schema,
+                          uint64_t gen, wh_err_t *err);
 
 #endif

@@ -679,19 +679,10 @@ bool wh_ring_held_intact(const wh_buf_t *held, wh_err_t *err) {
 typedef struct {
     wh_ring_t *r;
     double wait_s;
-    uint32_t want;
     int slot;
     wh_buf_t *heap;
     bool failed; /* the ring's error, not the read's */
 } wh__rfill_t;
-
-/* The checks a slot's seal holds: the rows of each wanted field the slot
- * holds (not those left in the store), and the extras. */
-static size_t wh__nchecks(const wh_batch_t *b, uint32_t want) {
-    size_t n = 0;
-    for (int f = 0; f < b->nfields; f++) n += (want & ~b->direct) >> f & 1u;
-    return n * b->n + 1;
-}
 
 static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh__rfill_t *c = ctx;
@@ -701,7 +692,7 @@ static void *wh__rfill_mem(void *ctx, const wh_batch_t *b, wh_err_t *err) {
     wh_buf_unref(c->heap);
     c->slot = -1;
     c->heap = NULL;
-    if (c->r && !wh_ring_acquire(c->r, wh_ring_bytes(b->hsize, wh__nchecks(b, c->want)), c->wait_s,
+    if (c->r && !wh_ring_acquire(c->r, wh_ring_bytes(b->hsize, wh_batch_checks(b)), c->wait_s,
                                  &c->slot, &data, err)) {
         c->failed = true;
         return NULL;
@@ -751,13 +742,13 @@ static bool wh__rfill_gather(wh__rfill_t *c, wh_batch_t *b, void **data, wh_batc
 
 /* The filled slot's seal: every wanted row with its stored XXH3 (sums),
  * then the extras hashed as the fill left them. */
-static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, uint32_t want,
-                           const uint64_t *sums, const char *data, uint64_t *seal, wh_err_t *err) {
-    size_t n = wh__nchecks(b, want);
+static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, const uint64_t *sums,
+                           const char *data, uint64_t *seal, wh_err_t *err) {
+    size_t n = wh_batch_checks(b);
     wh_ring_check_t *ck = malloc(n * sizeof *ck), *p = ck;
     if (!ck) return wh_err_set(err, WH_E_SYS, "out of memory");
     for (int f = 0; f < b->nfields; f++) {
-        if (!(want & ~b->direct & (1u << f))) continue;
+        if (!(b->want & ~b->direct & (1u << f))) continue;
         for (uint32_t i = 0; i < b->n; i++, p++) {
             p->off = wh_batch_host_off(b, b->off[f]) + (uint64_t)i * b->meta[f].nbytes;
             p->n = b->meta[f].nbytes;
@@ -775,7 +766,7 @@ static bool wh__rfill_seal(wh_ring_t *r, int j, const wh_batch_t *b, uint32_t wa
 bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s, int *slot,
                   wh_buf_t **heap, wh_batch_t *b, void **data, uint64_t *seal,
                   wh_batch_stats_t *stats, bool *ring_failed, wh_err_t *err) {
-    wh__rfill_t c = {r, wait_s, rq->want, -1, NULL, false};
+    wh__rfill_t c = {r, wait_s, -1, NULL, false};
     uint64_t *own = NULL, *sums = rq->sums;
     if (!sums && !(sums = own = calloc((size_t)rq->n * WH_MAX_FIELDS, sizeof *sums)))
         return wh_err_set(err, WH_E_SYS, "out of memory");
@@ -800,7 +791,7 @@ bool wh_ring_fill(wh_ring_t *r, wh_batch_fill_t *rq, uint64_t gen, double wait_s
     rq->views = views;
     rq->src = src;
     bool ok = wh_batch_fill(rq, gen, b, data, stats, err);
-    if (ok && c.slot >= 0 && !wh__rfill_seal(r, c.slot, b, rq->want, sums, *data, seal, err))
+    if (ok && c.slot >= 0 && !wh__rfill_seal(r, c.slot, b, sums, *data, seal, err))
         ok = !(c.failed = true);
     /* cut while the seal was written: it went to zero pages, not the file */
     if (ok && c.slot >= 0) ok = wh__rfill_check(&c, err);

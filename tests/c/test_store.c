@@ -3030,6 +3030,31 @@ static void t_ring_fill_direct(void) {
     CHECK(memcmp(table, ck, sizeof ck) == 0 && table[3].off == pad_at &&
               table[3].hash == XXH3_64bits(base + pad_at, b.hsize - pad_at),
           "the seal's row table");
+    /* the layout as it crosses to the main process: read back the same;
+     * any word of its head, offsets or row sizes changed, cut short, or its
+     * slot part another size than the slot's: refused */
+    size_t wn = wh_batch_wire_size(&b);
+    uint64_t *wire = malloc(wn);
+    REQUIRE(wire, "out of memory");
+    wh_batch_wire_write(&b, &rq, sums, wire);
+    wh_batch_wire_t w;
+    CHECK(wh_batch_wire_read(wire, wn, b.hsize, &w, &e) && w.b.direct == b.direct &&
+              w.b.size == b.size && w.b.hsize == b.hsize && w.b.n == 3 && w.checks == 4 &&
+              w.timeout_s == 5 && !w.strict && !memcmp(w.b.off, b.off, 2 * sizeof *b.off) &&
+              !memcmp(w.sums + 8 * 2 + 8, &sums[WH_MAX_FIELDS + 1], 8),
+          "read back: %s", e.message);
+    for (size_t k = 0; k < 11 + 2 * (size_t)b.nfields; k++) {
+        wire[k] ^= 64;
+        CHECK(!wh_batch_wire_read(wire, wn, b.hsize, &w, &e) && strstr(e.message, "layout"),
+              "word %zu changed: read as a layout", k);
+        wire[k] ^= 64;
+    }
+    CHECK(!wh_batch_wire_read(wire, wn - 8, 0, &w, &e) && strstr(e.message, "is refused"),
+          "cut short: read as a layout");
+    CHECK(!wh_batch_wire_read(wire, wn, b.hsize + 64, &w, &e) &&
+              strstr(e.message, "does not fit its"),
+          "a slot of another size: %s", e.message);
+    free(wire);
     wh_status_t stt;
     REQUIRE(wh_store_status(st, &stt, &e), "status: %s", e.message);
     for (int i = 0; i < stt.nareas; i++)

@@ -270,7 +270,7 @@ class _Handles:
 
     def __getitem__(self, indices):
         h = self.ds[indices]
-        return h.args, pickle.dumps(h)
+        return h.handle, pickle.dumps(h)
 
 
 def _handles(ds, n):
@@ -283,16 +283,15 @@ def _handles(ds, n):
     return list(dl)[:n]
 
 
-def _slot_path(args):
+def _slot_path(h):
     from wirehead_torch import _ring
-    main_pid, token, worker, _, j, ver = args[:6]
-    return f"{_ring.region_path(main_pid, token, worker)}.s{j}.v{ver}"
+    return f"{_ring.region_path(h.main_pid, h.token, h.worker)}.s{h.slot}.v{h.version}"
 
 
-def _owner(args):
+def _owner(h):
     """Owner word of a handle's slot (0: free)."""
     from wirehead_torch import _ring
-    return _ring._MAIN[(args[0], args[1], args[2])].word(args[4], _ring._OWNER)
+    return _ring._MAIN[(h.main_pid, h.token, h.worker)].word(h.slot, _ring._OWNER)
 
 
 def _rows_ok(b, indices):
@@ -332,11 +331,11 @@ def _damaged(what, cfg):
         except OSError as e:
             return {"error": str(e), "path": path}
     if what == "trunc-control":
-        (args, blob), (args2, blob2) = _handles(ds, 2)
+        (h, blob), (h2, blob2) = _handles(ds, 2)
         pickle.loads(blob2)  # the main process maps worker 0's control file
         gc.collect()
         errors, paths = [], []
-        path = _ring.region_path(args[0], args[1], args[2])
+        path = _ring.region_path(h.main_pid, h.token, h.worker)
         os.truncate(path, 0)
         try:
             pickle.loads(blob)
@@ -362,16 +361,17 @@ def _damaged(what, cfg):
             errors.append(str(e))
         paths.append(path)
         return {"errors": errors, "paths": paths}
-    (args, blob), (args2, blob2) = _handles(ds, 2)
-    path = _slot_path(args)
+    (h, blob), (h2, blob2) = _handles(ds, 2)
+    path = _slot_path(h)
+    size = whlib.wire_words(h.wire)[whlib.WIRE_WORDS["hsize"]]  # the batch's bytes in the slot
     if what == "trunc-slot-main":
         os.truncate(path, 0)
         exc = OSError
     else:  # garbage: another process of this user, or a bug, wrote into the slot
-        seal = (args[12] + 63) // 64 * 64  # after the batch: 8 header words, the row table
+        seal = (size + 63) // 64 * 64  # after the batch: 8 header words, the row table
         # in a row, in the extras after the rows (is_pad, generation, ...), in
         # the seal's row table (the first row's stored XXH3) or its header (pid)
-        at, n = {"garbage-tail": (args[12] - 8, 8), "garbage-seal": (seal + 64 + 16, 8),
+        at, n = {"garbage-tail": (size - 8, 8), "garbage-seal": (seal + 64 + 16, 8),
                  "garbage-seal-header": (seal + 8, 8)}.get(what, (100, 64))
         with open(path, "r+b") as f:
             f.seek(at)
@@ -385,7 +385,7 @@ def _damaged(what, cfg):
         del batch
     except exc as e:
         out["error"] = str(e)
-    out["slot_free"] = _owner(args) == 0  # back to its worker, not lost
+    out["slot_free"] = _owner(h) == 0  # back to its worker, not lost
     out["other_ok"] = _rows_ok(pickle.loads(blob2), [2, 3])
     return out
 

@@ -1034,19 +1034,26 @@ def turned_over(dl, cfg, gens=4, size=BIG):
     generations (of samples of size floats) after the workers read the
     first batch of its first epoch and before its copy: its rows' generation
     is reclaimed."""
-    inner, once = dl._slot_batches, []
+    inner, once = dl.device_feed, []
 
-    def slot_batches(stage):
-        for b in inner(stage):
-            if not once:
-                once.append(True)
-                for tag in range(6, 6 + gens):
-                    wt.WireheadGenerator((whlib.sample(tag, i, size) for i in range(N)),
-                                         config=cfg).run()
-                    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
-            yield b
+    def device_feed(stage):
+        feed = inner(stage)
+        batches = feed.batches
 
-    dl._slot_batches = slot_batches
+        def turning():
+            for b in batches():
+                if not once:
+                    once.append(True)
+                    for tag in range(6, 6 + gens):
+                        wt.WireheadGenerator((whlib.sample(tag, i, size) for i in range(N)),
+                                             config=cfg).run()
+                        assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+                yield b
+
+        feed.batches = turning
+        return feed
+
+    dl.device_feed = device_feed
     return dl
 
 
@@ -1140,23 +1147,28 @@ def test_dataloader_handle_whose_layout_does_not_fit_its_slot_is_refused(fake, c
                                                                           shm_cfg, change):
     # the layout a handle names is checked against the slot claimed before
     # any copy is queued from it
-    import struct
     cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
     dl = ring_loader(cfg, workers=1, batch=2, device="cuda")
-    inner = dl._slot_batches
+    inner = dl.device_feed
 
-    def slot_batches(stage):
-        for b in inner(stage):
-            d = b.direct
-            if change == "size":
-                b.direct = d._replace(size=d.size + 64)
-            else:  # the data field's rows said to start before the id's end
-                offs = list(struct.unpack(f"{len(d.offsets) // 8}Q", d.offsets))
-                offs[1] = 0
-                b.direct = d._replace(offsets=struct.pack(f"{len(offs)}Q", *offs))
-            yield b
+    def device_feed(stage):
+        feed = inner(stage)
+        batches = feed.batches
 
-    dl._slot_batches = slot_batches
+        def tampered():
+            for b in batches():
+                words = whlib.wire_words(b.wire)
+                if change == "size":
+                    words[whlib.WIRE_WORDS["size"]] += 64
+                else:  # the data field's rows said to start before the id's end
+                    words[whlib.WIRE_WORDS["off"] + 1] = 0
+                b.wire = whlib.pack_wire(words)
+                yield b
+
+        feed.batches = tampered
+        return feed
+
+    dl.device_feed = device_feed
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="does not fit its"):
         list(dl)

@@ -48,6 +48,23 @@ def xxh3(data):
     return lib.XXH3_64bits(data, len(data))
 
 
+# A ring batch's layout as its handle carries it (SlotHandle.wire): native
+# uint64 words in the order ext/read/wh_batch.h gives ("a batch's layout as
+# it crosses processes"); what the tests that forge or measure one read.
+WIRE_WORDS = {"n": 1, "nfields": 2, "want": 3, "direct": 4, "size": 5, "hsize": 6, "off": 11}
+
+
+def wire_words(wire):
+    """The layout's words, a list (to read, or change and pack_wire)."""
+    import struct
+    return list(struct.unpack(f"{len(wire) // 8}Q", wire))
+
+
+def pack_wire(words):
+    import struct
+    return struct.pack(f"{len(words)}Q", *words)
+
+
 def check_sample(ident, data):
     """Raises AssertionError unless data matches its id."""
     ident = np.asarray(ident)

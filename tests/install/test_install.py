@@ -83,6 +83,13 @@ def test_a_checkout_without_its_extension_says_so(tmp_path):
     assert "C extension (_C) is not in" in r.stderr and "make build" in r.stderr, r.stderr
 
 
+def test_every_lazy_name_is_public():
+    """The readers are imported on first use; each of those names is in
+    __all__ like the others (to_device was not)."""
+    assert set(wirehead_torch._LAZY) <= set(wirehead_torch.__all__)
+    assert "to_device" in wirehead_torch.__all__
+
+
 def test_import_does_not_load_torch():
     r = subprocess.run([sys.executable, "-c", "import sys, wirehead_torch; "
                         "print('torch' in sys.modules)"], capture_output=True, text=True,

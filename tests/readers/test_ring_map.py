@@ -4,7 +4,6 @@ listed sample once into a row of a worker's shared-memory ring slot, and the
 main process gets the batch default_collate would have made, viewing the slot."""
 import gc
 import os
-import pickle
 import resource
 import signal
 import threading
@@ -24,6 +23,7 @@ from torch.utils.data import (
 )
 
 import wirehead_torch as wt
+from wirehead_torch import _ring
 
 import whlib
 
@@ -152,7 +152,7 @@ def test_workers_wait_for_held_slots_then_send_plain_batches(filled):
 
 
 class _Unopened(Dataset):
-    """Hands the ring handle on pickled, so the test opens it when it likes."""
+    """Hands the ring handle on unopened, so the test opens it when it likes."""
 
     def __init__(self, ds):
         self.ds = ds
@@ -161,7 +161,7 @@ class _Unopened(Dataset):
         return len(self.ds)
 
     def __getitem__(self, indices):
-        return pickle.dumps(self.ds[indices])
+        return self.ds[indices].handle
 
 
 def test_worker_killed_mid_epoch_leaks_no_slot_and_its_late_handle_is_refused(shm_cfg,
@@ -189,7 +189,7 @@ def test_worker_killed_mid_epoch_leaks_no_slot_and_its_late_handle_is_refused(sh
     assert all_free(ds)
     assert len(slot_files(ds)) <= WORKERS * ds.ring_slots
     with pytest.raises(RuntimeError, match="reclaimed or refilled before its batch arrived"):
-        pickle.loads(late)
+        _ring._open(late)
     assert all_free(ds)
 
 
@@ -289,6 +289,23 @@ def test_a_corrupt_sample_is_an_error_naming_it(shm_cfg):
     check_batch(ds[[2, 0]], [2, 0])  # the intact ones read as asked, none stands in
 
 
+def test_a_handle_whose_layout_is_not_its_fill_is_refused_and_its_slot_goes_back(filled):
+    """A batch's layout crosses in its handle as bytes only C writes and
+    reads: one that is not the layout its rows give is refused at the claim,
+    naming it, and the slot the handle names goes back to its worker."""
+    ds = wt.MongoTupleheadDataset(config=filled, batches=True)
+    dl = DataLoader(_Unopened(ds), batch_size=None, num_workers=1, timeout=120,
+                    sampler=BatchSampler(SequentialSampler(range(4)), 2, False))
+    first, second = list(dl)  # two of the worker's four slots, sent
+    assert owners(ds, 0)[first.slot] == first.worker_pid  # sent, not yet claimed
+    words = whlib.wire_words(first.wire)
+    words[whlib.WIRE_WORDS["hsize"]] += 64  # the slot's part said larger than its rows give
+    with pytest.raises(ValueError, match="layout is refused: its offsets or sizes are not"):
+        _ring._open(first._replace(wire=whlib.pack_wire(words)))
+    assert owners(ds, 0)[first.slot] == 0  # back to its worker, not lost
+    check_batch(_ring._open(second), [2, 3])  # the next handle opens as ever
+
+
 def test_a_reclaimed_generation_moves_to_the_newest(shm_cfg, monkeypatch):
     """The read policy of the indexed read stays: a batch asked of a
     generation already reclaimed is read from the newest one."""
@@ -305,7 +322,8 @@ def test_a_reclaimed_generation_moves_to_the_newest(shm_cfg, monkeypatch):
             break
     else:
         pytest.fail(f"generation {gens[0]} still readable after {len(gens)} seals")
-    monkeypatch.setattr(wt.dataset, "wait_for_generation", lambda *a, **k: gens[0])
+    # the one rule of which generation a read starts on, made to pick the old one
+    monkeypatch.setattr(wt._reader.Generations, "for_epoch", lambda *a, **k: gens[0])
     ids, data = wt.MongoTupleheadDataset(config=cfg, batches=True)[[2, 0, 1]]
     check_batch([ids, data], [2, 0, 1])
     assert ids[:, 0].tolist() == [len(gens)] * 3  # the newest generation's samples

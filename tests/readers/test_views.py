@@ -203,7 +203,7 @@ def test_generators_continue_while_a_reader_holds_views(shm_cfg):
     gen_p = whlib.spawn("gen", cfg, 6)
     mgr_p = whlib.spawn("manager", cfg)
     try:
-        gen = wt.dataset.wait_for_generation(st, cfg, 60)
+        gen = wt._reader.wait_for_generation(st, cfg, 60)
         views = view_all(st, gen)
         want = [whlib.check_sample(i.numpy(), d.numpy()) for i, d in views]
         start = st.status()["seals"]

@@ -553,7 +553,7 @@ def _train(cfg, args, seconds, children, out):
             batch = next(batches)
             dt_wait = time.monotonic() - tw
 
-            n_real, lval, pairs, gen = _train_step(model, opt, batch)
+            n_real, lval, pairs, gen = train_step(model, opt, batch)
             # Drop our reference before the next fetch: the loader reuses a
             # ring buffer only once every tensor exported from it is gone.
             del batch
@@ -619,7 +619,7 @@ def _train(cfg, args, seconds, children, out):
                   f"{wait_avg:.2f}s ({100.0 * wait_avg / elapsed:.1f}%)")
 
 
-def _train_step(model, opt, batch):
+def train_step(model, opt, batch):
     """One optimiser step on a batch; returns (n_real, loss, pairs, max generation).
 
     Kept in its own function so the batch tensors and the autograd graph

@@ -245,7 +245,7 @@ def _train(a):
     import torch
     import torch.distributed as dist
 
-    from .demo import _train_step, tiny_unet
+    from .demo import tiny_unet, train_step
 
     world = env_int("WORLD_SIZE", 1, MAX_WORLD, 1)
     local_rank = env_int("LOCAL_RANK", 0, MAX_PROCS - 1, 0)
@@ -300,7 +300,7 @@ def _train(a):
                         batch["generation"].tolist(), batch["position"].tolist(), pads)]
                 if cuda:
                     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                _n, loss, _pairs, _g = _train_step(model, opt, batch)
+                _n, loss, _pairs, _g = train_step(model, opt, batch)
                 del batch  # the loader reuses a ring slot once its tensors are gone
                 now = time.monotonic()
                 rec["steps"] += 1
