@@ -107,8 +107,8 @@ st = whlib.open_store(cfg)
 path = _ring.region_path(os.getpid(), "cut", 0)
 ring = _C.Ring(path, 1, True, os.getpid(), "0")
 pos = np.arange(2, dtype=np.uint32).tobytes()
-fill = lambda: _C.ring_fill(ring, st, st.current(), pos, b"", [0, 1], 10.0, True, 0.0, None,
-                            None, 1024)
+fill = lambda: _C.ring_fill(ring=ring, store=st, generation=st.current(), positions=pos,
+                            want=[0, 1], timeout=10.0, direct_min=1024)
 try:
     first = fill()  # the ring's one slot, kept: the next batch gets none
     assert first.slot == 0 and first.direct, first
