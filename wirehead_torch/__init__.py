@@ -39,6 +39,7 @@ from ._C import (  # noqa: E402
     PinLimitError,
     SampleTooLargeError,
     SchemaMismatchError,
+    SpecFailedError,
     StoreNotCreatedError,
     StoreSpaceError,
     StoreTimeoutError,
@@ -60,6 +61,7 @@ from .params import (  # noqa: E402
 )
 from .relay import WireheadRelay  # noqa: E402
 from .shards import ShardError, export_shards, from_shards, mix  # noqa: E402
+from .spec import Spec, spec_seed  # noqa: E402
 
 _guard.keep_in_front()  # faulthandler and signal.signal leave the SIGBUS guard in front
 
@@ -106,4 +108,5 @@ __all__ = [
     "StoreNotCreatedError",
     "LeaseLostError", "PinLimitError", "CudaError",
     "export_shards", "from_shards", "mix", "ShardError",
+    "Spec", "spec_seed", "SpecFailedError",
 ]

@@ -84,7 +84,8 @@ def store_kwargs(cfg, create=True, local=False):
               byte_budget=budget_arg(None if copy else cfg.byte_budget),
               chunk_bytes=int(cfg.chunksize * (1 << 20)), dbname=cfg.dbname,
               prefix=cfg.collection_prefix, lease_s=cfg.lease_seconds,
-              connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads)
+              connect_timeout_s=cfg.connect_timeout, verify_reads=cfg.verify_reads,
+              run_seed=cfg.run_seed)
     if copy:
         kw["origin_id"], kw["origin_name"] = local_origin(cfg)
     return kw

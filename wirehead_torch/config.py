@@ -55,6 +55,11 @@ DEFAULTS = {
     "MANAGER_POLL": 0.01,         # seconds between seal checks
     "LOCAL_CACHE": None,          # MongoDB only: the node-local copy a relay fills and
                                   # readers read, a store or auto (docs/relay.md)
+    # spec mode (docs/reproducible.md)
+    "RUN_SEED": None,             # an int in 0..2**64-1: batches a function of the settings
+    "REUSE": 1,                   # epochs a reader reads each generation (spec mode)
+    "CLAIM_LEASE": 30.0,          # seconds a claimed index stays its generator's without news
+    "SPEC_ATTEMPTS": 3,           # claims of one index before it fails for good
 }
 
 REQUIRED = ("SWAP_CAP", "SAMPLE")
@@ -68,11 +73,13 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
 # The bounds the C side takes (the Store arguments) are C's: SWAP_CAP's
 # range, timeouts below _C.SECONDS_MAX, a field name's length; byte counts
 # fit in uint64 with headroom.
-_INT_RANGES = {"SWAP_CAP": (_C.SWAP_CAP_MIN, _C.SWAP_CAP_MAX), "PORT": (1, 65535)}
+_INT_RANGES = {"SWAP_CAP": (_C.SWAP_CAP_MIN, _C.SWAP_CAP_MAX), "PORT": (1, 65535),
+               "REUSE": (1, 1 << 31), "SPEC_ATTEMPTS": (1, 1 << 20)}
 # (least, most); all must be positive. CHUNKSIZE (MiB): a chunk document
 # must fit MongoDB's 16 MiB limit, and tiny chunks make reads of millions.
 _NUM_RANGES = {"LEASE_SECONDS": (0, _C.SECONDS_MAX), "READ_TIMEOUT": (0, _C.SECONDS_MAX),
                "CONNECT_TIMEOUT": (0, _C.SECONDS_MAX), "MANAGER_POLL": (0, 3600.0),
+               "CLAIM_LEASE": (0, _C.SECONDS_MAX),
                "CHUNKSIZE": (1 / 2048, 15.0)}
 _BYTES_MAX = 1 << 62
 _NAME_MAX = _C.FIELD_NAME_MAX  # a SAMPLE field name
@@ -219,6 +226,13 @@ def _check_value(key, v, where):
         return None if v is None else _store(v, key, where)
     if key == "LOCAL_CACHE":
         return _local_cache(v, where)
+    if key == "RUN_SEED":
+        if v is None:
+            return None
+        v = _number(v, key, where, integer=True)
+        if not 0 <= v < 1 << 64:
+            raise ConfigError(f"{where}: RUN_SEED must be an integer in 0..2**64-1, got {v!r}")
+        return v
     if key in _NAME_KEYS:
         return None if v is None else _name(v, key, where, limit=200)
     return v
@@ -280,6 +294,10 @@ class Config(Mapping):
     source: str = "config"
     local_cache: Optional[str] = None
     handover_check: str = "slot"
+    run_seed: Optional[int] = None
+    reuse: int = 1
+    claim_lease: float = 30.0
+    spec_attempts: int = 3
 
     def __getitem__(self, key):
         if not isinstance(key, str) or key not in KNOWN_KEYS:
@@ -361,6 +379,16 @@ def resolve(raw, where="config"):
             raise ConfigError(f"{where}: LOCAL_CACHE is the node-local copy a relay makes of "
                               f"the STORE; STORE is {redact(store)!r}, a {b.backend} store, "
                               f"which no relay copies from: remove LOCAL_CACHE")
+    if vals["RUN_SEED"] is None:
+        spec_only = [k for k in ("REUSE", "CLAIM_LEASE", "SPEC_ATTEMPTS")
+                     if raw.get(k) is not None and vals[k] != DEFAULTS[k]]
+        if spec_only:
+            raise ConfigError(f"{where}: {', '.join(spec_only)} applies in spec mode only: "
+                              f"set RUN_SEED (docs/reproducible.md), or remove it")
+    elif vals["LOCAL_CACHE"]:
+        raise ConfigError(f"{where}: LOCAL_CACHE with RUN_SEED: a relay does not copy spec "
+                          f"generations yet; read the MongoDB store directly (remove "
+                          f"LOCAL_CACHE) or run without RUN_SEED")
     if not vals["COLLECTION_PREFIX"]:
         prefix = raw.get("WRITE_COLLECTION") or "wirehead"
         vals["COLLECTION_PREFIX"] = _name(prefix, "COLLECTION_PREFIX", where, limit=200)

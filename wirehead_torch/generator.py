@@ -13,6 +13,26 @@ from .params import GeneratorParams, clear_current
 
 log = logging.getLogger("wirehead_torch")
 
+
+def _spec_maker(source, cfg, say):
+    """The spec-mode loop for a function of a wt.Spec (RUN_SEED set), None
+    for an iterable of samples; a mismatch of the two is a TypeError."""
+    spec = cfg["RUN_SEED"] is not None
+    is_fn = callable(source) and not hasattr(source, "__next__")
+    if spec and not is_fn:
+        raise TypeError(f"RUN_SEED is set (spec mode): WireheadGenerator takes a function of a "
+                        f"wt.Spec returning one sample, got {type(source).__name__} "
+                        f"(docs/reproducible.md)")
+    if not spec and is_fn and not hasattr(source, "__iter__"):
+        raise TypeError(f"WireheadGenerator got a function ({getattr(source, '__name__', source)}"
+                        f"): a function of a wt.Spec needs RUN_SEED in the config (spec mode, "
+                        f"docs/reproducible.md); otherwise pass an iterable of samples, e.g. "
+                        f"a generator object (call the generator function)")
+    if not spec:
+        return None
+    from .spec import SpecMaker
+    return SpecMaker(source, cfg, say)
+
 # seconds between a running generator's summary lines
 SUMMARY_EVERY = 30.0
 
@@ -53,6 +73,7 @@ class WireheadGenerator:
         self.cfg = get_config(config_path, config)
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 0):
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
+        self.spec = _spec_maker(generator, self.cfg, self._say)
         self.generator = generator
         self.n_samples = n_samples
         self.quiet = quiet
@@ -268,6 +289,8 @@ class WireheadGenerator:
         """Puts samples until n_samples, the generator's end or a stop
         (see the class); returns the number of puts. verbose: a line per
         put and the seal lines."""
+        if self.spec is not None:
+            return self._run_spec()
         puts = 0
         self._say("Initialized")
         with self._stop as stop:
@@ -289,6 +312,26 @@ class WireheadGenerator:
         """The original wirehead's name for ``run()`` (its scripts call it;
         docs/migration.md)."""
         return self.run()
+
+    def _run_spec(self):
+        """Spec mode: claims, materializes and puts indices until n_samples
+        are made, or SIGTERM/SIGINT (after the current one)."""
+        m = self.spec
+        self._say(f"Initialized (spec mode, RUN_SEED={self.cfg['RUN_SEED']})")
+        steps = 0
+        with self._stop as stop:
+            store = self._store.get()
+            while not stop and (self.n_samples is None or steps < self.n_samples):
+                if not m.step(store, stop):
+                    break
+                steps += 1
+        self._stop = StopFlag()
+        self.accepted, self.discarded, self.sealed = m.made, m.duplicates, m.sealed
+        last = f", the last #{m.last_sealed}" if m.last_sealed is not None else ""
+        self._say(f"done: {m.made} samples made, {m.duplicates} made twice "
+                  f"({m.nondeterministic} with other bytes), {m.failures} failed attempts, "
+                  f"{m.sealed} generations completed here{last}")
+        return steps
 
     def close(self):
         self._store.close()

@@ -12,6 +12,9 @@ unsigned wh_backend_caps(const wh_store_ops_t *ops) {
     if (ops->view_map && ops->map_unref && ops->map_in_use) c |= WH_CAP_MAPPABLE;
     if (ops->read_encoded) c |= WH_CAP_RELAY_SOURCE;
     if (ops->mirror_begin && ops->mirror_reserve && ops->mirror_commit) c |= WH_CAP_RELAY_TARGET;
+    if (ops->spec_claim && ops->spec_renew && ops->spec_fail && ops->spec_put && ops->spec_locate &&
+        ops->spec_need && ops->spec_params && ops->spec_status)
+        c |= WH_CAP_SPEC;
     return c;
 }
 

@@ -16,6 +16,7 @@ typedef struct {
     int64_t pid;
     uint64_t gen, reads, gen_reads;
     uint64_t start_ns, beat_ns; /* CLOCK_REALTIME */
+    uint64_t need;              /* spec mode: the lowest spec generation it needs, + 1 (0: none) */
 } wh_reader_beat_t;
 
 /* A backend's operations. The first group every backend fills; any other
@@ -93,6 +94,19 @@ typedef struct wh_store_ops {
     bool (*mirror_reserve)(wh_store_t *, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
                            wh_err_t *);
     bool (*mirror_commit)(wh_store_t *, uint64_t gen, uint32_t pos, wh_err_t *);
+    /* [WH_CAP_SPEC, all of them] spec mode (wh_store.h): the store's calls
+     * of the same names, the store in spec mode checked first */
+    bool (*spec_claim)(wh_store_t *, double lease_s, uint32_t max_attempts, wh_claim_t *out,
+                       wh_claim_status_t *status, wh_err_t *);
+    bool (*spec_renew)(wh_store_t *, const wh_claim_t *, double lease_s, bool *mine, wh_err_t *);
+    bool (*spec_fail)(wh_store_t *, const wh_claim_t *, uint32_t max_attempts, const char *why,
+                      bool *failed, wh_err_t *);
+    bool (*spec_put)(wh_store_t *, const wh_claim_t *, const wh_array_t *arr, int n,
+                     wh_spec_put_t *status, bool *sealed, wh_err_t *);
+    bool (*spec_locate)(wh_store_t *, uint64_t s, uint64_t *gen, wh_err_t *);
+    bool (*spec_need)(wh_store_t *, uint64_t s, wh_err_t *);
+    bool (*spec_params)(wh_store_t *, const wh_claim_t *, char **doc, size_t *len, wh_err_t *);
+    bool (*spec_status)(wh_store_t *, wh_spec_status_t *, wh_err_t *);
 } wh_store_ops_t;
 
 /* What a backend's table says its stores can do (WH_CAP_*): its flags and

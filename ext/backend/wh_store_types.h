@@ -33,6 +33,10 @@ typedef struct {
      * of another source, or a plain store, is refused); NULL: a plain store */
     const char *origin_id;   /* a digest, shorter than WH_ORIGIN_ID_LEN */
     const char *origin_name; /* the same in words, redacted: for messages and status */
+    /* spec mode (docs/reproducible.md): a store created with spec records
+     * run_seed, and every opener must agree (WH_E_SCHEMA naming both) */
+    bool spec;
+    uint64_t run_seed;
 } wh_store_config_t;
 
 #define WH_ORIGIN_ID_LEN 48
@@ -158,6 +162,71 @@ typedef enum {
                                       source, wh_store_read_encoded) */
     WH_CAP_RELAY_TARGET = 1u << 5, /* the mirror: a relay copies into it (a LOCAL_CACHE
                                       copy, wh_store_mirror_begin) */
+    WH_CAP_SPEC = 1u << 6,         /* spec mode: claims, puts at a position, locates
+                                      (wh_store_spec_claim and the rest) */
 } wh_cap_t;
+
+/* ---- Spec mode (docs/reproducible.md) ----
+ *
+ * A store created with cfg.spec fills *spec generations* in order: sample
+ * index k belongs to spec generation k / swap_cap at position k % swap_cap.
+ * Each spec generation is filled in an ordinary generation (a new id, the
+ * read path unchanged) that records its spec label. Generators claim
+ * indices under a lease and put each at its position; the first complete
+ * put of a position wins; the put that completes a generation seals it.
+ * Readers publish the lowest spec generation they still need; only the
+ * WH_SPEC_AHEAD spec generations from the lowest any live reader needs are
+ * made or kept, so generators never reclaim what a reader has still to
+ * read. Stores without these operations report no spec capability. */
+#define WH_SPEC_AHEAD 4
+
+typedef struct {
+    uint64_t index;          /* k */
+    uint64_t spec_gen;       /* k / swap_cap */
+    uint32_t pos;            /* k % swap_cap */
+    uint64_t gen;            /* the generation (id) being filled */
+    uint64_t params_version; /* in force for spec_gen */
+    uint32_t attempt;        /* 1 for k's first claim */
+    uint64_t token;          /* this claim's (renew, fail) */
+} wh_claim_t;
+
+typedef enum {
+    WH_CLAIM_OK = 0, /* the claim is filled in: materialize it */
+    WH_CLAIM_WAIT,   /* every index of the open generation is claimed by a live claimer */
+    WH_CLAIM_AHEAD   /* WH_SPEC_AHEAD generations are made: readers must move on first */
+} wh_claim_status_t;
+
+typedef enum {
+    WH_SPEC_PUT_ACCEPTED = 0, /* committed at the claim's position */
+    WH_SPEC_PUT_SAME,         /* another put of the index won first, same checksums */
+    WH_SPEC_PUT_DIFFERENT,    /* another put won first with other bytes: fn is nondeterministic */
+    WH_SPEC_PUT_GONE          /* the generation was abandoned or reclaimed: dropped */
+} wh_spec_put_t;
+
+#define WH_SPEC_CLAIMS_SHOWN 16
+
+typedef struct {
+    bool spec; /* the store is in spec mode */
+    uint64_t run_seed;
+    bool any_sealed;
+    uint64_t last_sealed; /* newest sealed spec generation */
+    bool open;
+    uint64_t open_gen;  /* the spec generation being filled */
+    uint32_t open_fill; /* its committed positions */
+    uint64_t floor;     /* the lowest spec generation kept (readers' need, or the last one) */
+    bool reader;        /* a live spec reader publishes a need */
+    uint64_t slowest;   /* the lowest need of a live reader */
+    uint64_t slowest_pid;
+    uint64_t duplicates, nondeterministic; /* puts dropped: same bytes, other bytes */
+    int nclaims; /* claimed, unfinished indices of the open generation, oldest first */
+    struct {
+        uint64_t index, pid;
+        char host[64];
+        double age_s;
+        uint32_t attempt;
+    } claims[WH_SPEC_CLAIMS_SHOWN];
+    bool failed; /* an index failed every attempt: failure says which and why */
+    char failure[WH_ERR_LEN];
+} wh_spec_status_t;
 
 #endif

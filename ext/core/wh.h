@@ -41,9 +41,10 @@ typedef enum {
     WH_E_LEASE,    /* this manager does not hold the lease (lost or expired) */
     WH_E_PINNED,   /* a view would break the pin policy: read a copy instead */
     WH_E_INTERNAL,
-    WH_E_CUDA,   /* CUDA runtime missing or failing (wh_cuda.c) */
-    WH_E_NOSTORE /* the store does not exist yet (shm, BYTE_BUDGET auto: the first
+    WH_E_CUDA,    /* CUDA runtime missing or failing (wh_cuda.c) */
+    WH_E_NOSTORE, /* the store does not exist yet (shm, BYTE_BUDGET auto: the first
                        put creates it); a kind of NOTFOUND */
+    WH_E_SPECFAIL /* spec mode: a sample index failed every attempt (docs/reproducible.md) */
 } wh_code_t;
 
 typedef struct {

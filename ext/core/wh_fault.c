@@ -39,18 +39,25 @@ static void wh__pause(wh__fault_t *f) {
 void wh_fault_put_midway(void) { wh__pause(&wh__put); }
 void wh_fault_seal_midway(void) { wh__pause(&wh__seal); }
 
-/* WIREHEAD_FAULT_SEAL_KILL: read once per process like the pauses. */
-static int wh__kill_step = -1;
-static int wh__kill_pid = 0;
+/* A kill point: its variable names the step (>= 1) at which the process
+ * SIGKILLs itself; read once per process like the pauses. */
+typedef struct {
+    const char *env;
+    int step; /* < 1: none */
+    int pid;  /* process that read env */
+} wh__kill_t;
 
-void wh_fault_seal_step(int step) {
-    if (__atomic_load_n(&wh__kill_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
-        const char *v = getenv("WIREHEAD_FAULT_SEAL_KILL");
-        wh__kill_step = (v && *v) ? atoi(v) : -1;
-        __atomic_store_n(&wh__kill_pid, (int)getpid(), __ATOMIC_RELEASE);
+static wh__kill_t wh__seal_kill = {"WIREHEAD_FAULT_SEAL_KILL", -1, 0};
+static wh__kill_t wh__commit_kill = {"WIREHEAD_FAULT_SPEC_COMMIT_KILL", -1, 0};
+
+static void wh__kill_at(wh__kill_t *k, int step, const char *what) {
+    if (__atomic_load_n(&k->pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
+        const char *v = getenv(k->env);
+        k->step = (v && *v) ? atoi(v) : -1;
+        __atomic_store_n(&k->pid, (int)getpid(), __ATOMIC_RELEASE);
     }
-    if (step != wh__kill_step) return;
-    fprintf(stderr, "wirehead: fault kill at seal step %d\n", step);
+    if (step != k->step) return;
+    fprintf(stderr, "wirehead: fault kill %s\n", what);
     fflush(stderr);
     kill(getpid(), SIGKILL);
     for (;;) pause(); /* never run past the step, even before the signal lands */
@@ -109,6 +116,13 @@ void wh_fault_cut(const char *site, const void *addr) {
     fflush(stderr);
     if (truncate(path, to) != 0) perror("wirehead: fault cut");
 }
+void wh_fault_seal_step(int step) {
+    char what[48];
+    snprintf(what, sizeof what, "at seal step %d", step);
+    wh__kill_at(&wh__seal_kill, step, what);
+}
+
+void wh_fault_spec_committed(void) { wh__kill_at(&wh__commit_kill, 1, "after spec commit"); }
 
 #else
 typedef int wh__no_faults_t; /* a release build: the points are inline stubs */

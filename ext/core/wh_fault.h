@@ -32,6 +32,11 @@ void wh_fault_seal_step(int step);
  * The points sit between a copy's check and the copy out of a shared
  * mapping, so a test cuts the file there and nowhere else. */
 void wh_fault_cut(const char *site, const void *addr);
+/* WIREHEAD_FAULT_SPEC_COMMIT_KILL=1: a spec put SIGKILLs its own process
+ * right after its sample is committed at its position (before it counts
+ * the commit, marks the claim done or seals), printing "wirehead: fault
+ * kill after spec commit" to stderr first. */
+void wh_fault_spec_committed(void);
 
 #else
 #define WH_FAULTS_BUILT 0
@@ -42,6 +47,7 @@ static inline void wh_fault_cut(const char *site, const void *addr) {
     (void)site;
     (void)addr;
 }
+static inline void wh_fault_spec_committed(void) {}
 #endif
 
 #endif

@@ -27,6 +27,10 @@ static inline uint64_t wh__mix64(uint64_t z) {
 
 #define WH__GOLDEN 0x9e3779b97f4a7c15ULL
 
+uint64_t wh_spec_seed(uint64_t run_seed, uint64_t k) {
+    return wh__mix64(wh__mix64(run_seed) + (k + 1) * WH__GOLDEN);
+}
+
 static inline uint64_t wh__nw(const wh_plan_t *p) { return p->workers ? p->workers : 1; }
 
 void wh_plan_perm_init(wh_plan_perm_t *pm, uint32_t n, uint64_t seed, uint64_t epoch,

@@ -101,4 +101,9 @@ uint32_t wh_plan_perm_at(const wh_plan_perm_t *pm, uint32_t i);
 void wh_plan_item_at(const wh_plan_t *p, const wh_plan_perm_t *pm, uint64_t k, uint32_t *pos,
                      bool *is_pad);
 
+/* Spec mode (docs/reproducible.md): the seed of sample index k of a run,
+ * the (k+1)-th output of SplitMix64 seeded with mix64(run_seed), where mix64
+ * is SplitMix64's finaliser. Fixed for ever: runs are reproduced from it. */
+uint64_t wh_spec_seed(uint64_t run_seed, uint64_t k);
+
 #endif

@@ -9,6 +9,9 @@
  *                    and the position counter {_id:"ctr", n}
  *   <p>.gen.<n>.m    manifests {_id:<pos>, s, k, z, b, h}: sample id, chunk
  *                    count, data bytes, chunk size, encoded header bytes
+ *   <p>.gen.<n>.c    spec mode only: the generation's claims and params copy
+ *                    (wh_mongo_spec.c, wh_mongo_claim.c); the state's spec
+ *                    part in wh_mongo_spec_doc.c
  *
  * Put: a sample's data bytes go into chunk documents under a fresh random
  * sample id; then a position is claimed by inserting its manifest with
@@ -177,7 +180,9 @@ static bool wh__mongo_clean(const wh_store_config_t *cfg, wh_err_t *err) {
             if (!ours && strncmp(*p, gen, (size_t)glen) == 0) {
                 const char *q = *p + glen;
                 size_t digits = strspn(q, "0123456789");
-                ours = digits > 0 && (q[digits] == '\0' || strcmp(q + digits, ".m") == 0);
+                /* .c: a spec generation's claims (wh_mongo_spec.c) */
+                ours = digits > 0 && (q[digits] == '\0' || strcmp(q + digits, ".m") == 0 ||
+                                      strcmp(q + digits, ".c") == 0);
             }
             if (!ours) continue;
             mongoc_collection_t *c = wh__coll(m, *p);
@@ -233,6 +238,14 @@ const wh_store_ops_t wh_mongo_ops = {
     .params_set = wh__mongo_params_set,
     .params_get = wh__mongo_params_get,
     .params_version = wh__mongo_params_version,
+    .spec_claim = wh__mongo_spec_claim,
+    .spec_renew = wh__mongo_spec_renew,
+    .spec_fail = wh__mongo_spec_fail,
+    .spec_put = wh__mongo_spec_put,
+    .spec_locate = wh__mongo_spec_locate,
+    .spec_need = wh__mongo_spec_need,
+    .spec_params = wh__mongo_spec_params,
+    .spec_status = wh__mongo_spec_status,
     .destroy = wh__mongo_destroy,
     .collections = wh__mongo_collections,
     .beat = wh__mongo_beat,

@@ -7,7 +7,7 @@
 #define WH__BEAT_PRUNE_S (10 * WH_READER_LIVE_S)
 #define WH__BEATS_PER_PRUNE 12
 
-static mongoc_collection_t *wh__readers_coll(wh__mongo_t *m) {
+mongoc_collection_t *wh__readers_coll(wh__mongo_t *m) {
     char name[WH__NAME_MAX];
     snprintf(name, sizeof name, "%s.readers", m->prefix);
     return wh__coll(m, name);
@@ -27,6 +27,12 @@ bool wh__mongo_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err) {
     BSON_APPEND_INT64(&set, "start_ns", (int64_t)b->start_ns);
     BSON_APPEND_INT64(&set, "beat_ns", (int64_t)b->beat_ns);
     bson_append_document_end(&u, &set);
+    if (st->cfg.spec) { /* a spec reader's need stays live while it reads (wh_mongo_spec.c) */
+        bson_t cd;
+        BSON_APPEND_DOCUMENT_BEGIN(&u, "$currentDate", &cd);
+        BSON_APPEND_BOOL(&cd, "at", true);
+        bson_append_document_end(&u, &cd);
+    }
     BSON_APPEND_BOOL(&opts, "upsert", true);
     bson_error_t e;
     bool ok = mongoc_collection_update_one(c, &q, &u, &opts, NULL, &e) ||
@@ -74,7 +80,8 @@ bool wh__readers_status(wh__mongo_t *m, wh_status_t *o, wh_err_t *err) {
                               (uint64_t)reads,
                               (uint64_t)gen_reads,
                               (uint64_t)start,
-                              (uint64_t)beat};
+                              (uint64_t)beat,
+                              0};
         wh_status_add_reader(o, &b, host, now);
     }
     bson_error_t e;

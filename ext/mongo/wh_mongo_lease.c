@@ -165,6 +165,9 @@ bool wh__mongo_seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t
     if (!wh__lease_get(m, &owner, &pid, &left, &live, err)) return wh_err_prefix(err, "seal");
     if (!live || owner != m->token)
         return wh_err_set(err, WH_E_LEASE, "seal: this manager does not hold the lease");
+    /* spec mode: its generations seal themselves; a manager's seal completes one whose last
+     * put died before sealing, and never sweeps (what it keeps is the readers' to say) */
+    if (st->cfg.spec) return wh__mongo_spec_seal(st, sealed, info, err);
     wh__state_t s;
     if (!wh__state_get(m, true, &s, NULL, err)) return wh_err_prefix(err, "seal");
     uint64_t w = s.write_gen;

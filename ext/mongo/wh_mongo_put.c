@@ -25,8 +25,8 @@ void wh__chunk_filter(bson_t *q, int64_t sid, uint64_t nchunks) {
     bson_append_document_end(q, &id);
 }
 
-static bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid, uint64_t nchunks,
-                              wh_err_t *err) {
+bool wh__delete_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t sid, uint64_t nchunks,
+                       wh_err_t *err) {
     if (!nchunks) return true;
     bson_t sel = BSON_INITIALIZER;
     wh__chunk_filter(&sel, sid, nchunks);
@@ -76,9 +76,9 @@ static bool wh__insert_chunks(wh__mongo_t *m, mongoc_collection_t *c, int64_t si
     return ok;
 }
 
-static bool wh__insert_manifest(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t pos, int64_t sid,
-                                uint64_t nchunks, uint64_t data_len, uint64_t cb,
-                                const unsigned char *hdr, uint64_t hlen, bool *won, wh_err_t *err) {
+bool wh__insert_manifest(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t pos, int64_t sid,
+                         uint64_t nchunks, uint64_t data_len, uint64_t cb, const unsigned char *hdr,
+                         uint64_t hlen, bool *won, wh_err_t *err) {
     bson_t d = BSON_INITIALIZER;
     BSON_APPEND_INT32(&d, "_id", (int32_t)pos);
     BSON_APPEND_INT64(&d, "s", sid);
@@ -133,17 +133,13 @@ static bool wh__claim(wh__mongo_t *m, mongoc_collection_t *c, uint64_t *pos, wh_
     return true;
 }
 
-/* Positions 0..swap_cap-1 without a manifest: picks one at random into
- * *hole; *nholes 0 when the generation is full. */
-static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hole, uint64_t *nholes,
-                          wh_err_t *err) {
+bool wh__positions(wh__mongo_t *m, mongoc_collection_t *c, unsigned char *have, const char *what,
+                   wh_err_t *err) {
     uint32_t cap = m->base.cfg.swap_cap;
-    unsigned char *have = calloc(cap, 1);
-    if (!have) return wh_err_set(err, WH_E_SYS, "out of memory");
     bson_t *filter = BCON_NEW("_id", "{", "$gte", BCON_INT32(0), "$lt", BCON_INT64(cap), "}");
     bson_t *opts =
         BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}", "batchSize", BCON_INT32(100000));
-    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(mc, filter, opts, NULL);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, filter, opts, NULL);
     const bson_t *doc;
     while (mongoc_cursor_next(cur, &doc)) {
         int64_t p;
@@ -151,10 +147,21 @@ static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hol
     }
     bson_error_t e;
     bool ok = true;
-    if (mongoc_cursor_error(cur, &e)) ok = wh__merr(m, err, &e, "list committed positions");
+    if (mongoc_cursor_error(cur, &e)) ok = wh__merr(m, err, &e, "%s", what);
     mongoc_cursor_destroy(cur);
     bson_destroy(filter);
     bson_destroy(opts);
+    return ok;
+}
+
+/* Positions 0..swap_cap-1 without a manifest: picks one at random into
+ * *hole; *nholes 0 when the generation is full. */
+static bool wh__find_hole(wh__mongo_t *m, mongoc_collection_t *mc, uint32_t *hole, uint64_t *nholes,
+                          wh_err_t *err) {
+    uint32_t cap = m->base.cfg.swap_cap;
+    unsigned char *have = calloc(cap, 1);
+    if (!have) return wh_err_set(err, WH_E_SYS, "out of memory");
+    bool ok = wh__positions(m, mc, have, "list committed positions", err);
     if (ok) {
         uint64_t n = 0;
         for (uint32_t i = 0; i < cap; i++) n += !have[i];
@@ -183,25 +190,54 @@ bool wh__grow(unsigned char **buf, uint64_t *cap, uint64_t need, wh_err_t *err) 
     return true;
 }
 
+bool wh__encode(wh__mongo_t *m, const wh_array_t *arr, int n, uint64_t pv, wh_sample_meta_t *meta,
+                uint64_t *nchunks, wh_err_t *err) {
+    const wh_schema_t *schema = &m->base.cfg.schema;
+    if (!wh_sample_plan(schema, arr, n, meta, err)) return false;
+    meta->params_version = pv;
+    if (!wh__grow(&m->buf, &m->buf_cap, meta->total_size, err)) return false;
+    if (!wh_sample_encode(m->buf, m->buf_cap, schema, arr, meta, false, err)) return false;
+    const uint64_t len = meta->total_size - meta->header_size, cb = m->chunk_bytes;
+    *nchunks = (len + cb - 1) / cb;
+    if (*nchunks > WH__MAX_CHUNKS)
+        return wh_err_set(err, WH_E_TOOBIG,
+                          "sample of %llu bytes needs %llu chunks of CHUNKSIZE %llu bytes, more "
+                          "than the %u a sample may have; raise CHUNKSIZE",
+                          (unsigned long long)len, (unsigned long long)*nchunks,
+                          (unsigned long long)cb, WH__MAX_CHUNKS);
+    return true;
+}
+
+bool wh__write_chunks(wh__mongo_t *m, mongoc_collection_t *c, const wh_sample_meta_t *meta,
+                      uint64_t nchunks, int64_t *sid, wh_err_t *err) {
+    const unsigned char *data = m->buf + meta->header_size;
+    const uint64_t len = meta->total_size - meta->header_size, cb = m->chunk_bytes;
+    bool ok = true, dup = false;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        *sid = (int64_t)(wh__rand64() >> 1) | 1;
+        uint64_t half = (nchunks + 1) / 2;
+        ok = wh__insert_chunks(m, c, *sid, data, len, cb, 0, half, &dup, err);
+        if (ok) {
+            wh_fault_put_midway();
+            ok = wh__insert_chunks(m, c, *sid, data, len, cb, half, nchunks, &dup, err);
+        }
+        if (ok || !dup) break;
+        /* a 63-bit id collided: drop what we wrote and pick another */
+        wh__delete_chunks(m, c, *sid, nchunks, NULL);
+    }
+    if (!ok) wh__delete_chunks(m, c, *sid, nchunks, NULL);
+    return ok;
+}
+
 bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                    wh_put_status_t *status, uint64_t *genp, wh_err_t *err) {
     wh__mongo_t *m = (wh__mongo_t *)st;
     WH_UNUSED(wait_ms); /* never waits: storage is the server's */
     wh_sample_meta_t meta;
-    if (!wh_sample_plan(&st->cfg.schema, arr, n, &meta, err)) return false;
-    meta.params_version = st->put_params;
-    if (!wh__grow(&m->buf, &m->buf_cap, meta.total_size, err)) return false;
-    if (!wh_sample_encode(m->buf, m->buf_cap, &st->cfg.schema, arr, &meta, false, err))
-        return false;
+    uint64_t nchunks = 0;
+    if (!wh__encode(m, arr, n, st->put_params, &meta, &nchunks, err)) return false;
     const uint64_t hlen = meta.header_size, len = meta.total_size - meta.header_size;
-    const uint64_t cb = m->chunk_bytes, nchunks = (len + cb - 1) / cb;
-    if (nchunks > WH__MAX_CHUNKS)
-        return wh_err_set(err, WH_E_TOOBIG,
-                          "sample of %llu bytes needs %llu chunks of CHUNKSIZE %llu bytes, more "
-                          "than the %u a sample may have; raise CHUNKSIZE",
-                          (unsigned long long)len, (unsigned long long)nchunks,
-                          (unsigned long long)cb, WH__MAX_CHUNKS);
-    const unsigned char *data = m->buf + hlen;
+    const uint64_t cb = m->chunk_bytes;
 
     wh__state_t s;
     if (!wh__state_get(m, true, &s, NULL, err)) return wh_err_prefix(err, "put");
@@ -215,25 +251,11 @@ bool wh__mongo_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_m
     }
 
     mongoc_collection_t *c = wh__gen_coll(m, w, false), *mc = wh__gen_coll(m, w, true);
-    bool ok = true, dup = false, accepted = false;
+    bool ok = true, accepted = false;
     int64_t sid = 0;
     /* chunks first, under a fresh sample id: invisible until the manifest */
-    for (int attempt = 0; attempt < 3; attempt++) {
-        sid = (int64_t)(wh__rand64() >> 1) | 1;
-        uint64_t half = (nchunks + 1) / 2;
-        ok = wh__insert_chunks(m, c, sid, data, len, cb, 0, half, &dup, err);
-        if (ok) {
-            wh_fault_put_midway();
-            ok = wh__insert_chunks(m, c, sid, data, len, cb, half, nchunks, &dup, err);
-        }
-        if (ok || !dup) break;
-        /* a 63-bit id collided: drop what we wrote and pick another */
-        wh__delete_chunks(m, c, sid, nchunks, NULL);
-    }
-    if (!ok) {
-        wh__delete_chunks(m, c, sid, nchunks, NULL);
-        goto out;
-    }
+    ok = wh__write_chunks(m, c, &meta, nchunks, &sid, err);
+    if (!ok) goto out;
 
     uint64_t pos = 0;
     ok = wh__claim(m, c, &pos, err);

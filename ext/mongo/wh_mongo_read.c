@@ -23,7 +23,8 @@ static bool wh__missing(wh__mongo_t *m, uint64_t gen, uint32_t pos, const char *
     wh__state_t s;
     bool exists = false;
     if (!wh__state_get(m, false, &s, &exists, err)) return false;
-    if (!exists || (gen != s.read_gen && gen != s.retiring)) return wh_store_err_gone(err, gen);
+    if (!exists || (gen != s.read_gen && gen != s.retiring && !wh__spec_holds(&s.spec, gen)))
+        return wh_store_err_gone(err, gen);
     return wh_err_set(err, WH_E_CORRUPT, "generation %llu position %u: %s", (unsigned long long)gen,
                       pos, what);
 }

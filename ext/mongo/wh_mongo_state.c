@@ -120,6 +120,7 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh
         BSON_APPEND_ARRAY_BEGIN(&init, "history", &hist);
         bson_append_array_end(&init, &hist);
         wh__append_schema(&init, &m->base.cfg);
+        wh__spec_append(&init, &m->base.cfg);
         BSON_APPEND_INT64(&init, "created_ns", (int64_t)wh_now_real_ns());
         bson_error_t e;
         if (!mongoc_collection_insert_one(c, &init, NULL, NULL, &e) && !wh__is_dup(&e))
@@ -130,12 +131,13 @@ bool wh__state_get(wh__mongo_t *m, bool create, wh__state_t *s, bool *exists, wh
     if (ok && create && !found)
         ok = wh_err_set(err, WH_E_INTERNAL, "store state document keeps disappearing at %s",
                         m->where);
-    if (ok && found) ok = wh__check_schema(m, &doc, err);
+    if (ok && found) ok = wh__check_schema(m, &doc, err) && wh__spec_check(m, &doc, err);
     if (ok) {
         if (found)
             wh__parse_state(&doc, s);
         else
             memset(s, 0, sizeof *s);
+        if (found) ok = wh__spec_parse(m, &doc, &s->spec, err);
         if (found && (s->write_gen == 0 || s->read_gen >= s->write_gen))
             ok = wh_err_set(err, WH_E_CORRUPT,
                             "collection prefix '%s' at %s: state document "

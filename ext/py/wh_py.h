@@ -25,21 +25,21 @@
  * as any of its objects. */
 typedef struct {
     PyObject *base, *value, *schema, *gone, *corrupt, *nospace, *toobig, *timeout, *unavail,
-        *notfound, *nostore, *lease, *pinned, *cuda;
+        *notfound, *nostore, *lease, *pinned, *cuda, *specfail;
     PyTypeObject *array, *store, *loader, *map, *ring, *stage, *hasher;
     /* the named records results come in (struct sequences: still tuples) */
     PyTypeObject *rec_put, *rec_read, *rec_copy, *rec_layout, *rec_batch, *rec_items, *rec_resume,
-        *rec_fill, *rec_backend, *rec_shm_files;
+        *rec_fill, *rec_backend, *rec_shm_files, *rec_claim;
 } wh_py_state_t;
 
 /* one X() per field, laid out by hand */
 /* clang-format off */
 #define WH_PY_STATE_FIELDS(X)                                                                 \
     X(base) X(value) X(schema) X(gone) X(corrupt) X(nospace) X(toobig) X(timeout) X(unavail) \
-    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(array) X(store) X(loader) X(map) X(ring) X(stage) \
+    X(notfound) X(nostore) X(lease) X(pinned) X(cuda) X(specfail) X(array) X(store) X(loader) X(map) X(ring) X(stage) \
     X(hasher) \
     X(rec_put) X(rec_read) X(rec_copy) X(rec_layout) X(rec_batch) X(rec_items) X(rec_resume) X(rec_fill) \
-    X(rec_backend) X(rec_shm_files)
+    X(rec_backend) X(rec_shm_files) X(rec_claim)
 /* clang-format on */
 
 static inline wh_py_state_t *wh_py_mstate(PyObject *module) {
@@ -103,6 +103,11 @@ int wh_py_store_call(wh_py_state_t *S, PyObject *store,
                      bool (*fn)(wh_store_t *, void *, wh_err_t *), void *ctx, bool *ok,
                      wh_err_t *err);
 
+/* A sample's arrays (a sequence of (buffer, dtype_code)) into views and arr
+ * (WH_MAX_FIELDS each): the number of fields, whose views the caller
+ * releases, or -1 with an exception set and nothing held (wh_py_store.c). */
+int wh_py_arrays_get(wh_py_state_t *S, PyObject *arrays, Py_buffer *views, wh_array_t *arr);
+
 /* The cut-over for rows copied straight from a store at uri into *min (0:
  * none, and why says why): the registered path where the store is a mapping
  * this process can register; WIREHEAD_GPU_DIRECT_MIN_ROW sets it in bytes,
@@ -138,5 +143,6 @@ int wh_py_plan_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_map_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_hash_exec(PyObject *m, wh_py_state_t *S);
 int wh_py_ring_exec(PyObject *m, wh_py_state_t *S);
+int wh_py_spec_exec(PyObject *m, wh_py_state_t *S);
 
 #endif

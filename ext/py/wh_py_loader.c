@@ -169,14 +169,18 @@ static bool wh__loader_ok(wh__pyloader_t *self) {
     return true;
 }
 
-static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args) {
+static PyObject *wh__loader_start(wh__pyloader_t *self, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_tstate(self);
-    unsigned long long epoch, start, gen;
-    if (!PyArg_ParseTuple(args, "KKK", &epoch, &start, &gen) || !wh__loader_ok(self)) return NULL;
+    static char *kwlist[] = {"epoch", "start", "generation", "spec_gen", NULL};
+    unsigned long long epoch, start, gen, spec_gen = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KKK|$K", kwlist, &epoch, &start, &gen, &spec_gen) ||
+        !wh__loader_ok(self))
+        return NULL;
     wh_err_t err = {0};
     bool ok;
     WH_PY_CALL(self, ld, ok, &err,
                (self->feed ? wh_gpu_feed_reset(self->feed) : (void)0,
+                wh_loader_set_spec(self->ld, spec_gen),
                 wh_loader_start(self->ld, epoch, start, gen, &err)));
     if (!ok) return wh_py_raise(S, &err);
     Py_RETURN_NONE;
@@ -287,8 +291,9 @@ static PyObject *wh__loader_close(wh__pyloader_t *self, PyObject *unused) {
 }
 
 static PyMethodDef wh__loader_methods[] = {
-    {"start", (PyCFunction)wh__loader_start, METH_VARARGS,
-     "start(epoch, start_batch, generation): begin an epoch (generation 0: newest)"},
+    {"start", (PyCFunction)(void (*)(void))wh__loader_start, METH_VARARGS | METH_KEYWORDS,
+     "start(epoch, start_batch, generation, *, spec_gen=0): begin an epoch (generation 0: "
+     "newest; spec mode: generation holds spec generation spec_gen)"},
     {"next", (PyCFunction)wh__loader_next, METH_NOARGS,
      "next batch: LoaderBatch(fields, is_pad, generation, position, batch_index, any_pad), or None "
      "at the epoch's end"},

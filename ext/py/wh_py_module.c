@@ -46,6 +46,8 @@ static int wh__add_excs(PyObject *m, wh_py_state_t *S) {
     WH__SUB(lease, "LeaseLostError", NULL, "This manager does not hold the manager lease.");
     WH__SUB(pinned, "PinLimitError", NULL,
             "A store-backed view would break the pin policy; read a copy instead.");
+    WH__SUB(specfail, "SpecFailedError", NULL,
+            "Spec mode: a sample index failed every attempt (docs/reproducible.md).");
 #undef WH__SUB
     return 0;
 }
@@ -54,7 +56,8 @@ static int wh__exec(PyObject *m) {
     wh_py_state_t *S = wh_py_mstate(m);
     if (wh_py_store_exec(m, S) < 0 || wh_py_loader_exec(m, S) < 0 || wh_py_map_exec(m, S) < 0 ||
         wh_py_array_exec(m, S) < 0 || wh__add_excs(m, S) < 0 || wh_py_cuda_exec(m, S) < 0 ||
-        wh_py_plan_exec(m, S) < 0 || wh_py_hash_exec(m, S) < 0 || wh_py_ring_exec(m, S) < 0)
+        wh_py_plan_exec(m, S) < 0 || wh_py_hash_exec(m, S) < 0 || wh_py_ring_exec(m, S) < 0 ||
+        wh_py_spec_exec(m, S) < 0)
         return -1;
     PyObject *d = PyDict_New();
     for (int i = 1; d && i < WH_DT_MAX_; i++) {

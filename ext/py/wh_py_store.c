@@ -86,43 +86,33 @@ static PyObject *wh__store_close(wh__pystore_t *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* put(arrays, wait_ms=100): arrays is a sequence of (buffer, dtype_code). */
-static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw) {
-    wh_py_state_t *S = wh_py_tstate(self);
-    static char *kwlist[] = {"arrays", "wait_ms", NULL};
-    PyObject *arrays;
-    unsigned int wait_ms = 100;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|I", kwlist, &arrays, &wait_ms)) return NULL;
-    if (!wh__open(self)) return NULL;
+int wh_py_arrays_get(wh_py_state_t *S, PyObject *arrays, Py_buffer *views, wh_array_t *arr) {
     PyObject *seq = PySequence_Fast(arrays, "arrays must be a sequence");
-    if (!seq) return NULL;
+    if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > WH_MAX_FIELDS) {
         Py_DECREF(seq);
         PyErr_Format(S->value, "sample has %zd fields, at most %d", n, WH_MAX_FIELDS);
-        return NULL;
+        return -1;
     }
-    Py_buffer views[WH_MAX_FIELDS];
-    wh_array_t arr[WH_MAX_FIELDS];
     int got = 0;
-    PyObject *res = NULL;
     for (; got < n; got++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, got), *obj;
         int code;
         if (!PyArg_ParseTuple(item, "Oi;each array must be (buffer, dtype_code)", &obj, &code))
-            goto out;
+            goto fail;
         size_t isz = wh_dtype_size(code);
         if (!isz) {
             PyErr_Format(S->value, "field %d: unknown dtype code %d", got, code);
-            goto out;
+            goto fail;
         }
-        if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto out;
+        if (PyObject_GetBuffer(obj, &views[got], PyBUF_RECORDS_RO) < 0) goto fail;
         Py_buffer *v = &views[got];
         if ((size_t)v->itemsize != isz || v->ndim > WH_MAX_NDIM) {
             PyErr_Format(S->value, "field %d: itemsize %zd or ndim %d does not fit dtype %s", got,
                          v->itemsize, v->ndim, wh_dtype_name(code));
             PyBuffer_Release(v);
-            goto out;
+            goto fail;
         }
         arr[got].dtype = code;
         arr[got].ndim = v->ndim;
@@ -139,21 +129,35 @@ static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw
             }
         }
     }
-    {
-        wh_err_t err = {0};
-        wh_put_status_t status = WH_PUT_WAIT;
-        uint64_t gen = 0;
-        bool ok;
-        WH_PY_CALL(self, st, ok, &err,
-                   wh_store_put(self->st, arr, (int)n, wait_ms, &status, &gen, &err));
-        res = ok ? wh_py_record(S->rec_put, 2, PyLong_FromLong((long)status),
-                                PyLong_FromUnsignedLongLong(gen))
-                 : wh_py_raise(S, &err);
-    }
-out:
+    Py_DECREF(seq);
+    return got;
+fail:
     for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
     Py_DECREF(seq);
-    return res;
+    return -1;
+}
+
+/* put(arrays, wait_ms=100): arrays is a sequence of (buffer, dtype_code). */
+static PyObject *wh__store_put(wh__pystore_t *self, PyObject *args, PyObject *kw) {
+    wh_py_state_t *S = wh_py_tstate(self);
+    static char *kwlist[] = {"arrays", "wait_ms", NULL};
+    PyObject *arrays;
+    unsigned int wait_ms = 100;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|I", kwlist, &arrays, &wait_ms)) return NULL;
+    if (!wh__open(self)) return NULL;
+    Py_buffer views[WH_MAX_FIELDS];
+    wh_array_t arr[WH_MAX_FIELDS];
+    int n = wh_py_arrays_get(S, arrays, views, arr);
+    if (n < 0) return NULL;
+    wh_err_t err = {0};
+    wh_put_status_t status = WH_PUT_WAIT;
+    uint64_t gen = 0;
+    bool ok;
+    WH_PY_CALL(self, st, ok, &err, wh_store_put(self->st, arr, n, wait_ms, &status, &gen, &err));
+    for (int i = 0; i < n; i++) PyBuffer_Release(&views[i]);
+    return ok ? wh_py_record(S->rec_put, 2, PyLong_FromLong((long)status),
+                             PyLong_FromUnsignedLongLong(gen))
+              : wh_py_raise(S, &err);
 }
 
 static PyObject *wh__store_lead(wh__pystore_t *self, PyObject *unused) {
@@ -338,25 +342,31 @@ static PyObject *wh__store_read(wh__pystore_t *self, PyObject *args, PyObject *k
     return out;
 }
 
-/* Arguments (gen, pos, want=None, timeout=60.0, skip=True) of read_sample
- * and view_sample. */
+/* Arguments (gen, pos, want=None, timeout=60.0, skip=True, spec_gen=None)
+ * of read_sample and view_sample; spec_gen: spec mode's exact read of that
+ * spec generation (gen 0: located first). */
 static bool wh__parse_at(wh__pystore_t *self, PyObject *args, PyObject *kw, wh_read_at_t *at,
                          uint32_t *mask, double *timeout) {
     wh_py_state_t *S = wh_py_tstate(self);
-    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", NULL};
+    static char *kwlist[] = {"gen", "pos", "want", "timeout", "skip", "spec_gen", NULL};
     unsigned long long gen;
     unsigned int pos;
-    PyObject *want = Py_None;
+    PyObject *want = Py_None, *spec_gen = Py_None;
     int skip = 1;
     *timeout = 60.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp", kwlist, &gen, &pos, &want, timeout,
-                                     &skip) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KI|Odp$O", kwlist, &gen, &pos, &want, timeout,
+                                     &skip, &spec_gen) ||
         !wh__open(self) || !wh__want_mask(S, self->nfields, want, mask))
         return false;
     memset(at, 0, sizeof *at);
     at->gen = gen;
     at->pos = pos;
     at->strict = !skip;
+    if (spec_gen != Py_None) {
+        at->exact = true;
+        at->spec_gen = PyLong_AsUnsignedLongLong(spec_gen);
+        if (PyErr_Occurred()) return false;
+    }
     return true;
 }
 

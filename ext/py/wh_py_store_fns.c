@@ -28,8 +28,9 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     static char *kwlist[] = {
         "uri",    "swap_cap",   "fields",    "byte_budget",       "chunk_bytes",
         "dbname", "prefix",     "lease_s",   "connect_timeout_s", "verify_reads",
-        "create", "min_params", "origin_id", "origin_name",       NULL};
-    PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None;
+        "create", "min_params", "origin_id", "origin_name",       "run_seed",
+        NULL};
+    PyObject *uri, *fields, *dbname = Py_None, *prefix = Py_None, *run_seed = Py_None;
     PyObject *origin_id = Py_None, *origin_name = Py_None;
     unsigned long swap_cap = 0;
     unsigned long long byte_budget = WH_BYTE_BUDGET_AUTO, chunk_bytes = WH_MONGO_CHUNK_DEFAULT;
@@ -37,10 +38,10 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     int verify = 1, create = 1;
     unsigned long long min_params = 0;
     memset(out, 0, sizeof *out);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppKOO", kwlist, &uri, &swap_cap, &fields,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UkO|KKOOddppKOOO", kwlist, &uri, &swap_cap, &fields,
                                      &byte_budget, &chunk_bytes, &dbname, &prefix, &lease_s,
                                      &connect_timeout_s, &verify, &create, &min_params, &origin_id,
-                                     &origin_name))
+                                     &origin_name, &run_seed))
         return false;
     out->keep = PyList_New(0);
     if (!out->keep) return false;
@@ -72,6 +73,15 @@ bool wh_py_parse_cfg(wh_py_state_t *S, PyObject *args, PyObject *kw, wh_py_cfgbu
     c->verify_reads = verify;
     c->no_create = !create;
     c->min_params = min_params;
+    if (run_seed != Py_None) { /* spec mode: an int in 0..2^64-1 */
+        c->spec = true;
+        c->run_seed = PyLong_Check(run_seed) ? PyLong_AsUnsignedLongLong(run_seed) : 0;
+        if (!PyLong_Check(run_seed) || PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_SetString(S->value, "RUN_SEED must be an integer in 0..2**64-1");
+            goto fail;
+        }
+    }
     PyObject *seq = PySequence_Fast(fields, "fields must be a sequence of names");
     if (!seq) goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -190,11 +200,12 @@ static PyObject *wh__backend_of(PyObject *m, PyObject *arg) {
     wh_err_t err = {0};
     if (!wh_store_backend_of(uri, &b, &err)) return wh_py_raise(S, &err);
     return wh_py_record(
-        S->rec_backend, 9, PyUnicode_FromString(b.scheme), PyUnicode_FromString(b.backend),
+        S->rec_backend, 10, PyUnicode_FromString(b.scheme), PyUnicode_FromString(b.backend),
         PyBool_FromLong(b.caps & WH_CAP_VIEWS), PyBool_FromLong(b.caps & WH_CAP_PINS),
         PyBool_FromLong(b.caps & WH_CAP_MAPPABLE), PyBool_FromLong(b.caps & WH_CAP_PARAMS_FILE),
         PyBool_FromLong(b.caps & WH_CAP_RELAY_SOURCE),
-        PyBool_FromLong(b.caps & WH_CAP_RELAY_TARGET), wh_py_str_or_none(b.name));
+        PyBool_FromLong(b.caps & WH_CAP_RELAY_TARGET), wh_py_str_or_none(b.name),
+        PyBool_FromLong(b.caps & WH_CAP_SPEC));
 }
 
 /* shm_check_name(name): raises the name rule's error. */
@@ -221,16 +232,17 @@ static PyObject *wh__shm_files(PyObject *m, PyObject *arg) {
                         PyUnicode_FromString(WH_SHMFILE_DIR "/" WH_SHMFILE_RING));
 }
 
-/* shm_segment_bytes(swap_cap, byte_budget) -> the /dev/shm bytes a
- * segment of that geometry reserves. */
+/* shm_segment_bytes(swap_cap, byte_budget, spec=False) -> the /dev/shm
+ * bytes a segment of that geometry reserves (spec: a spec-mode store). */
 static PyObject *wh__shm_segment_bytes(PyObject *m, PyObject *args) {
     wh_py_state_t *S = wh_py_mstate(m);
     unsigned long long cap, budget;
-    if (!PyArg_ParseTuple(args, "KK", &cap, &budget)) return NULL;
+    int spec = 0;
+    if (!PyArg_ParseTuple(args, "KK|p", &cap, &budget, &spec)) return NULL;
     wh_err_t err = {0};
     uint64_t total = 0;
     if (!wh_swap_cap_check(cap, "SWAP_CAP", &err) ||
-        !wh_shm_segment_bytes((uint32_t)cap, budget, &total, &err))
+        !wh_shm_segment_bytes((uint32_t)cap, budget, spec, &total, &err))
         return wh_py_raise(S, &err);
     return PyLong_FromUnsignedLongLong(total);
 }
@@ -273,7 +285,8 @@ static PyMethodDef wh__store_functions[] = {
     {"shm_files", wh__shm_files, METH_O,
      "shm_files(name) -> ShmFiles: the /dev/shm paths of an shm store's files"},
     {"shm_segment_bytes", wh__shm_segment_bytes, METH_VARARGS,
-     "shm_segment_bytes(swap_cap, byte_budget) -> bytes of /dev/shm such a segment reserves"},
+     "shm_segment_bytes(swap_cap, byte_budget, spec=False) -> bytes of /dev/shm such a "
+     "segment reserves"},
     {"shm_origin", wh__shm_origin, METH_VARARGS,
      "shm_origin(name): the source an shm store's segment records, or None"},
     {"guard_step_aside", wh__guard_step_aside, METH_NOARGS,
@@ -358,6 +371,7 @@ static PyStructSequence_Field wh__backend_fields[] = {
     {"relay_target", "a relay can copy into it: a LOCAL_CACHE copy"},
     {"name", "the store's name after the scheme, for a backend whose stores are named "
              "locally (not checked: shm_check_name); None where the URI is a server's address"},
+    {"spec", "spec mode: claims, puts at a position (RUN_SEED, docs/reproducible.md)"},
     {NULL, NULL},
 };
 
@@ -365,7 +379,7 @@ static PyStructSequence_Desc wh__backend_desc = {
     "wirehead_torch._C.Backend",
     "What the scheme table says of a URI's scheme (backend_of).",
     wh__backend_fields,
-    9,
+    10,
 };
 
 static PyStructSequence_Field wh__shm_files_fields[] = {

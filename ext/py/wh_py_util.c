@@ -22,6 +22,7 @@ PyObject *wh_py_raise(wh_py_state_t *S, const wh_err_t *err) {
     case WH_E_LEASE: cls = S->lease; break;
     case WH_E_PINNED: cls = S->pinned; break;
     case WH_E_CUDA: cls = S->cuda; break;
+    case WH_E_SPECFAIL: cls = S->specfail; break;
     default: break;
     }
     PyErr_SetString(cls, err->message[0] ? err->message : "wirehead_torch: unknown error");

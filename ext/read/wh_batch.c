@@ -257,6 +257,8 @@ bool wh_batch_fill(const wh_batch_fill_t *rq, uint64_t gen, wh_batch_t *b, void 
         memset(&at, 0, sizeof at);
         at.gen = gen;
         at.strict = rq->strict;
+        at.exact = rq->exact;
+        at.spec_gen = rq->spec_gen;
         rq->at(rq->at_ctx, i, &at.pos, &pad);
         c.i = i;
         wh_sample_meta_t meta;

@@ -57,6 +57,10 @@ typedef struct {
     double timeout_s;
     const bool *stop; /* may be NULL */
     bool strict;      /* a corrupt sample is an error naming it, not skipped */
+    /* spec mode: the generation read holds spec generation spec_gen, read
+     * exactly (wh_read_at_t.exact): never replaced by the newest */
+    bool exact;
+    uint64_t spec_gen;
     /* row i's position and whether the plan pads it */
     void (*at)(void *ctx, uint32_t i, uint32_t *pos, bool *pad);
     void *at_ctx;

@@ -55,6 +55,7 @@ struct wh_loader {
     wh_plan_perm_t perm;
     uint64_t steps, nbatches, next_assign, next_deliver;
     uint64_t gen, start_gen;
+    uint64_t spec_gen; /* spec mode: what gen holds (wh_loader_set_spec) */
     wh__lslot_t **slots;
     uint32_t nslots, cap_slots;
     wh_store_t *main_store;
@@ -210,7 +211,9 @@ static bool wh__fill(wh_loader_t *ld, wh_store_t *st, wh__lslot_t *s, uint64_t i
                           .at = wh__plan_at,
                           .at_ctx = &pc,
                           .mem = wh__slot_mem,
-                          .mem_ctx = s};
+                          .mem_ctx = s,
+                          .exact = ld->cfg.store.spec,
+                          .spec_gen = ld->spec_gen};
     wh__slot_views_drop(s);
     if (s->views && __atomic_load_n(&ld->direct, __ATOMIC_ACQUIRE)) {
         rq.views = s->views;
@@ -355,6 +358,12 @@ wh_loader_t *wh_loader_new(const wh_loader_config_t *cfg, wh_err_t *err) {
 uint64_t wh_loader_batches(const wh_loader_t *ld) { return ld->nbatches; }
 uint64_t wh_loader_items(const wh_loader_t *ld) { return ld->steps; }
 uint64_t wh_loader_generation(const wh_loader_t *ld) { return ld->start_gen; }
+
+void wh_loader_set_spec(wh_loader_t *ld, uint64_t spec_gen) {
+    pthread_mutex_lock(&ld->mu);
+    ld->spec_gen = spec_gen;
+    pthread_mutex_unlock(&ld->mu);
+}
 
 bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint64_t gen,
                      wh_err_t *err) {

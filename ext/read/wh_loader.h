@@ -77,6 +77,10 @@ uint64_t wh_loader_items(const wh_loader_t *ld);
  * cfg.timeout_s for the first generation. Abandons any previous epoch. */
 bool wh_loader_start(wh_loader_t *ld, uint64_t epoch, uint64_t start_batch, uint64_t gen,
                      wh_err_t *err);
+/* Spec mode (docs/reproducible.md): the next wh_loader_start's generation
+ * holds spec generation spec_gen, read exactly (a lost one is waited for
+ * where it is made again, never replaced by the newest). */
+void wh_loader_set_spec(wh_loader_t *ld, uint64_t spec_gen);
 /* Next batch in order: true with *out filled, or true with *done at the end
  * of the epoch, or true with neither after wait_ms (call again), or false
  * on an error (the epoch cannot go on). */

@@ -63,6 +63,15 @@ static bool wh__params_version(wh_store_t *st, uint64_t *version, wh_err_t *err)
     return wh_pfile_version(((wh__shm_t *)st)->pfile, version, err);
 }
 
+/* A spec store's seal only completes what its last put left (its
+ * generations seal themselves, docs/reproducible.md). */
+static bool wh__seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
+    wh__shm_t *s = (wh__shm_t *)st;
+    if (!wh__shm_ready(s, NULL, 0, err)) return false;
+    if (s->hdr->spec) return wh__shm_spec_seal_full(st, sealed, info, err);
+    return wh__shm_seal(st, sealed, info, err);
+}
+
 const wh_store_ops_t wh_shm_ops = {
     .name = "shm",
     .flags = WH_CAP_PARAMS_FILE,
@@ -71,7 +80,7 @@ const wh_store_ops_t wh_shm_ops = {
     .put = wh__shm_put,
     .lead = wh__shm_lead,
     .resign = wh__shm_resign,
-    .seal = wh__shm_seal,
+    .seal = wh__seal,
     .current = wh__shm_current,
     .read = wh__shm_read,
     .status = wh__shm_status,
@@ -92,4 +101,12 @@ const wh_store_ops_t wh_shm_ops = {
     .mirror_begin = wh__shm_mirror_begin,
     .mirror_reserve = wh__shm_mirror_reserve,
     .mirror_commit = wh__shm_mirror_commit,
+    .spec_claim = wh__shm_spec_claim,
+    .spec_renew = wh__shm_spec_renew,
+    .spec_fail = wh__shm_spec_fail,
+    .spec_put = wh__shm_spec_put,
+    .spec_locate = wh__shm_spec_locate,
+    .spec_need = wh__shm_spec_need,
+    .spec_params = wh__shm_spec_params,
+    .spec_status = wh__shm_spec_status,
 };

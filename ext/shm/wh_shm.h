@@ -40,9 +40,11 @@ bool wh_shm_files(const char *name, wh_shm_files_t *out, wh_err_t *err);
 bool wh_shm_origin(const char *name, bool *found, char *id, char *oname, wh_err_t *err);
 
 /* Bytes of /dev/shm a segment reserves: the header, an index of SWAP_CAP
- * entries per area, and WH_SHM_AREAS areas of byte_budget (each rounded up
- * to whole pages). False (WH_E_INVALID) when that overflows. */
-bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, uint64_t *total, wh_err_t *err);
+ * entries per area, a spec store's claims and params copies (spec mode),
+ * and WH_SHM_AREAS areas of byte_budget (each rounded up to whole pages).
+ * False (WH_E_INVALID) when that overflows. */
+bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, bool spec, uint64_t *total,
+                          wh_err_t *err);
 
 /* Byte offsets inside a segment, for tests and fuzzers that forge damage
  * (the layout is private to the shm files). */

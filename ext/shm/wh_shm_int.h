@@ -89,7 +89,33 @@ typedef struct {
     uint32_t npinners;
     uint32_t pad;
     wh__pin_t pins[WH__MAX_PINNERS];
+    /* spec mode (wh_shm_spec.c): the spec generation this area holds, + 1
+     * (0: none), and its state; meaningful only while gen is not 0 */
+    uint64_t spec_label;
+    uint32_t spec_state;  /* WH__SPEC_OPEN or WH__SPEC_SEALED */
+    uint32_t spec_failed; /* position + 1 of an index that failed every attempt (0: none) */
+    uint64_t spec_pv;     /* the params version in force for it */
+    uint32_t spec_pv_len; /* bytes of that document's copy in the spec region */
+    uint32_t spec_pad;
+    char spec_why[WH_ERR_LEN]; /* the failure, in words */
 } wh__slot_t;
+
+#define WH__SPEC_OPEN 1u
+#define WH__SPEC_SEALED 2u
+
+/* One position's claim in the spec region (per area, SWAP_CAP of them). */
+typedef struct {
+    int32_t pid;        /* the last claimer (0: never claimed) */
+    uint32_t attempts;  /* claims so far */
+    uint64_t token;     /* the last claim's */
+    uint64_t expiry_ns; /* CLOCK_REALTIME: the lease's end; renewals push it */
+    uint32_t state;     /* WH__CLAIM_* */
+    uint32_t pad;
+} wh__claim_t;
+
+#define WH__CLAIM_FREE 0u /* never claimed, or given back after fn failed */
+#define WH__CLAIM_HELD 1u
+#define WH__CLAIM_DONE 2u
 
 typedef struct {
     uint64_t off, size;
@@ -101,6 +127,7 @@ typedef struct {
     uint64_t token; /* atomic: claimed by compare-and-swap */
     int64_t pid;
     uint64_t gen, reads, gen_reads, start_ns, beat_ns;
+    uint64_t need; /* spec mode: the lowest spec generation it still needs, + 1 (0: none) */
 } wh__beat_t;
 
 #define WH__MAX_READERS 128
@@ -140,6 +167,14 @@ typedef struct {
     char origin_id[WH_ORIGIN_ID_LEN];
     char origin_name[WH_ORIGIN_NAME_LEN];
     uint64_t last_put_ns; /* atomic: CLOCK_REALTIME of the newest put, accepted or not */
+    /* spec mode (docs/reproducible.md), set at creation; 0 in other stores */
+    uint32_t spec;
+    uint32_t spec_pad;
+    uint64_t run_seed;
+    uint64_t spec_off;    /* the spec region: claims, then params copies, per area */
+    uint64_t spec_floor;  /* atomic: the lowest spec generation kept when no reader says */
+    uint64_t spec_dups;   /* atomic: spec puts dropped, another of the index won */
+    uint64_t spec_nondet; /* atomic: those whose bytes differed */
 } wh__hdr_t;
 
 /* The segment's mappings, shared by the handle and every live view, so a
@@ -188,6 +223,7 @@ typedef struct {
     uint64_t mirror_off, mirror_size; /* a relay's reservation for the next position */
     bool dma_views;                   /* views held for a device copy (wh_store_set_dma_views) */
     wh_pfile_t *pfile;                /* the params side file */
+    uint64_t spec_off;                /* the spec region (0: not a spec store) */
     /* the config's origin (a node-local copy's source), kept for every attach */
     char origin_id[WH_ORIGIN_ID_LEN];
     char origin_name[WH_ORIGIN_NAME_LEN];
@@ -217,6 +253,21 @@ static inline char *wh__data(const wh__shm_t *s, int slot) {
     return (char *)s->hdr + s->data_off + (size_t)slot * s->slot_bytes;
 }
 
+/* spec mode: an area's claims, and its copy of the params document */
+static inline wh__claim_t *wh__claims(const wh__shm_t *s, int slot) {
+    return (wh__claim_t *)((char *)s->hdr + s->spec_off) + (size_t)slot * s->swap_cap;
+}
+static inline char *wh__spec_params_copy(const wh__shm_t *s, int slot) {
+    return (char *)s->hdr + s->spec_off + (size_t)WH_SHM_AREAS * s->swap_cap * sizeof(wh__claim_t) +
+           (size_t)slot * WH_PARAMS_MAX;
+}
+/* bytes of the spec region of a store of swap_cap (0 where not spec) */
+static inline uint64_t wh__spec_bytes(uint32_t swap_cap, bool spec) {
+    return spec
+               ? (uint64_t)WH_SHM_AREAS * ((uint64_t)swap_cap * sizeof(wh__claim_t) + WH_PARAMS_MAX)
+               : 0;
+}
+
 /* wh_shm_seg.c */
 bool wh__shm_lock(wh__lock_t *l, double wait_s, wh_err_t *err);
 void wh__shm_unlock(wh__lock_t *l);
@@ -237,6 +288,13 @@ bool wh__shm_init(wh__shm_t *s, const wh_store_config_t *cfg, wh_err_t *err);
 bool wh__shm_remove(const wh_store_config_t *cfg, const wh_shm_files_t *f, wh_err_t *err);
 /* wh_shm_put.c */
 void wh__shm_prune_writers(wh__slot_t *sl);
+/* an area's bookkeeping checked before a put trusts it (area lock held) */
+bool wh__shm_slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh_err_t *err);
+/* a put's reservation in an area (area lock held): a writer entry, its
+ * bytes (first fit among holes, else the area's end), its end */
+int wh__shm_take_writer(wh__slot_t *sl, pid_t pid);
+bool wh__shm_reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *off);
+void wh__shm_end_writer(wh__slot_t *sl, int i, bool keep_bytes);
 bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                  wh_put_status_t *ps, uint64_t *gen_out, wh_err_t *err);
 /* wh_shm_view.c */
@@ -265,6 +323,21 @@ bool wh__shm_mirror_begin(wh_store_t *st, uint64_t gen, uint64_t budget, wh_err_
 bool wh__shm_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t size, void **dst,
                             wh_err_t *err);
 bool wh__shm_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err);
+/* wh_shm_spec.c (spec mode, docs/reproducible.md) */
+bool wh__shm_spec_claim(wh_store_t *st, double lease_s, uint32_t max_attempts, wh_claim_t *out,
+                        wh_claim_status_t *status, wh_err_t *err);
+bool wh__shm_spec_renew(wh_store_t *st, const wh_claim_t *c, double lease_s, bool *mine,
+                        wh_err_t *err);
+bool wh__shm_spec_fail(wh_store_t *st, const wh_claim_t *c, uint32_t max_attempts, const char *why,
+                       bool *failed, wh_err_t *err);
+bool wh__shm_spec_put(wh_store_t *st, const wh_claim_t *c, const wh_array_t *arr, int n,
+                      wh_spec_put_t *status, bool *sealed, wh_err_t *err);
+bool wh__shm_spec_locate(wh_store_t *st, uint64_t spec_gen, uint64_t *gen, wh_err_t *err);
+bool wh__shm_spec_need(wh_store_t *st, uint64_t spec_gen, wh_err_t *err);
+bool wh__shm_spec_params(wh_store_t *st, const wh_claim_t *c, char **doc, size_t *len,
+                         wh_err_t *err);
+bool wh__shm_spec_status(wh_store_t *st, wh_spec_status_t *out, wh_err_t *err);
+bool wh__shm_spec_seal_full(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
 /* wh_shm_status.c */
 bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err);
 bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);

@@ -5,7 +5,7 @@
 
 /* An area's bookkeeping checked against the store's own limits before a
  * put trusts it (slot lock held): forged counts or offsets are an error. */
-static bool wh__slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh_err_t *err) {
+bool wh__shm_slot_sane(const wh__shm_t *s, const wh__slot_t *sl, int slot, wh_err_t *err) {
     const char *bad = NULL;
     uint64_t end;
     if (sl->used > s->slot_bytes)
@@ -43,7 +43,7 @@ static void wh__add_hole(wh__slot_t *sl, uint64_t off, uint64_t size) {
     __atomic_store_n(&sl->nholes, n + 1, __ATOMIC_RELEASE);
 }
 
-static void wh__end_writer(wh__slot_t *sl, int i, bool keep_bytes) {
+void wh__shm_end_writer(wh__slot_t *sl, int i, bool keep_bytes) {
     wh__writer_t wr = sl->writers[i];
     __atomic_store_n(&sl->writers[i].pid, 0, __ATOMIC_RELEASE);
     if (sl->nwriters) sl->nwriters--;
@@ -57,14 +57,15 @@ static void wh__end_writer(wh__slot_t *sl, int i, bool keep_bytes) {
 void wh__shm_prune_writers(wh__slot_t *sl) {
     uint32_t n = 0;
     for (int i = 0; i < WH__MAX_WRITERS; i++) {
-        if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid)) wh__end_writer(sl, i, false);
+        if (sl->writers[i].pid && !wh__pid_alive(sl->writers[i].pid))
+            wh__shm_end_writer(sl, i, false);
         n += sl->writers[i].pid != 0;
     }
     sl->nwriters = n;
 }
 
 /* First fit among the holes, else the end of the area. */
-static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *off) {
+bool wh__shm_reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *off) {
     for (uint32_t i = 0; i < sl->nholes; i++) {
         wh__hole_t *h = &sl->holes[i];
         if (h->size < size) continue;
@@ -87,7 +88,7 @@ static bool wh__reserve(wh__slot_t *sl, uint64_t cap, uint64_t size, uint64_t *o
     return true;
 }
 
-static int wh__take_writer(wh__slot_t *sl, pid_t pid) {
+int wh__shm_take_writer(wh__slot_t *sl, pid_t pid) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < WH__MAX_WRITERS; i++) {
             if (!sl->writers[i].pid) {
@@ -145,7 +146,7 @@ bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
             return true;
         }
         if (!wh__shm_lock(&sl->lock, st->cfg.lease_s, err)) return false;
-        if (!wh__slot_sane(s, sl, slot, err)) {
+        if (!wh__shm_slot_sane(s, sl, slot, err)) {
             wh__shm_unlock(&sl->lock);
             return false;
         }
@@ -160,14 +161,14 @@ bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
             *status = WH_PUT_DISCARDED;
             return true;
         }
-        wi = wh__take_writer(sl, s->pid);
+        wi = wh__shm_take_writer(sl, s->pid);
         if (wi >= 0) sl->writers[wi].token = s->token + 2 * ++s->puts;
         bool fits = false;
         if (wi >= 0) {
-            fits = wh__reserve(sl, s->slot_bytes, size, &off);
+            fits = wh__shm_reserve(sl, s->slot_bytes, size, &off);
             if (!fits) {
                 wh__shm_prune_writers(sl);
-                fits = wh__reserve(sl, s->slot_bytes, size, &off);
+                fits = wh__shm_reserve(sl, s->slot_bytes, size, &off);
             }
             if (fits) {
                 sl->writers[wi].off = off;
@@ -203,7 +204,7 @@ bool wh__shm_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
     bool mine = sl->writers[wi].pid == s->pid && sl->writers[wi].token == token;
     /* an entry pruned under us means the bytes may have been handed out again */
     bool commit = mine && ok && wh__ld(&sl->gen) == gen && sl->count < s->swap_cap;
-    if (mine) wh__end_writer(sl, wi, commit);
+    if (mine) wh__shm_end_writer(sl, wi, commit);
     if (commit) {
         wh_sample_set_place(dst, &meta, gen, sl->count); /* before the commit point */
         wh__entry_t *e = &wh__index(s, slot)[sl->count];

@@ -77,6 +77,7 @@ static void wh__geometry(wh__shm_t *s) {
     s->slot_bytes = s->hdr->slot_bytes;
     s->index_off = s->hdr->index_off;
     s->data_off = s->hdr->data_off;
+    s->spec_off = s->hdr->spec ? s->hdr->spec_off : 0;
 }
 
 /* A store name: only characters safe in a file name. */
@@ -162,15 +163,18 @@ int wh__shm_slot_of(const wh__hdr_t *h, uint64_t gen) {
     return -1;
 }
 
-static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, uint64_t *index_off,
-                       uint64_t *data_off, uint64_t *total, wh_err_t *err) {
+/* header, index, the spec region (spec mode only), then the data areas */
+static bool wh__layout(uint32_t swap_cap, uint64_t slot_bytes, bool spec, uint64_t *index_off,
+                       uint64_t *spec_off, uint64_t *data_off, uint64_t *total, wh_err_t *err) {
     uint64_t idx = wh__page_up(sizeof(wh__hdr_t)), idx_bytes, data_bytes, t;
     if (!wh_mul_ok((uint64_t)swap_cap * WH_SHM_AREAS, sizeof(wh__entry_t), &idx_bytes) ||
         !wh_mul_ok(slot_bytes, WH_SHM_AREAS, &data_bytes) ||
-        !wh_add_ok(idx + wh__page_up(idx_bytes), data_bytes, &t))
+        !wh_add_ok(idx + wh__page_up(idx_bytes) + wh__page_up(wh__spec_bytes(swap_cap, spec)),
+                   data_bytes, &t))
         return wh_err_set(err, WH_E_INVALID, "shm store size overflows");
     *index_off = idx;
-    *data_off = idx + wh__page_up(idx_bytes);
+    *spec_off = idx + wh__page_up(idx_bytes);
+    *data_off = *spec_off + wh__page_up(wh__spec_bytes(swap_cap, spec));
     *total = t;
     return true;
 }
@@ -203,8 +207,10 @@ static int wh__create_file(const wh__shm_t *s, const char *path, wh_err_t *err) 
 
 static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     const wh_store_config_t *c = &s->base.cfg;
-    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, data_off = 0, total = 0;
-    if (!wh__layout(c->swap_cap, slot_bytes, &index_off, &data_off, &total, err)) return false;
+    uint64_t slot_bytes = wh__page_up(budget), index_off = 0, spec_off = 0, data_off = 0, total = 0;
+    if (!wh__layout(c->swap_cap, slot_bytes, c->spec, &index_off, &spec_off, &data_off, &total,
+                    err))
+        return false;
     /* (already so unless made by the fallback of wh__create_file) */
     if (!wh__name_creator(s, fd, err)) return false;
     int r = posix_fallocate(fd, 0, (off_t)total);
@@ -249,12 +255,16 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     h->created_ns = wh_now_real_ns();
     memcpy(h->origin_id, s->origin_id, sizeof h->origin_id);
     memcpy(h->origin_name, s->origin_name, sizeof h->origin_name);
-    /* the locks start free: the segment is zero-filled */
-    /* Generation ids start from the wall clock in nanoseconds, so they keep
+    /* the locks start free: the segment is zero-filled.
+     * Generation ids start from the wall clock in nanoseconds, so they keep
      * increasing even when the store is removed and created again (no store
-     * seals faster than once a nanosecond). */
+     * seals faster than once a nanosecond). A spec store opens its first
+     * generation at its first claim. */
     uint64_t g0 = wh_now_real_ns();
-    h->slots[0].gen = g0;
+    h->spec = c->spec;
+    h->run_seed = c->run_seed;
+    h->spec_off = c->spec ? spec_off : 0;
+    h->slots[0].gen = c->spec ? 0 : g0;
     h->write_gen = g0;
     wh__geometry(s);
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
@@ -336,6 +346,31 @@ static bool wh__hdr_origin_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *
     return wh__origin_ok(s->name, s->origin_id, s->origin_name, id, name, err);
 }
 
+/* A spec store (docs/reproducible.md) is opened only by configs of its
+ * RUN_SEED, and a plain store only by configs without one. */
+static bool wh__spec_attach_ok(const wh__shm_t *s, const wh__hdr_t *h, wh_err_t *err) {
+    const wh_store_config_t *c = &s->base.cfg;
+    bool spec = h->spec != 0;
+    if (spec == c->spec && (!spec || h->run_seed == c->run_seed)) return true;
+    const char *name = s->name;
+    if (spec && c->spec)
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "store shm://%s was created with RUN_SEED=%llu; this config has "
+                          "RUN_SEED=%llu (two runs never share a store: clean it or name another "
+                          "STORE)",
+                          name, (unsigned long long)h->run_seed, (unsigned long long)c->run_seed);
+    if (spec)
+        return wh_err_set(err, WH_E_SCHEMA,
+                          "store shm://%s was created with RUN_SEED=%llu (spec mode); this config "
+                          "has no RUN_SEED: give it the same RUN_SEED, or clean the store",
+                          name, (unsigned long long)h->run_seed);
+    return wh_err_set(err, WH_E_SCHEMA,
+                      "store shm://%s was created without RUN_SEED (freshest mode); this config "
+                      "sets RUN_SEED=%llu: remove RUN_SEED, or clean the store (or name another "
+                      "STORE) for a spec-mode run",
+                      name, (unsigned long long)c->run_seed);
+}
+
 /* Waits (bounded) for the creator to finish; maps and checks the store. */
 static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     const wh_store_config_t *c = &s->base.cfg;
@@ -415,7 +450,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         }
         wh_sleep_ms(1);
     }
-    uint64_t index_off = 0, data_off = 0, total = 0;
+    uint64_t index_off = 0, spec_off = 0, data_off = 0, total = 0;
     bool ok = true;
     uint64_t ns = wh__pidns();
     if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
@@ -467,9 +502,12 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             "shm store '%s' was created with SWAP_CAP=%u, config "
             "says %u; use another store name or `wirehead-torch clean` or wt.clean(config)",
             s->name, h->swap_cap, c->swap_cap);
-    } else if (!wh__layout(h->swap_cap, h->slot_bytes, &index_off, &data_off, &total, err) ||
+    } else if (!wh__spec_attach_ok(s, h, err)) {
+        ok = false;
+    } else if (!wh__layout(h->swap_cap, h->slot_bytes, h->spec, &index_off, &spec_off, &data_off,
+                           &total, err) ||
                index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
-               (uint64_t)sb.st_size < total) {
+               (h->spec && spec_off != h->spec_off) || (uint64_t)sb.st_size < total) {
         ok =
             wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent", s->name);
     }
@@ -725,9 +763,11 @@ bool wh__shm_init(wh__shm_t *s, const wh_store_config_t *cfg, wh_err_t *err) {
     return true;
 }
 
-bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, uint64_t *total, wh_err_t *err) {
-    uint64_t index_off, data_off;
-    return wh__layout(swap_cap, wh__page_up(byte_budget), &index_off, &data_off, total, err);
+bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, bool spec, uint64_t *total,
+                          wh_err_t *err) {
+    uint64_t index_off, spec_off, data_off;
+    return wh__layout(swap_cap, wh__page_up(byte_budget), spec, &index_off, &spec_off, &data_off,
+                      total, err);
 }
 
 void wh_shm_layout(wh_shm_layout_t *l) {

@@ -111,6 +111,7 @@ bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err) {
     __atomic_store_n(&e->reads, b->reads, __ATOMIC_RELAXED);
     __atomic_store_n(&e->gen_reads, b->gen_reads, __ATOMIC_RELAXED);
     __atomic_store_n(&e->start_ns, b->start_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->need, b->need, __ATOMIC_RELAXED);
     __atomic_store_n(&e->beat_ns, b->beat_ns, __ATOMIC_RELEASE);
     return true;
 }

@@ -58,6 +58,11 @@ void wh_store_destroy(wh_store_t *st) {
 bool wh_store_put(wh_store_t *st, const wh_array_t *arr, int n, unsigned wait_ms,
                   wh_put_status_t *status, uint64_t *gen, wh_err_t *err) {
     if (!wh_store_here(st, err)) return false;
+    if (st->cfg.spec)
+        return wh_err_set(err, WH_E_INVALID,
+                          "store %s is in spec mode (RUN_SEED=%llu): its generators put through "
+                          "claims, as WireheadGenerator(fn) does with a function of a wt.Spec",
+                          st->uri, (unsigned long long)st->cfg.run_seed);
     return st->ops->put(st, arr, n, wait_ms, status, gen, err);
 }
 
@@ -186,6 +191,35 @@ static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint32_t lost, u
     return wh_store_read(st, gen, pos, a->fn, a->ctx, meta, err);
 }
 
+/* The read policy's exact mode (spec mode): at->spec_gen located again
+ * (its need published first, so it is kept once made), waiting with the
+ * policy's backoff up to timeout_s while it is not sealed. The ops are
+ * called directly: the handle is this process's (wh_store_here passed). */
+static bool wh__spec_relocate(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                              wh_err_t *err) {
+    if (!st->ops->spec_locate || !st->ops->spec_need)
+        return wh_store_lacks(st, WH_CAP_SPEC, "spec mode (RUN_SEED)", err);
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s * 1e9);
+    unsigned ms = WH_READ_BACKOFF_MIN_MS;
+    for (;;) {
+        uint64_t gen = 0;
+        if (!st->ops->spec_need(st, at->spec_gen, err) ||
+            !st->ops->spec_locate(st, at->spec_gen, &gen, err))
+            return false;
+        if (gen) {
+            at->gen = gen;
+            return true;
+        }
+        if ((stop && *stop) || wh_now_mono_ns() >= deadline)
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "spec generation %llu is not sealed after %gs: more generators, "
+                              "or a higher REUSE, keep readers from waiting",
+                              (unsigned long long)at->spec_gen, timeout_s);
+        wh_sleep_ms(ms);
+        ms = ms * 2 > WH_READ_BACKOFF_MAX_MS ? WH_READ_BACKOFF_MAX_MS : ms * 2;
+    }
+}
+
 static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                        const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err);
 
@@ -227,7 +261,11 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     at->gone = at->corrupt = 0;
     at->last_skip[0] = 0;
     if (!wh_store_pos_check(st, at->pos, err)) return false;
-    if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) return false;
+    if (at->exact) {
+        if (!at->gen && !wh__spec_relocate(st, at, timeout_s, stop, err)) return false;
+    } else if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) {
+        return false;
+    }
     /* Ends: each lost race waits (up to timeout_s) for a generation other
      * than the lost one (after at most two immediate retries of a "not
      * sealed" below), so the loop goes on only while the store keeps
@@ -244,6 +282,16 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
             e.code == WH_E_UNAVAIL) {
             at->gone++;
             lost++;
+            if (at->exact) { /* the same spec generation, wherever it is made again */
+                if (lost > WH_READ_EXACT_LOST)
+                    return wh_err_set(err, WH_E_GONE,
+                                      "position %u of spec generation %llu: lost %u races in "
+                                      "a row (%s)",
+                                      at->pos, (unsigned long long)at->spec_gen, lost, e.message);
+                if (!wh__spec_relocate(st, at, timeout_s, stop, err))
+                    return wh_err_prefix(err, "position %u (%s)", at->pos, e.message);
+                continue;
+            }
             /* Not sealed where this handle looked: newer than its segment's
              * newest, as when the segment was made again and the handle has
              * yet to move. Its newest, even the asked one once it has moved,
@@ -257,7 +305,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
             }
             continue;
         }
-        if (e.code == WH_E_CORRUPT && !at->strict) {
+        if (e.code == WH_E_CORRUPT && !at->strict && !at->exact) {
             memcpy(at->last_skip, e.message, sizeof at->last_skip);
             if (++at->corrupt >= cap) {
                 if (err) *err = e;

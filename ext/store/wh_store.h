@@ -59,6 +59,7 @@ bool wh_store_status(wh_store_t *st, wh_status_t *out, wh_err_t *err);
 #define WH_READ_HOLD_AFTER 2     /* lost races before a copy holds its generation */
 #define WH_READ_BACKOFF_MIN_MS 2 /* first wait for a newer generation */
 #define WH_READ_BACKOFF_MAX_MS 100
+#define WH_READ_EXACT_LOST 64 /* spec mode: its generation reclaimed this often in a row */
 
 typedef struct {
     uint64_t gen;     /* in: generation to read (0: the newest); out: the one read */
@@ -68,6 +69,11 @@ typedef struct {
     uint32_t gone;    /* out: reclaims retried */
     uint32_t corrupt; /* out: corrupt samples skipped */
     char last_skip[WH_ERR_LEN]; /* out: why the last sample was skipped */
+    /* in, spec mode: gen holds spec generation spec_gen; a reclaimed gen is
+     * located again (waiting up to timeout_s while it is made again), never
+     * replaced by the newest, and a corrupt sample is an error */
+    bool exact;
+    uint64_t spec_gen;
 } wh_read_at_t;
 
 /* Newest read generation other than newer_than (0: any), waiting with
@@ -160,6 +166,40 @@ bool wh_store_gen_params(wh_store_t *st, uint64_t gen, wh_gen_params_t *out, wh_
  * >= v; a newer read generation that is not gives the last one that was
  * (0 until one is), so waits for one end at their timeout, saying so. */
 void wh_store_set_min_params(wh_store_t *st, uint64_t v);
+
+/* Claims the next index to materialize: a dead or expired claimer's index
+ * of the open generation first (attempt + 1), else its next unclaimed one;
+ * opens the next needed spec generation when none is open. WH_E_SPECFAIL
+ * when an index of the open generation failed every attempt. */
+bool wh_store_spec_claim(wh_store_t *st, double lease_s, uint32_t max_attempts, wh_claim_t *out,
+                         wh_claim_status_t *status, wh_err_t *err);
+/* Extends c's lease by lease_s; *mine false once it is no longer this claim
+ * (taken over after expiry, put by another, or its generation abandoned). */
+bool wh_store_spec_renew(wh_store_t *st, const wh_claim_t *c, double lease_s, bool *mine,
+                         wh_err_t *err);
+/* The claimer's fn raised: records why (truncated to fit) and frees the
+ * index for another attempt; at max_attempts attempts it fails for good
+ * (*failed), and claims and locates of its generation report it. */
+bool wh_store_spec_fail(wh_store_t *st, const wh_claim_t *c, uint32_t max_attempts, const char *why,
+                        bool *failed, wh_err_t *err);
+/* Puts sample c->index at c->pos of c->gen (any process may: the first
+ * complete put of a position wins, later ones are dropped and counted). The
+ * put that commits the last position seals the generation (*sealed). Waits
+ * up to the lease while the area's bytes are full. */
+bool wh_store_spec_put(wh_store_t *st, const wh_claim_t *c, const wh_array_t *arr, int n,
+                       wh_spec_put_t *status, bool *sealed, wh_err_t *err);
+/* The generation holding sealed spec generation s (*gen 0: not sealed, or
+ * not stored any more). WH_E_SPECFAIL when s failed. */
+bool wh_store_spec_locate(wh_store_t *st, uint64_t s, uint64_t *gen, wh_err_t *err);
+/* This handle's reader needs spec generation s and the later ones: published
+ * with its heartbeat (call before locating s, and again while waiting);
+ * pruned when its process dies (shm) or stays silent WH_READER_LIVE_S. */
+bool wh_store_spec_need(wh_store_t *st, uint64_t s, wh_err_t *err);
+/* The params document in force for c's spec generation (*doc malloc'd and
+ * NUL-terminated, the caller's to free). */
+bool wh_store_spec_params(wh_store_t *st, const wh_claim_t *c, char **doc, size_t *len,
+                          wh_err_t *err);
+bool wh_store_spec_status(wh_store_t *st, wh_spec_status_t *out, wh_err_t *err);
 
 /* Removes everything this store holds (shm: its segment and params file;
  * MongoDB: its collections); nothing else. Works whether or not the store

@@ -1034,6 +1034,535 @@ static void test_relay_backends(void) {
     REQUIRE(wh_store_clean(&c, &err), "%s", err.message);
 }
 
+/* ---- spec mode (docs/reproducible.md) ---- */
+
+static wh_store_config_t spec_config(const char *uri, uint32_t cap, uint64_t seed) {
+    wh_store_config_t c = config(uri, cap, 96); /* small chunks: samples span several */
+    c.spec = true;
+    c.run_seed = seed;
+    return c;
+}
+
+/* Sample index k's bytes: a function of k (variant 1: other bytes). */
+static bool spec_put(wh_store_t *st, const wh_claim_t *cl, int variant, wh_spec_put_t *ps,
+                     bool *sealed, wh_err_t *err) {
+    sample_t s;
+    wh_array_t a[3];
+    make_sample(&s, 7000 + variant, (int64_t)cl->index, 300);
+    sample_arrays(&s, a);
+    bool ok = wh_store_spec_put(st, cl, a, 3, ps, sealed, err);
+    free_sample(&s);
+    return ok;
+}
+
+static wh_claim_status_t spec_claim(wh_store_t *st, double lease_s, uint32_t attempts,
+                                    wh_claim_t *cl) {
+    wh_err_t err = {0};
+    wh_claim_status_t cs = WH_CLAIM_WAIT;
+    REQUIRE(wh_store_spec_claim(st, lease_s, attempts, cl, &cs, &err), "claim: %s", err.message);
+    return cs;
+}
+
+/* Claims until a claim is given (WAIT: again), up to timeout_s. */
+static wh_claim_status_t spec_claim_wait(wh_store_t *st, double lease_s, uint32_t attempts,
+                                         wh_claim_t *cl, double timeout_s) {
+    uint64_t t0 = wh_now_mono_ns();
+    wh_claim_status_t cs;
+    while ((cs = spec_claim(st, lease_s, attempts, cl)) == WH_CLAIM_WAIT &&
+           wh_now_mono_ns() - t0 < (uint64_t)(timeout_s * 1e9))
+        wh_sleep_ms(20);
+    return cs;
+}
+
+static void spec_put_ok(wh_store_t *st, const wh_claim_t *cl, bool want_sealed) {
+    wh_err_t err = {0};
+    wh_spec_put_t ps = WH_SPEC_PUT_GONE;
+    bool sealed = !want_sealed;
+    REQUIRE(spec_put(st, cl, 0, &ps, &sealed, &err), "put %llu: %s", (unsigned long long)cl->index,
+            err.message);
+    CHECK(ps == WH_SPEC_PUT_ACCEPTED && sealed == want_sealed, "put %llu: status %d sealed %d",
+          (unsigned long long)cl->index, ps, sealed);
+}
+
+static uint64_t spec_locate(wh_store_t *st, uint64_t s) {
+    wh_err_t err = {0};
+    uint64_t g = 0;
+    REQUIRE(wh_store_spec_locate(st, s, &g, &err), "locate %llu: %s", (unsigned long long)s,
+            err.message);
+    return g;
+}
+
+/* Every position of spec generation s holds index s*cap+pos, byte for byte. */
+static void spec_check_gen(wh_store_t *st, uint64_t s, uint32_t cap) {
+    uint64_t g = spec_locate(st, s);
+    CHECK(g != 0, "spec generation %llu is sealed", (unsigned long long)s);
+    dest_t d = {0};
+    for (uint32_t p = 0; g && p < cap; p++) {
+        wh_err_t err = {0};
+        int64_t id[2] = {0, 0};
+        CHECK(read_check(st, g, p, 300, &d, id, &err) && id[0] == 7000 &&
+                  id[1] == (int64_t)(s * cap + p),
+              "spec generation %llu position %u: %s (holds %lld/%lld)", (unsigned long long)s, p,
+              err.message, (long long)id[0], (long long)id[1]);
+    }
+    dest_free(&d);
+}
+
+/* Indices in order, each at its position; a put of the last seals; a
+ * position's first put wins and the later ones are counted by their bytes;
+ * a generation's params are the version in force when it was opened. */
+static void test_spec_claims_and_puts(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_claims");
+    wh_store_config_t c = spec_config(uri, 3, 7);
+    wh_store_t *a = open_store(&c), *b = open_store(&c);
+    wh_err_t err = {0};
+    uint64_t v1 = 0, v2 = 0;
+    REQUIRE(wh_store_params_set(a, "{\"lr\": 1}", 9, &v1, &err), "%s", err.message);
+    wh_claim_t cl[4];
+    for (int i = 0; i < 3; i++) {
+        REQUIRE(spec_claim(a, 30, 3, &cl[i]) == WH_CLAIM_OK, "claim %d", i);
+        CHECK(cl[i].index == (uint64_t)i && cl[i].spec_gen == 0 && cl[i].pos == (uint32_t)i &&
+                  cl[i].attempt == 1 && cl[i].params_version == v1 && cl[i].gen == cl[0].gen &&
+                  cl[i].gen != 0,
+              "claim %d: index %llu gen %llu pos %u attempt %u pv %llu", i,
+              (unsigned long long)cl[i].index, (unsigned long long)cl[i].spec_gen, cl[i].pos,
+              cl[i].attempt, (unsigned long long)cl[i].params_version);
+    }
+    CHECK(cl[0].token != cl[1].token && cl[1].token != cl[2].token, "claims have their own token");
+    CHECK(spec_claim(b, 30, 3, &cl[3]) == WH_CLAIM_WAIT, "every index is with a live claimer");
+
+    char *doc = NULL;
+    size_t len = 0;
+    REQUIRE(wh_store_params_set(a, "{\"lr\": 2}", 9, &v2, &err), "%s", err.message);
+    REQUIRE(wh_store_spec_params(b, &cl[0], &doc, &len, &err), "%s", err.message);
+    CHECK(len == 9 && strcmp(doc, "{\"lr\": 1}") == 0, "the generation's own params: %s", doc);
+    free(doc);
+
+    spec_put_ok(a, &cl[1], false);
+    wh_spec_put_t ps = WH_SPEC_PUT_GONE;
+    bool sealed = false;
+    REQUIRE(spec_put(b, &cl[1], 0, &ps, &sealed, &err), "%s", err.message);
+    CHECK(ps == WH_SPEC_PUT_SAME, "the same bytes again: %d", ps);
+    REQUIRE(spec_put(b, &cl[1], 1, &ps, &sealed, &err), "%s", err.message);
+    CHECK(ps == WH_SPEC_PUT_DIFFERENT, "other bytes: %d", ps);
+    wh_spec_status_t ss;
+    REQUIRE(wh_store_spec_status(b, &ss, &err), "%s", err.message);
+    CHECK(ss.spec && ss.run_seed == 7 && ss.open && ss.open_gen == 0 && ss.open_fill == 1 &&
+              !ss.any_sealed && ss.duplicates == 2 && ss.nondeterministic == 1 && ss.nclaims == 2 &&
+              ss.claims[0].attempt == 1 && ss.claims[0].pid == (uint64_t)getpid(),
+          "status: open %d gen %llu fill %u dup %llu nondet %llu claims %d", ss.open,
+          (unsigned long long)ss.open_gen, ss.open_fill, (unsigned long long)ss.duplicates,
+          (unsigned long long)ss.nondeterministic, ss.nclaims);
+
+    spec_put_ok(a, &cl[0], false);
+    CHECK(spec_locate(b, 0) == 0, "not sealed before its last put");
+    spec_put_ok(a, &cl[2], true);
+    spec_check_gen(b, 0, 3);
+    bool mine = true;
+    REQUIRE(wh_store_spec_renew(a, &cl[0], 30, &mine, &err), "%s", err.message);
+    CHECK(!mine, "a claim whose sample is committed is no one's");
+
+    REQUIRE(spec_claim(b, 30, 3, &cl[3]) == WH_CLAIM_OK, "the next generation opens");
+    CHECK(cl[3].index == 3 && cl[3].spec_gen == 1 && cl[3].pos == 0 && cl[3].gen > cl[0].gen &&
+              cl[3].params_version == v2,
+          "index %llu gen %llu pv %llu", (unsigned long long)cl[3].index,
+          (unsigned long long)cl[3].gen, (unsigned long long)cl[3].params_version);
+    REQUIRE(wh_store_spec_renew(b, &cl[3], 30, &mine, &err) && mine, "renew: %s", err.message);
+    REQUIRE(wh_store_spec_status(a, &ss, &err), "%s", err.message);
+    CHECK(ss.any_sealed && ss.last_sealed == 0 && ss.open && ss.open_gen == 1,
+          "status after the seal");
+    wh_store_destroy(a);
+    wh_store_destroy(b);
+}
+
+typedef struct {
+    const char *uri;
+    uint64_t got[64];
+    int n, sealed, bad;
+    char why[WH_ERR_LEN];
+} spec_worker_t;
+
+static void *spec_worker(void *arg) {
+    spec_worker_t *w = arg;
+    wh_store_config_t c = spec_config(w->uri, 4, 11);
+    wh_err_t err = {0};
+    wh_store_t *st = wh_store_open(&c, &err);
+    for (; st;) {
+        wh_claim_t cl;
+        wh_claim_status_t cs;
+        if (!wh_store_spec_claim(st, 30, 3, &cl, &cs, &err)) break;
+        if (cs == WH_CLAIM_AHEAD) break; /* none open and the window full: all sealed */
+        if (cs == WH_CLAIM_WAIT) {
+            wh_sleep_ms(2);
+            continue;
+        }
+        if (w->n < 64) w->got[w->n++] = cl.index;
+        wh_spec_put_t ps;
+        bool sealed = false;
+        if (!spec_put(st, &cl, 0, &ps, &sealed, &err)) break;
+        w->bad += ps != WH_SPEC_PUT_ACCEPTED || cl.attempt != 1;
+        w->sealed += sealed;
+    }
+    if (err.code) snprintf(w->why, sizeof w->why, "%s", err.message);
+    if (!st) w->bad++;
+    wh_store_destroy(st);
+    return NULL;
+}
+
+/* A claimer killed between handing out a position and writing its claim
+ * leaves a hole; once the counter is spent, the next claim takes it. */
+static void test_spec_claim_hole(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_hole");
+    wh_store_config_t c = spec_config(uri, 3, 17);
+    wh_store_t *a = open_store(&c);
+    wh_claim_t cl;
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK && cl.index == 0, "claim 0");
+    mongoc_client_t *rc = raw_client();
+    char coll[128];
+    snprintf(coll, sizeof coll, "wirehead.gen.%llu.c", (unsigned long long)cl.gen);
+    mongoc_collection_t *col = mongoc_client_get_collection(rc, "t_spec_hole", coll);
+    bson_t *q = BCON_NEW("_id", BCON_UTF8("next"));
+    bson_t *u = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}");
+    bson_error_t e;
+    REQUIRE(mongoc_collection_update_one(col, q, u, NULL, NULL, &e), "%s", e.message);
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK, "claim");
+    CHECK(cl.index == 2, "the counter's next: %llu", (unsigned long long)cl.index);
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK, "claim the hole");
+    CHECK(cl.index == 1 && cl.attempt == 1, "the hole: %llu attempt %u",
+          (unsigned long long)cl.index, cl.attempt);
+    CHECK(spec_claim(a, 30, 3, &cl) == WH_CLAIM_WAIT, "then nothing");
+    bson_destroy(q);
+    bson_destroy(u);
+    mongoc_collection_destroy(col);
+    mongoc_client_destroy(rc);
+    wh_store_destroy(a);
+}
+
+/* Claimers racing on one store never get the same index: three handles
+ * claim and put until the window is full; every index is claimed once. */
+static void test_spec_concurrent_claims(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_race");
+    spec_worker_t w[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].uri = uri;
+        REQUIRE(pthread_create(&t[i], NULL, spec_worker, &w[i]) == 0, "thread");
+    }
+    int times[16] = {0}, sealed = 0, total = 0;
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(!w[i].bad && !w[i].why[0], "worker %d: %d bad, error '%s'", i, w[i].bad, w[i].why);
+        sealed += w[i].sealed;
+        for (int k = 0; k < w[i].n; k++, total++)
+            if (w[i].got[k] < 16) times[w[i].got[k]]++;
+    }
+    CHECK(total == 16 && sealed == 4, "16 claims and 4 seals, got %d and %d", total, sealed);
+    for (int k = 0; k < 16; k++) CHECK(times[k] == 1, "index %d claimed %d times", k, times[k]);
+    wh_store_config_t c = spec_config(uri, 4, 11);
+    wh_store_t *st = open_store(&c);
+    for (uint64_t s = 0; s < 4; s++) spec_check_gen(st, s, 4);
+    wh_store_destroy(st);
+}
+
+/* A claim not renewed within its lease is taken over with attempt + 1 (and
+ * at once when its claimer's pid is gone on this node); the first complete
+ * put of a position still wins, whoever holds the claim. */
+static void test_spec_takeover(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_takeover");
+    wh_store_config_t c = spec_config(uri, 2, 3);
+    wh_store_t *a = open_store(&c), *b = open_store(&c);
+    wh_err_t err = {0};
+    wh_claim_t ca, cb, cb2;
+    REQUIRE(spec_claim(a, 0.4, 3, &ca) == WH_CLAIM_OK && ca.index == 0, "a claims 0");
+    uint64_t t0 = wh_now_mono_ns();
+    REQUIRE(spec_claim(b, 30, 3, &cb) == WH_CLAIM_OK && cb.index == 1 && cb.attempt == 1,
+            "b claims 1 while 0 is a's");
+    REQUIRE(spec_claim_wait(b, 30, 3, &cb2, 10) == WH_CLAIM_OK, "b takes 0 over");
+    CHECK(cb2.index == 0 && cb2.attempt == 2 && cb2.token != ca.token, "index %llu attempt %u",
+          (unsigned long long)cb2.index, cb2.attempt);
+    CHECK(wh_now_mono_ns() - t0 >= 300000000ull, "not before a's lease ran out");
+    bool mine = true;
+    REQUIRE(wh_store_spec_renew(a, &ca, 0.4, &mine, &err), "%s", err.message);
+    CHECK(!mine, "a's claim is b's now");
+    spec_put_ok(a, &ca, false); /* a's late put is the first complete one */
+    wh_spec_put_t ps;
+    bool sealed = true;
+    REQUIRE(spec_put(b, &cb2, 0, &ps, &sealed, &err), "%s", err.message);
+    CHECK(ps == WH_SPEC_PUT_SAME && !sealed, "b's put of 0 comes second: %d", ps);
+    spec_put_ok(b, &cb, true);
+
+    /* a claimer on this node that died: its index is taken at once */
+    int fd[2];
+    REQUIRE(pipe(fd) == 0, "pipe");
+    pid_t kid = fork();
+    if (kid == 0) {
+        wh_store_t *k = wh_store_open(&c, &err);
+        wh_claim_t kc;
+        wh_claim_status_t cs;
+        if (!k || !wh_store_spec_claim(k, 30, 3, &kc, &cs, &err) || cs != WH_CLAIM_OK) _exit(3);
+        ssize_t wr = write(fd[1], &kc.index, sizeof kc.index);
+        _exit(wr == sizeof kc.index ? 0 : 4); /* no put, no fail: as a SIGKILL leaves it */
+    }
+    int status = 0;
+    waitpid(kid, &status, 0);
+    uint64_t theirs = 99;
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              read(fd[0], &theirs, sizeof theirs) == sizeof theirs && theirs == 2,
+          "child claimed: %d, index %llu", status, (unsigned long long)theirs);
+    close(fd[0]);
+    close(fd[1]);
+    REQUIRE(spec_claim(b, 30, 3, &cb) == WH_CLAIM_OK, "the dead claimer's index at once");
+    CHECK(cb.index == 2 && cb.attempt == 2, "index %llu attempt %u", (unsigned long long)cb.index,
+          cb.attempt);
+    wh_store_destroy(a);
+    wh_store_destroy(b);
+}
+
+/* An index fails for good at SPEC_ATTEMPTS: claims of its generation and
+ * locates of it say which, where and why; so does an expired last attempt. */
+static void test_spec_fail(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_fail");
+    wh_store_config_t c = spec_config(uri, 2, 5);
+    wh_store_t *a = open_store(&c);
+    wh_err_t err = {0};
+    wh_claim_t cl;
+    bool failed = true;
+    REQUIRE(spec_claim(a, 30, 2, &cl) == WH_CLAIM_OK && cl.index == 0, "claim 0");
+    REQUIRE(wh_store_spec_fail(a, &cl, 2, "ValueError: bad shape", &failed, &err), "%s",
+            err.message);
+    CHECK(!failed, "one attempt of two");
+    REQUIRE(spec_claim(a, 30, 2, &cl) == WH_CLAIM_OK, "claim again");
+    CHECK(cl.index == 0 && cl.attempt == 2, "the freed index first, attempt 2: %llu %u",
+          (unsigned long long)cl.index, cl.attempt);
+    REQUIRE(wh_store_spec_fail(a, &cl, 2, "ValueError: bad shape", &failed, &err), "%s",
+            err.message);
+    CHECK(failed, "failed for good at the second attempt");
+    char host[64], want[WH_ERR_LEN];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    snprintf(want, sizeof want,
+             "sample index 0 (generation 0, position 0) failed 2 attempts; last by pid %d on "
+             "host %s: ValueError: bad shape",
+             (int)getpid(), host);
+    wh_claim_status_t cs;
+    wh_err_clear(&err);
+    CHECK(!wh_store_spec_claim(a, 30, 2, &cl, &cs, &err) && err.code == WH_E_SPECFAIL &&
+              strcmp(err.message, want) == 0,
+          "claim: %d %s", err.code, err.message);
+    uint64_t g = 0;
+    wh_err_clear(&err);
+    CHECK(!wh_store_spec_locate(a, 0, &g, &err) && err.code == WH_E_SPECFAIL &&
+              strcmp(err.message, want) == 0,
+          "locate: %d %s", err.code, err.message);
+    wh_spec_status_t ss;
+    REQUIRE(wh_store_spec_status(a, &ss, &err), "%s", err.message);
+    CHECK(ss.failed && strcmp(ss.failure, want) == 0, "status: %s", ss.failure);
+    wh_store_destroy(a);
+
+    /* the last attempt's lease runs out */
+    uri_for(uri, sizeof uri, "t_spec_fail_lease");
+    c = spec_config(uri, 2, 5);
+    a = open_store(&c);
+    wh_store_t *b = open_store(&c);
+    REQUIRE(spec_claim(a, 0.2, 1, &cl) == WH_CLAIM_OK && cl.index == 0, "claim 0");
+    REQUIRE(spec_claim(b, 30, 1, &cl) == WH_CLAIM_OK && cl.index == 1, "claim 1");
+    uint64_t t0 = wh_now_mono_ns();
+    bool ok = true;
+    wh_err_clear(&err);
+    while (ok && wh_now_mono_ns() - t0 < 10000000000ull) {
+        ok = wh_store_spec_claim(b, 30, 1, &cl, &cs, &err);
+        CHECK(!ok || cs == WH_CLAIM_WAIT, "nothing else to claim: %d", cs);
+        if (ok) wh_sleep_ms(20);
+    }
+    CHECK(!ok && err.code == WH_E_SPECFAIL &&
+              strstr(err.message, "sample index 0 (generation 0, position 0) failed 1 attempts") &&
+              strstr(err.message, "whose claim expired after 0.2s"),
+          "expired: %d %s", err.code, err.message);
+    wh_store_destroy(a);
+    wh_store_destroy(b);
+
+    /* the last attempt's claimer dies on this node */
+    uri_for(uri, sizeof uri, "t_spec_fail_dead");
+    c = spec_config(uri, 2, 5);
+    a = open_store(&c);
+    pid_t kid = fork();
+    if (kid == 0) {
+        wh_store_t *k = wh_store_open(&c, &err);
+        _exit(k && wh_store_spec_claim(k, 30, 1, &cl, &cs, &err) && cs == WH_CLAIM_OK ? 0 : 3);
+    }
+    int status = 0;
+    waitpid(kid, &status, 0);
+    REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child claimed: %d", status);
+    snprintf(want, sizeof want,
+             "sample index 0 (generation 0, position 0) failed 1 attempts; last by pid %d on "
+             "host %s, which died holding it",
+             (int)kid, host);
+    wh_err_clear(&err);
+    CHECK(!wh_store_spec_claim(a, 30, 1, &cl, &cs, &err) && err.code == WH_E_SPECFAIL &&
+              strcmp(err.message, want) == 0,
+          "died: %d %s", err.code, err.message);
+    wh_store_destroy(a);
+}
+
+/* Generators stay within SPEC_AHEAD generations of the slowest reader's
+ * need, and what the window leaves is reclaimed; a reader that moves back
+ * gets its generation made again; a manager's seal on a spec store seals
+ * nothing early and drops nothing. */
+static void test_spec_window(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_window");
+    wh_store_config_t c = spec_config(uri, 2, 9);
+    wh_store_t *a = open_store(&c), *r = open_store(&c);
+    wh_err_t err = {0};
+    mongoc_client_t *rc = raw_client();
+    REQUIRE(wh_store_spec_need(r, 0, &err), "%s", err.message);
+    wh_claim_t cl;
+    for (uint64_t k = 0; k < 2 * WH_SPEC_AHEAD; k++) {
+        REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK && cl.index == k, "claim %llu",
+                (unsigned long long)k);
+        spec_put_ok(a, &cl, k % 2 == 1);
+    }
+    CHECK(spec_claim(a, 30, 3, &cl) == WH_CLAIM_AHEAD, "stops at %d generations ahead",
+          WH_SPEC_AHEAD);
+    wh_spec_status_t ss;
+    REQUIRE(wh_store_spec_status(a, &ss, &err), "%s", err.message);
+    CHECK(ss.reader && ss.slowest == 0 && ss.slowest_pid == (uint64_t)getpid() && ss.floor == 0 &&
+              !ss.open && ss.last_sealed == 3,
+          "status: reader %d slowest %llu floor %llu", ss.reader, (unsigned long long)ss.slowest,
+          (unsigned long long)ss.floor);
+    uint64_t g0 = spec_locate(r, 0);
+
+    /* a manager's seal: nothing is full, nothing goes */
+    bool leader = false, sealed = true;
+    wh_seal_info_t info;
+    REQUIRE(wh_store_lead(a, &leader, &err) && leader, "%s", err.message);
+    REQUIRE(wh_store_seal(a, &sealed, &info, &err), "%s", err.message);
+    CHECK(!sealed, "a manager seals nothing early");
+    for (uint64_t s = 0; s < WH_SPEC_AHEAD; s++) spec_check_gen(r, s, 2);
+
+    REQUIRE(wh_store_spec_need(r, 1, &err), "%s", err.message);
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK, "the need moved: claims resume");
+    CHECK(cl.index == 2 * WH_SPEC_AHEAD && cl.spec_gen == WH_SPEC_AHEAD, "index %llu",
+          (unsigned long long)cl.index);
+    CHECK(spec_locate(r, 0) == 0, "spec generation 0 left the window");
+    dest_t d = {0};
+    wh_err_clear(&err);
+    CHECK(!wh_store_read(r, g0, 0, dest_fn, &d, NULL, &err) && err.code == WH_E_GONE,
+          "its generation is reclaimed: %d %s", err.code, err.message);
+    /* the window (1..4) and the state: its 4 generations' collections */
+    int n = count_prefix_collections(rc, "t_spec_window", "wirehead.gen.");
+    CHECK(n <= 3 * WH_SPEC_AHEAD, "bounded storage: %d generation collections", n);
+
+    /* a reader resumed far back: the open generation is abandoned, the
+     * needed one made again, a put into the abandoned one dropped */
+    REQUIRE(wh_store_spec_need(r, 0, &err), "%s", err.message);
+    wh_claim_t again;
+    REQUIRE(spec_claim(a, 30, 3, &again) == WH_CLAIM_OK, "claim after the need moved back");
+    CHECK(again.spec_gen == 0 && again.index == 0 && again.attempt == 1 && again.gen > cl.gen,
+          "spec generation 0 again, in a new generation: index %llu gen %llu",
+          (unsigned long long)again.index, (unsigned long long)again.gen);
+    wh_spec_put_t ps;
+    REQUIRE(spec_put(a, &cl, 0, &ps, &sealed, &err), "%s", err.message);
+    CHECK(ps == WH_SPEC_PUT_GONE, "a put into the abandoned generation: %d", ps);
+    spec_put_ok(a, &again, false);
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK && cl.index == 1, "claim 1");
+    spec_put_ok(a, &cl, true);
+    spec_check_gen(r, 0, 2);
+    dest_free(&d);
+    mongoc_client_destroy(rc);
+    wh_store_destroy(a);
+    wh_store_destroy(r);
+}
+
+/* A spec store and its RUN_SEED: every opener's config must agree; a
+ * freshest store refuses spec openers; put and spec_put stay apart. */
+static void test_spec_seed(void) {
+    char uri[300], plain_uri[300];
+    uri_for(uri, sizeof uri, "t_spec_seed");
+    uri_for(plain_uri, sizeof plain_uri, "t_spec_plain");
+    wh_store_config_t c7 = spec_config(uri, 2, 7), c8 = spec_config(uri, 2, 8);
+    wh_store_config_t plain = config(uri, 2, 96);
+    wh_store_t *a = open_store(&c7);
+    wh_err_t err = {0};
+    CHECK(!wh_store_open(&c8, &err) && err.code == WH_E_SCHEMA &&
+              strstr(err.message, "t_spec_seed (collection prefix 'wirehead') was created with "
+                                  "RUN_SEED=7; this config has RUN_SEED=8 (two runs never share "
+                                  "a store: clean it or name another STORE)"),
+          "another seed: %d %s", err.code, err.message);
+    wh_err_clear(&err);
+    CHECK(!wh_store_open(&plain, &err) && err.code == WH_E_SCHEMA &&
+              strstr(err.message,
+                     "was created with RUN_SEED=7 (spec mode); this config has no RUN_SEED"),
+          "no seed: %d %s", err.code, err.message);
+    wh_put_status_t ps;
+    wh_err_clear(&err);
+    CHECK(!put_sample(a, 1, 1, 10, &ps, &err) && err.code == WH_E_INVALID &&
+              strstr(err.message, "spec mode"),
+          "put on a spec store: %d %s", err.code, err.message);
+    wh_store_destroy(a);
+
+    plain.uri = plain_uri;
+    wh_store_t *p = open_store(&plain);
+    wh_store_config_t c8p = spec_config(plain_uri, 2, 8);
+    wh_err_clear(&err);
+    CHECK(!wh_store_open(&c8p, &err) && err.code == WH_E_SCHEMA &&
+              strstr(err.message, "was created without RUN_SEED (freshest mode); this config "
+                                  "sets RUN_SEED=8"),
+          "a freshest store: %d %s", err.code, err.message);
+    wh_claim_t cl;
+    wh_claim_status_t cs;
+    wh_err_clear(&err);
+    CHECK(!wh_store_spec_claim(p, 30, 3, &cl, &cs, &err) && err.code == WH_E_INVALID,
+          "claim on a freshest handle: %d %s", err.code, err.message);
+    wh_spec_status_t ss;
+    CHECK(wh_store_spec_status(p, &ss, &err) && !ss.spec, "status of a freshest store");
+    REQUIRE(put_sample(p, 1, 1, 10, &ps, &err) && ps == WH_PUT_ACCEPTED, "%s", err.message);
+    wh_store_destroy(p);
+}
+
+/* The put of a generation's last position killed between its commit and
+ * the seal: the next claim seals it first. */
+static void test_spec_commit_kill(void) {
+    char uri[300];
+    uri_for(uri, sizeof uri, "t_spec_kill");
+    wh_store_config_t c = spec_config(uri, 2, 13);
+    wh_store_t *a = open_store(&c);
+    wh_claim_t cl;
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK && cl.index == 0, "claim 0");
+    spec_put_ok(a, &cl, false);
+    pid_t kid = fork();
+    if (kid == 0) {
+        setenv("WIREHEAD_FAULT_SPEC_COMMIT_KILL", "1", 1);
+        wh_err_t err = {0};
+        wh_store_t *k = wh_store_open(&c, &err);
+        wh_claim_t kc;
+        wh_claim_status_t cs;
+        wh_spec_put_t ps;
+        bool sealed;
+        if (!k || !wh_store_spec_claim(k, 30, 3, &kc, &cs, &err) || cs != WH_CLAIM_OK ||
+            kc.index != 1)
+            _exit(3);
+        spec_put(k, &kc, 0, &ps, &sealed, &err);
+        _exit(4); /* the fault point kills it first */
+    }
+    int status = 0;
+    waitpid(kid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "killed after its commit: %d",
+          status);
+    CHECK(spec_locate(a, 0) == 0, "committed, not sealed");
+    REQUIRE(spec_claim(a, 30, 3, &cl) == WH_CLAIM_OK, "the next claim");
+    CHECK(cl.index == 2 && cl.spec_gen == 1, "sealed 0 and opened 1: index %llu",
+          (unsigned long long)cl.index);
+    spec_check_gen(a, 0, 2);
+    wh_store_destroy(a);
+}
+
 int main(void) {
     const char *env = getenv("WH_MONGO_URI");
     signal(SIGPIPE, SIG_IGN);
@@ -1057,6 +1586,14 @@ int main(void) {
         {"large_sample", test_large_sample},
         {"relay_mirror", test_relay_mirror},
         {"relay_backends", test_relay_backends},
+        {"spec_claims_and_puts", test_spec_claims_and_puts},
+        {"spec_claim_hole", test_spec_claim_hole},
+        {"spec_concurrent_claims", test_spec_concurrent_claims},
+        {"spec_takeover", test_spec_takeover},
+        {"spec_fail", test_spec_fail},
+        {"spec_window", test_spec_window},
+        {"spec_seed", test_spec_seed},
+        {"spec_commit_kill", test_spec_commit_kill},
     };
     const char *only = getenv("WH_TEST_ONLY");
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

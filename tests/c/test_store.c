@@ -1101,9 +1101,11 @@ static void t_backend_table(void) {
         unsigned caps;
     } want[] = {
         {"shm://x.y", "shm", "shm", "x.y",
-         WH_CAP_VIEWS | WH_CAP_PINS | WH_CAP_MAPPABLE | WH_CAP_PARAMS_FILE | WH_CAP_RELAY_TARGET},
-        {"mongodb://h:1/db", "mongodb", "mongodb", NULL, WH_CAP_RELAY_SOURCE},
-        {"mongodb+srv://u:p@h/db", "mongodb+srv", "mongodb", NULL, WH_CAP_RELAY_SOURCE},
+         WH_CAP_VIEWS | WH_CAP_PINS | WH_CAP_MAPPABLE | WH_CAP_PARAMS_FILE | WH_CAP_RELAY_TARGET |
+             WH_CAP_SPEC},
+        {"mongodb://h:1/db", "mongodb", "mongodb", NULL, WH_CAP_RELAY_SOURCE | WH_CAP_SPEC},
+        {"mongodb+srv://u:p@h/db", "mongodb+srv", "mongodb", NULL,
+         WH_CAP_RELAY_SOURCE | WH_CAP_SPEC},
     };
     for (size_t i = 0; i < WH_ARRAY_LEN(want); i++) {
         REQUIRE(wh_store_backend_of(want[i].uri, &b, &e), "%s: %s", want[i].uri, e.message);
@@ -1128,6 +1130,7 @@ static void t_backend_table(void) {
     bare.view_map = NULL;
     bare.read_encoded = NULL;
     bare.mirror_begin = NULL;
+    bare.spec_claim = NULL;
     st->ops = &bare;
     CHECK(wh_store_caps(st) == 0, "caps of a table without optional ops: %#x", wh_store_caps(st));
     bool lead, sealed;

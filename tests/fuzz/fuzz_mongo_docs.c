@@ -1,6 +1,7 @@
 /* libFuzzer: MongoDB documents a tampered database could hold, through the
- * pure parsers the store uses (state, schema, lease, manifest, chunk). The
- * first byte picks the parser; the rest is the BSON document. */
+ * pure parsers the store uses (state and its spec part, schema, lease,
+ * manifest, chunk). The first byte picks the parser; the rest is the BSON
+ * document. */
 #include "../../ext/mongo/wh_mongo_state.c"
 #include "../../ext/mongo/wh_mongo_lease.c"
 #include "../../ext/mongo/wh_mongo_read.c"
@@ -27,6 +28,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         wh__state_t s;
         wh__parse_state(&doc, &s);
         if (s.nhist < 0 || s.nhist > WH__HIST) abort();
+        /* spec mode's part of it (wh_mongo_spec_doc.c) */
+        wh__spec_check(&m, &doc, &err);
+        if (wh__spec_parse(&m, &doc, &s.spec, &err) &&
+            (s.spec.nkept < 0 || s.spec.nkept > WH__SPEC_KEPT || s.spec.nfails < 0 ||
+             s.spec.nfails > WH__SPEC_FAILS))
+            abort();
         break;
     }
     case 1: wh__check_schema(&m, &doc, &err); break;

@@ -70,6 +70,12 @@ def main():
     }
     for kind, doc in docs.items():
         write("fuzz_mongo_docs", f"doc{kind}", bytes([kind]) + bson.encode(doc))
+    # a spec-mode state (ext/mongo/wh_mongo_spec_doc.c), through parser 0
+    spec = {"_id": "state", "read_gen": 5, "write_gen": 9,
+            "spec": {"run_seed": 7, "floor": 1, "open": {"s": 3, "g": 8, "pv": 2, "t": 1},
+                     "kept": [{"s": 1, "g": 5}, {"s": 2, "g": 7}], "dup": 1,
+                     "nondet": 0, "fails": [{"s": 3, "k": 13, "m": "ValueError"}]}}
+    write("fuzz_mongo_docs", "doc0_spec", bytes([0]) + bson.encode(spec))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ RECORDS = {
     "PlanItems": ("positions", "is_pad"),
     "PlanResume": ("role", "step"),
     "Backend": ("scheme", "backend", "views", "pins", "mappable", "params_file", "relay_source",
-                "relay_target", "name"),
+                "relay_target", "name", "spec"),
+    "SpecClaim": ("index", "spec_gen", "position", "generation", "params_version", "attempt",
+                  "token"),
     "ShmFiles": ("segment", "params", "relay_lock", "relay_state", "ring_prefix"),
 }
 
