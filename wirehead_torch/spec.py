@@ -133,19 +133,46 @@ class SpecMaker:
             log.info("wirehead generator: waiting for %s", what)
         return stop.wait(delay)
 
+    def _retried(self, stop, call, *args, **kw):
+        """call(*args, **kw), retried while the store is away or an shm lock
+        is held by a stopped process (each try waits LEASE_SECONDS at most);
+        None once stop is set."""
+        delay, warned = _IDLE_MIN, False
+        while True:
+            try:
+                res = call(*args, **kw)
+            except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
+                if not warned:
+                    log.warning("wirehead generator: %s; retrying", e)
+                    warned = True
+                if stop.wait(delay):
+                    return None
+                delay = min(delay * 2, _IDLE_MAX * 4)
+                continue
+            if warned:
+                log.warning("wirehead generator: the store answers again")
+            return res
+
     def step(self, store, stop):
         """Claims, materializes and puts one index. Returns False when stop
         was set before anything was claimed."""
         delay = _IDLE_MIN
         while True:
-            status, claim = _C.spec_claim(store, lease_s=self.lease, max_attempts=self.attempts)
+            res = self._retried(stop, _C.spec_claim, store, lease_s=self.lease,
+                                max_attempts=self.attempts)
+            if res is None:
+                return False
+            status, claim = res
             if claim is not None:
                 break
             if self._idle(status, stop, delay):
                 return False
             delay = min(delay * 2, _IDLE_MAX)
         self._waiting = None
-        spec = self._spec(store, claim)
+        try:
+            spec = self._spec(store, claim)
+        except _C.GenerationGoneError:
+            return True  # its generation (or params version) went away: claim again
         try:
             with _Renewal(store, claim, self.lease):
                 item = self.fn(spec)
@@ -155,8 +182,10 @@ class SpecMaker:
             if isinstance(e, _C.InvalidSampleError):
                 raise  # fn returns what no store can hold: every retry would too
             return True
-        put, sealed = _C.spec_put(store, claim, arrays)
-        self._count(claim, put, sealed)
+        res = self._retried(stop, _C.spec_put, store, claim, arrays)
+        if res is None:
+            return False  # stopped: the claim expires and another generator makes it
+        self._count(claim, *res)
         return True
 
     def _failed(self, store, claim, e):

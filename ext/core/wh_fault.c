@@ -124,6 +124,31 @@ void wh_fault_seal_step(int step) {
 
 void wh_fault_spec_committed(void) { wh__kill_at(&wh__commit_kill, 1, "after spec commit"); }
 
+/* WIREHEAD_FAULT_SPEC_KILL: read once per process like the others. A call
+ * is counted at its first step (step 1). */
+static char wh__spec_op[16];
+static int wh__spec_step = -1, wh__spec_nth = 1, wh__spec_calls, wh__spec_pid;
+
+void wh_fault_spec_step(const char *op, int step) {
+    if (__atomic_load_n(&wh__spec_pid, __ATOMIC_ACQUIRE) != (int)getpid()) {
+        const char *v = getenv("WIREHEAD_FAULT_SPEC_KILL");
+        wh__spec_op[0] = 0;
+        wh__spec_step = -1;
+        wh__spec_nth = 1;
+        wh__spec_calls = 0;
+        if (v && sscanf(v, "%15[a-z]:%d:%d", wh__spec_op, &wh__spec_step, &wh__spec_nth) < 2)
+            wh__spec_step = -1;
+        __atomic_store_n(&wh__spec_pid, (int)getpid(), __ATOMIC_RELEASE);
+    }
+    if (wh__spec_step < 1 || strcmp(op, wh__spec_op) != 0) return;
+    if (step == 1) wh__spec_calls++;
+    if (step != wh__spec_step || wh__spec_calls != wh__spec_nth) return;
+    fprintf(stderr, "wirehead: fault kill at %s step %d\n", op, step);
+    fflush(stderr);
+    kill(getpid(), SIGKILL);
+    for (;;) pause();
+}
+
 #else
 typedef int wh__no_faults_t; /* a release build: the points are inline stubs */
 #endif

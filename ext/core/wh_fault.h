@@ -38,6 +38,13 @@ void wh_fault_cut(const char *site, const void *addr);
  * kill after spec commit" to stderr first. */
 void wh_fault_spec_committed(void);
 
+/* WIREHEAD_FAULT_SPEC_KILL=<op>:<n>[:<k>]: the k-th call (default 1) of a
+ * spec-mode store operation op (claim, open, put, seal, fail, abandon)
+ * SIGKILLs its own process right after its n-th write to the store,
+ * printing "wirehead: fault kill at <op> step <n>" to stderr first. Steps
+ * are numbered per call in the order the writes happen. */
+void wh_fault_spec_step(const char *op, int step);
+
 #else
 #define WH_FAULTS_BUILT 0
 static inline void wh_fault_put_midway(void) {}
@@ -48,6 +55,10 @@ static inline void wh_fault_cut(const char *site, const void *addr) {
     (void)addr;
 }
 static inline void wh_fault_spec_committed(void) {}
+static inline void wh_fault_spec_step(const char *op, int step) {
+    (void)op;
+    (void)step;
+}
 #endif
 
 #endif

@@ -164,15 +164,17 @@ static PyObject *wh__shm_layout(PyObject *m, PyObject *unused) {
     (void)unused;
     wh_shm_layout_t l;
     wh_shm_layout(&l);
-    return Py_BuildValue("{snsnsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
-                         "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token",
-                         (Py_ssize_t)l.leader_token, "lease_expiry_ns",
-                         (Py_ssize_t)l.lease_expiry_ns, "lease_ns", (Py_ssize_t)l.lease_ns, "slots",
-                         (Py_ssize_t)l.slots, "slot_size", (Py_ssize_t)l.slot_size, "slot_lock",
-                         (Py_ssize_t)l.slot_lock, "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used",
-                         (Py_ssize_t)l.slot_used, "slot_count", (Py_ssize_t)l.slot_count,
-                         "slot_nholes", (Py_ssize_t)l.slot_nholes, "slot_holes",
-                         (Py_ssize_t)l.slot_holes, "hdr_size", (Py_ssize_t)l.hdr_size);
+    return Py_BuildValue(
+        "{snsnsnsnsnsnsnsnsnsnsnsnsnsnsnsnsnsnsn}", "hdr_lock", (Py_ssize_t)l.hdr_lock,
+        "leader_pid", (Py_ssize_t)l.leader_pid, "leader_token", (Py_ssize_t)l.leader_token,
+        "lease_expiry_ns", (Py_ssize_t)l.lease_expiry_ns, "lease_ns", (Py_ssize_t)l.lease_ns,
+        "slots", (Py_ssize_t)l.slots, "slot_size", (Py_ssize_t)l.slot_size, "slot_lock",
+        (Py_ssize_t)l.slot_lock, "slot_gen", (Py_ssize_t)l.slot_gen, "slot_used",
+        (Py_ssize_t)l.slot_used, "slot_count", (Py_ssize_t)l.slot_count, "slot_nholes",
+        (Py_ssize_t)l.slot_nholes, "slot_holes", (Py_ssize_t)l.slot_holes, "hdr_size",
+        (Py_ssize_t)l.hdr_size, "slot_spec_label", (Py_ssize_t)l.slot_spec_label, "slot_spec_state",
+        (Py_ssize_t)l.slot_spec_state, "slot_spec_check", (Py_ssize_t)l.slot_spec_check,
+        "claim_size", (Py_ssize_t)l.claim_size, "hdr_spec_off", (Py_ssize_t)l.hdr_spec_off);
 }
 
 /* shm_origin(name) -> None when no shm store is under name, else

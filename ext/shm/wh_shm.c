@@ -68,7 +68,7 @@ static bool wh__params_version(wh_store_t *st, uint64_t *version, wh_err_t *err)
 static bool wh__seal(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err) {
     wh__shm_t *s = (wh__shm_t *)st;
     if (!wh__shm_ready(s, NULL, 0, err)) return false;
-    if (s->hdr->spec) return wh__shm_spec_seal_full(st, sealed, info, err);
+    if (s->spec_off) return wh__shm_spec_seal_full(st, sealed, info, err);
     return wh__shm_seal(st, sealed, info, err);
 }
 

@@ -51,6 +51,9 @@ bool wh_shm_segment_bytes(uint32_t swap_cap, uint64_t byte_budget, bool spec, ui
 typedef struct {
     size_t hdr_lock, leader_pid, leader_token, lease_expiry_ns, lease_ns;
     size_t slots, slot_size, slot_lock, slot_gen, slot_used, slot_count, slot_nholes, slot_holes;
+    /* spec mode: an area's label, state and check word; a claim entry's
+     * size; where the header records the spec region's offset */
+    size_t slot_spec_label, slot_spec_state, slot_spec_check, claim_size, hdr_spec_off;
     size_t hdr_size; /* the header, before page rounding (the /dev/shm a store reserves) */
 } wh_shm_layout_t;
 void wh_shm_layout(wh_shm_layout_t *l);

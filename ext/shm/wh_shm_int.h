@@ -9,6 +9,9 @@
  *   wh_shm_seal.c    the lease and the seal (the next area among unpinned ones)
  *   wh_shm_mirror.c  a relay's mirror of another store's generation
  *   wh_shm_status.c  status and readers' heartbeats
+ *   wh_shm_spec.c    spec mode (docs/reproducible.md): areas labelled with
+ *                    their spec generation, the window, claims, locate
+ *   wh_shm_spec_put.c  spec mode's put at a position, its seal
  *   wh_shm.c         open, clean, destroy and the operation table over them
  * Internal: included only by those files. */
 #ifndef WH_SHM_INT_H
@@ -97,6 +100,8 @@ typedef struct {
     uint64_t spec_pv;     /* the params version in force for it */
     uint32_t spec_pv_len; /* bytes of that document's copy in the spec region */
     uint32_t spec_pad;
+    uint64_t spec_pv_sum;      /* XXH3 of that copy, seeded with spec_pv */
+    uint64_t spec_check;       /* ties spec_label to gen: a label failing it is no label */
     char spec_why[WH_ERR_LEN]; /* the failure, in words */
 } wh__slot_t;
 
@@ -110,12 +115,12 @@ typedef struct {
     uint64_t token;     /* the last claim's */
     uint64_t expiry_ns; /* CLOCK_REALTIME: the lease's end; renewals push it */
     uint32_t state;     /* WH__CLAIM_* */
-    uint32_t pad;
+    uint32_t lease_ms;  /* the claimer's CLAIM_LEASE: bounds how far ahead expiry may be */
 } wh__claim_t;
 
 #define WH__CLAIM_FREE 0u /* never claimed, or given back after fn failed */
 #define WH__CLAIM_HELD 1u
-#define WH__CLAIM_DONE 2u
+#define WH__CLAIM_DONE 2u /* put (the index entry's size is what counts) */
 
 typedef struct {
     uint64_t off, size;
@@ -224,6 +229,10 @@ typedef struct {
     bool dma_views;                   /* views held for a device copy (wh_store_set_dma_views) */
     wh_pfile_t *pfile;                /* the params side file */
     uint64_t spec_off;                /* the spec region (0: not a spec store) */
+    /* spec mode before the segment exists (BYTE_BUDGET auto): index 0's
+     * failed attempts, which no segment can record yet */
+    uint32_t first_fails;
+    char first_why[WH_ERR_LEN];
     /* the config's origin (a node-local copy's source), kept for every attach */
     char origin_id[WH_ORIGIN_ID_LEN];
     char origin_name[WH_ORIGIN_NAME_LEN];
@@ -324,20 +333,29 @@ bool wh__shm_mirror_reserve(wh_store_t *st, uint64_t gen, uint32_t pos, uint64_t
                             wh_err_t *err);
 bool wh__shm_mirror_commit(wh_store_t *st, uint64_t gen, uint32_t pos, wh_err_t *err);
 /* wh_shm_spec.c (spec mode, docs/reproducible.md) */
+/* area sl holds gen, open or sealed for c's spec generation and params */
+bool wh__shm_spec_holds(const wh__shm_t *s, const wh__slot_t *sl, uint64_t gen,
+                        const wh_claim_t *c);
+/* seals area slot (holding gen) once every position is put */
+bool wh__shm_spec_seal(wh__shm_t *s, int slot, uint64_t gen, bool *sealed, wh_err_t *err);
+/* the generation a put of c goes to (0: none now; c->gen 0: the store's
+ * first claim, made before the store existed) */
+bool wh__shm_spec_open_for(wh__shm_t *s, const wh_claim_t *c, uint64_t *gen, wh_err_t *err);
 bool wh__shm_spec_claim(wh_store_t *st, double lease_s, uint32_t max_attempts, wh_claim_t *out,
                         wh_claim_status_t *status, wh_err_t *err);
 bool wh__shm_spec_renew(wh_store_t *st, const wh_claim_t *c, double lease_s, bool *mine,
                         wh_err_t *err);
 bool wh__shm_spec_fail(wh_store_t *st, const wh_claim_t *c, uint32_t max_attempts, const char *why,
                        bool *failed, wh_err_t *err);
-bool wh__shm_spec_put(wh_store_t *st, const wh_claim_t *c, const wh_array_t *arr, int n,
-                      wh_spec_put_t *status, bool *sealed, wh_err_t *err);
 bool wh__shm_spec_locate(wh_store_t *st, uint64_t spec_gen, uint64_t *gen, wh_err_t *err);
 bool wh__shm_spec_need(wh_store_t *st, uint64_t spec_gen, wh_err_t *err);
 bool wh__shm_spec_params(wh_store_t *st, const wh_claim_t *c, char **doc, size_t *len,
                          wh_err_t *err);
 bool wh__shm_spec_status(wh_store_t *st, wh_spec_status_t *out, wh_err_t *err);
 bool wh__shm_spec_seal_full(wh_store_t *st, bool *sealed, wh_seal_info_t *info, wh_err_t *err);
+/* wh_shm_spec_put.c */
+bool wh__shm_spec_put(wh_store_t *st, const wh_claim_t *c, const wh_array_t *arr, int n,
+                      wh_spec_put_t *status, bool *sealed, wh_err_t *err);
 /* wh_shm_status.c */
 bool wh__shm_status(wh_store_t *st, wh_status_t *o, wh_err_t *err);
 bool wh__shm_beat(wh_store_t *st, const wh_reader_beat_t *b, wh_err_t *err);

@@ -72,12 +72,15 @@ static uint64_t wh__pidns(void) {
     return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
 }
 
-static void wh__geometry(wh__shm_t *s) {
-    s->swap_cap = s->hdr->swap_cap;
-    s->slot_bytes = s->hdr->slot_bytes;
-    s->index_off = s->hdr->index_off;
-    s->data_off = s->hdr->data_off;
-    s->spec_off = s->hdr->spec ? s->hdr->spec_off : 0;
+/* The handle's geometry, from values checked against each other and the
+ * mapping's size (never read again from the segment, which may change). */
+static void wh__geometry(wh__shm_t *s, uint32_t swap_cap, uint64_t slot_bytes, uint64_t index_off,
+                         uint64_t spec_off, uint64_t data_off) {
+    s->swap_cap = swap_cap;
+    s->slot_bytes = slot_bytes;
+    s->index_off = index_off;
+    s->data_off = data_off;
+    s->spec_off = spec_off;
 }
 
 /* A store name: only characters safe in a file name. */
@@ -266,7 +269,7 @@ static bool wh__create(wh__shm_t *s, int fd, uint64_t budget, wh_err_t *err) {
     h->spec_off = c->spec ? spec_off : 0;
     h->slots[0].gen = c->spec ? 0 : g0;
     h->write_gen = g0;
-    wh__geometry(s);
+    wh__geometry(s, c->swap_cap, slot_bytes, index_off, c->spec ? spec_off : 0, data_off);
     __atomic_store_n(&h->magic, WH__SHM_MAGIC, __ATOMIC_RELEASE);
     return true;
 }
@@ -451,6 +454,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
         wh_sleep_ms(1);
     }
     uint64_t index_off = 0, spec_off = 0, data_off = 0, total = 0;
+    uint64_t slot_bytes = h->slot_bytes; /* read once: checked, then used */
     bool ok = true;
     uint64_t ns = wh__pidns();
     if (h->format_version != WH_FORMAT_VERSION || h->hdr_size != sizeof(wh__hdr_t)) {
@@ -504,10 +508,10 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
             s->name, h->swap_cap, c->swap_cap);
     } else if (!wh__spec_attach_ok(s, h, err)) {
         ok = false;
-    } else if (!wh__layout(h->swap_cap, h->slot_bytes, h->spec, &index_off, &spec_off, &data_off,
+    } else if (!wh__layout(c->swap_cap, slot_bytes, c->spec, &index_off, &spec_off, &data_off,
                            &total, err) ||
                index_off != h->index_off || data_off != h->data_off || total != h->total_bytes ||
-               (h->spec && spec_off != h->spec_off) || (uint64_t)sb.st_size < total) {
+               (c->spec && spec_off != h->spec_off) || (uint64_t)sb.st_size < total) {
         ok =
             wh_err_set(err, WH_E_CORRUPT, "shm store '%s': header sizes are inconsistent", s->name);
     }
@@ -518,7 +522,7 @@ static bool wh__attach(wh__shm_t *s, int fd, bool *stale, wh_err_t *err) {
     s->hdr = p;
     s->map_len = total;
     if (!wh__map_ro(s, fd, err)) return false;
-    wh__geometry(s);
+    wh__geometry(s, c->swap_cap, slot_bytes, index_off, c->spec ? spec_off : 0, data_off);
     return true;
 }
 
@@ -784,6 +788,11 @@ void wh_shm_layout(wh_shm_layout_t *l) {
     l->slot_count = offsetof(wh__slot_t, count);
     l->slot_nholes = offsetof(wh__slot_t, nholes);
     l->slot_holes = offsetof(wh__slot_t, holes);
+    l->slot_spec_label = offsetof(wh__slot_t, spec_label);
+    l->slot_spec_state = offsetof(wh__slot_t, spec_state);
+    l->slot_spec_check = offsetof(wh__slot_t, spec_check);
+    l->claim_size = sizeof(wh__claim_t);
+    l->hdr_spec_off = offsetof(wh__hdr_t, spec_off);
     l->hdr_size = sizeof(wh__hdr_t);
 }
 

@@ -191,35 +191,6 @@ static bool wh__attempt(wh_store_t *st, const wh__attempt_t *a, uint32_t lost, u
     return wh_store_read(st, gen, pos, a->fn, a->ctx, meta, err);
 }
 
-/* The read policy's exact mode (spec mode): at->spec_gen located again
- * (its need published first, so it is kept once made), waiting with the
- * policy's backoff up to timeout_s while it is not sealed. The ops are
- * called directly: the handle is this process's (wh_store_here passed). */
-static bool wh__spec_relocate(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
-                              wh_err_t *err) {
-    if (!st->ops->spec_locate || !st->ops->spec_need)
-        return wh_store_lacks(st, WH_CAP_SPEC, "spec mode (RUN_SEED)", err);
-    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s * 1e9);
-    unsigned ms = WH_READ_BACKOFF_MIN_MS;
-    for (;;) {
-        uint64_t gen = 0;
-        if (!st->ops->spec_need(st, at->spec_gen, err) ||
-            !st->ops->spec_locate(st, at->spec_gen, &gen, err))
-            return false;
-        if (gen) {
-            at->gen = gen;
-            return true;
-        }
-        if ((stop && *stop) || wh_now_mono_ns() >= deadline)
-            return wh_err_set(err, WH_E_TIMEOUT,
-                              "spec generation %llu is not sealed after %gs: more generators, "
-                              "or a higher REUSE, keep readers from waiting",
-                              (unsigned long long)at->spec_gen, timeout_s);
-        wh_sleep_ms(ms);
-        ms = ms * 2 > WH_READ_BACKOFF_MAX_MS ? WH_READ_BACKOFF_MAX_MS : ms * 2;
-    }
-}
-
 static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                        const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err);
 
@@ -254,6 +225,38 @@ static void wh__count_read(wh_store_t *st, uint64_t gen) {
     }
 }
 
+/* The read policy's exact mode (spec mode): at->spec_gen located again
+ * (its need published first, so it is kept once made), waiting with the
+ * policy's backoff up to timeout_s while it is not sealed; at->gen is then
+ * its id. Through the ops, so this file and wh_spec.c call one way. */
+static bool wh__relocate(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
+                         wh_err_t *err) {
+    if (!st->cfg.spec || !st->ops->spec_need || !st->ops->spec_locate)
+        return wh_err_set(err, WH_E_INVALID,
+                          "store %s: a read of spec generation %llu needs a spec-mode store "
+                          "(RUN_SEED)",
+                          st->uri, (unsigned long long)at->spec_gen);
+    uint64_t deadline = wh_now_mono_ns() + (uint64_t)(timeout_s * 1e9);
+    unsigned ms = WH_READ_BACKOFF_MIN_MS;
+    for (;;) {
+        uint64_t gen = 0;
+        if (!st->ops->spec_need(st, at->spec_gen, err) ||
+            !st->ops->spec_locate(st, at->spec_gen, &gen, err))
+            return false;
+        if (gen) {
+            at->gen = gen;
+            return true;
+        }
+        if ((stop && *stop) || wh_now_mono_ns() >= deadline)
+            return wh_err_set(err, WH_E_TIMEOUT,
+                              "spec generation %llu is not sealed after %gs: more generators, "
+                              "or a higher REUSE, keep readers from waiting",
+                              (unsigned long long)at->spec_gen, timeout_s);
+        wh_sleep_ms(ms);
+        ms = ms * 2 > WH_READ_BACKOFF_MAX_MS ? WH_READ_BACKOFF_MAX_MS : ms * 2;
+    }
+}
+
 static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const bool *stop,
                        const wh__attempt_t *a, wh_sample_meta_t *meta, wh_err_t *err) {
     uint32_t cap = st->cfg.swap_cap;
@@ -262,7 +265,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
     at->last_skip[0] = 0;
     if (!wh_store_pos_check(st, at->pos, err)) return false;
     if (at->exact) {
-        if (!at->gen && !wh__spec_relocate(st, at, timeout_s, stop, err)) return false;
+        if (!at->gen && !wh__relocate(st, at, timeout_s, stop, err)) return false;
     } else if (!at->gen && !wh_store_wait_gen(st, 0, timeout_s, stop, &at->gen, err)) {
         return false;
     }
@@ -288,7 +291,7 @@ static bool wh__policy(wh_store_t *st, wh_read_at_t *at, double timeout_s, const
                                       "position %u of spec generation %llu: lost %u races in "
                                       "a row (%s)",
                                       at->pos, (unsigned long long)at->spec_gen, lost, e.message);
-                if (!wh__spec_relocate(st, at, timeout_s, stop, err))
+                if (!wh__relocate(st, at, timeout_s, stop, err))
                     return wh_err_prefix(err, "position %u (%s)", at->pos, e.message);
                 continue;
             }

@@ -1901,6 +1901,20 @@ out:
 
 /* ---- a self-sealing generator SIGKILLed at every step of a seal -------- */
 
+/* Waits for a fault child: 1 if a fault point SIGKILLed it, 0 if it ended
+ * on its own (exit 0: the call had fewer steps), -1 on any other end. */
+static int kid_fate(pid_t pid, const char *what, const char *fault) {
+    kid_add(pid);
+    int wst = 0;
+    while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+    }
+    kid_forget(pid);
+    if (WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL) return 1;
+    if (WIFEXITED(wst) && WEXITSTATUS(wst) == 0) return 0;
+    fprintf(stderr, "  %s (%s) ended with status %#x\n", what, fault, wst);
+    return -1;
+}
+
 /* Forks a child that opens the store, takes the lease and seals with
  * WIREHEAD_FAULT_SEAL_KILL=step. Returns 1 if it was killed at that step, 0
  * if its seal returned (it has fewer steps, or found nothing to seal), -1 on
@@ -1923,15 +1937,7 @@ static int seal_child(const wh_store_config_t *c, int step) {
         if (!wh_store_seal(cs, &sealed, &info, &ce)) _exit(4);
         _exit(0); /* no write of this seal is numbered step */
     }
-    kid_add(pid);
-    int wst = 0;
-    while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
-    }
-    kid_forget(pid);
-    if (WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL) return 1;
-    if (WIFEXITED(wst) && WEXITSTATUS(wst) == 0) return 0;
-    fprintf(stderr, "  seal child (step %d) ended with status %#x\n", step, wst);
-    return -1;
+    return kid_fate(pid, "seal child", v);
 }
 
 /* Reads all of generation gen: every sample well-formed, the ids exactly
@@ -3085,6 +3091,290 @@ out:
     clean_store(&c);
 }
 
+/* ---- spec mode: a generator SIGKILLed at every step of its store writes ---- */
+
+/* Claims and puts (sample index k as id k) until spec generation spec_gen
+ * is sealed; at most max_claims claims. False (and why) on anything else. */
+static bool spec_make(wh_store_t *st, uint64_t spec_gen, int max_claims, uint32_t *retried) {
+    int32_t buf[600];
+    wh_array_t a[2];
+    for (int i = 0; i < max_claims; i++) {
+        wh_err_t e;
+        uint64_t gen = 0;
+        if (!wh_store_spec_locate(st, spec_gen, &gen, &e)) {
+            fprintf(stderr, "  locate %llu: %s\n", (unsigned long long)spec_gen, e.message);
+            return false;
+        }
+        if (gen) return true;
+        wh_claim_t c;
+        wh_claim_status_t cs;
+        if (!wh_store_spec_claim(st, 30.0, 3, &c, &cs, &e)) {
+            fprintf(stderr, "  claim: %s\n", e.message);
+            return false;
+        }
+        if (cs == WH_CLAIM_AHEAD) { /* the window is full: spec_gen must be sealed by now */
+            if (wh_store_spec_locate(st, spec_gen, &gen, &e) && gen) return true;
+            fprintf(stderr, "  claim: AHEAD before spec generation %llu was sealed\n",
+                    (unsigned long long)spec_gen);
+            return false;
+        }
+        if (cs == WH_CLAIM_WAIT) {
+            wh_sleep_ms(1);
+            continue;
+        }
+        if (retried && c.attempt > 1) (*retried)++;
+        make_id_sample(c.index, buf, false, a);
+        wh_spec_put_t ps;
+        bool sealed;
+        if (!wh_store_spec_put(st, &c, a, 2, &ps, &sealed, &e)) {
+            fprintf(stderr, "  put of index %llu: %s\n", (unsigned long long)c.index, e.message);
+            return false;
+        }
+    }
+    fprintf(stderr, "  spec generation %llu not sealed after %d claims\n",
+            (unsigned long long)spec_gen, max_claims);
+    return false;
+}
+
+/* Spec generation spec_gen is sealed in exactly one area and reads back
+ * exactly: position p holds sample index spec_gen * cap + p. */
+static bool spec_exact(wh_store_t *st, const wh_store_config_t *c, uint64_t spec_gen) {
+    wh_err_t e;
+    uint64_t gen = 0;
+    if (!wh_store_spec_locate(st, spec_gen, &gen, &e) || !gen) {
+        fprintf(stderr, "  spec generation %llu not located: %s\n", (unsigned long long)spec_gen,
+                gen ? "" : e.message);
+        return false;
+    }
+    if (!gen_holds(st, gen, c->swap_cap, spec_gen * c->swap_cap)) return false;
+    wh_shm_layout_t L;
+    wh_shm_layout(&L);
+    char path[160];
+    size_t len;
+    unsigned char *seg = map_segment(c, &len, path, sizeof path);
+    if (!seg) return false;
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char *sl = seg + L.slots + (size_t)i * L.slot_size;
+        uint32_t state;
+        memcpy(&state, sl + L.slot_spec_state, 4);
+        n += get64(sl + L.slot_gen) && get64(sl + L.slot_spec_label) == spec_gen + 1 && state == 2;
+    }
+    munmap(seg, len);
+    if (n != 1)
+        fprintf(stderr, "  spec generation %llu sealed in %d areas\n", (unsigned long long)spec_gen,
+                n);
+    return n == 1;
+}
+
+/* Forks a child that makes spec generation target (claims and puts; in
+ * mode 'f' its first claim is given back as failed for good) with
+ * WIREHEAD_FAULT_SPEC_KILL=fault. 1: killed there; 0: it ended on its own
+ * (that call has fewer steps); -1: anything else. */
+static int spec_child(const wh_store_config_t *c, const char *fault, char mode, uint64_t target) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setenv("WIREHEAD_FAULT_SPEC_KILL", fault, 1);
+        if (freopen("/dev/null", "w", stderr) == NULL) _exit(5);
+        wh_err_t ce;
+        wh_store_t *cs = wh_store_open(c, &ce);
+        if (!cs) _exit(3);
+        if (mode == 'f') {
+            wh_claim_t cl;
+            wh_claim_status_t st;
+            bool failed;
+            if (!wh_store_spec_claim(cs, 30.0, 3, &cl, &st, &ce) || st != WH_CLAIM_OK ||
+                !wh_store_spec_fail(cs, &cl, 1, "ValueError: boom", &failed, &ce) || !failed)
+                _exit(6);
+            uint64_t g;
+            _exit(wh_store_spec_locate(cs, target, &g, &ce) || ce.code != WH_E_SPECFAIL ? 7 : 0);
+        }
+        _exit(spec_make(cs, target, 100, NULL) ? 0 : 4);
+    }
+    return kid_fate(pid, "spec child", fault);
+}
+
+/* For each spec operation (claim, open, put, seal, fail, abandon) and each
+ * of its store writes in turn, a child making the next spec generation is
+ * SIGKILLed right after that write. The store's next participant (this
+ * process) then makes that generation and three more: each sealed in one
+ * area with exactly its indices at their positions, or, where the kill
+ * came after the index's failure was recorded, a clear SpecFailed. A
+ * generation whose last put died before its seal is sealed by a reader's
+ * locate. Every area has held a generation before (a half-reset one would
+ * still carry old claims and index entries). */
+static void t_spec_killed_every_step(void) {
+    static const struct {
+        const char *op;
+        int nth;   /* the call killed */
+        char mode; /* 'o': the child opens target; 'a': target's area was abandoned; 'f': fails */
+    } ops[] = {{"claim", 1, 'o'}, {"claim", 2, 'o'}, {"open", 1, 'o'}, {"put", 1, 'o'},
+               {"put", 4, 'o'},   {"seal", 1, 'o'},  {"fail", 1, 'f'}, {"abandon", 1, 'a'}};
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    const uint32_t cap = 4;
+    wh_store_config_t c = mkcfg(new_uri(), cap, 64 << 10, &s);
+    c.spec = true;
+    c.run_seed = 7;
+    wh_store_t *st = NULL, *rd = NULL;
+    int runs = 0;
+    for (size_t o = 0; o < WH_ARRAY_LEN(ops); o++) {
+        int step = 1;
+        for (;; step++) {
+            REQUIRE(step <= 32, "%s call %d has more than 32 steps", ops[o].op, ops[o].nth);
+            wh_err_t e;
+            st = wh_store_open(&c, &e);
+            REQUIRE(st, "open: %s", e.message);
+            rd = wh_store_open(&c, &e);
+            REQUIRE(rd, "open: %s", e.message);
+            for (uint64_t g = 0; g < 4; g++) /* every area holds a sealed generation */
+                REQUIRE(spec_make(st, g, 40, NULL), "prime %s step %d", ops[o].op, step);
+            REQUIRE(wh_store_spec_need(rd, 1, &e), "need: %s", e.message);
+            uint64_t target = 4;
+            if (ops[o].mode == 'a') { /* 4 open with one put, then out of the window */
+                int32_t buf[600];
+                wh_array_t a[2];
+                wh_claim_t cl;
+                wh_claim_status_t cs;
+                wh_spec_put_t ps;
+                bool sealed;
+                REQUIRE(wh_store_spec_claim(st, 30.0, 3, &cl, &cs, &e) && cs == WH_CLAIM_OK &&
+                            cl.spec_gen == 4,
+                        "claim in 4: %s", e.message);
+                make_id_sample(cl.index, buf, false, a);
+                REQUIRE(wh_store_spec_put(st, &cl, a, 2, &ps, &sealed, &e), "put");
+                target = 5;
+                REQUIRE(wh_store_spec_need(rd, target, &e), "need: %s", e.message);
+            }
+            char fault[48];
+            snprintf(fault, sizeof fault, "%s:%d:%d", ops[o].op, step, ops[o].nth);
+            int r = spec_child(&c, fault, ops[o].mode, target);
+            REQUIRE(r >= 0, "child %s", fault);
+            if (r == 1) runs++;
+            /* a generation complete but unsealed is sealed by a reader */
+            wh_spec_status_t ss;
+            uint64_t g = 0;
+            REQUIRE(wh_store_spec_status(rd, &ss, &e), "status: %s", e.message);
+            bool failed = ss.failed;
+            if (ss.open && ss.open_gen == target && ss.open_fill == cap)
+                CHECK(wh_store_spec_locate(rd, target, &g, &e) && g,
+                      "%s: a complete generation is not sealed by a reader's locate", fault);
+            if (failed) { /* the kill came after the failure was recorded */
+                CHECK(ops[o].mode == 'f' && step >= 2, "%s: failed: %s", fault, ss.failure);
+                CHECK(!wh_store_spec_locate(rd, target, &g, &e) && e.code == WH_E_SPECFAIL &&
+                          strstr(e.message, "sample index 16 (generation 4, position 0) failed "
+                                            "1 attempts; last by pid") &&
+                          strstr(e.message, ": ValueError: boom"),
+                      "%s: locate of a failed generation: %s", fault, e.message);
+            } else {
+                uint32_t retried = 0;
+                CHECK(spec_make(st, target, 40, &retried), "%s: make %llu after the kill", fault,
+                      (unsigned long long)target);
+                CHECK(spec_exact(st, &c, target), "%s: spec generation %llu", fault,
+                      (unsigned long long)target);
+                REQUIRE(wh_store_spec_need(rd, target, &e), "need: %s", e.message);
+                for (uint64_t k = target + 1; k < target + 4 && case_ok; k++)
+                    CHECK(spec_make(st, k, 40, NULL) && spec_exact(st, &c, k),
+                          "%s: spec generation %llu after the kill", fault, (unsigned long long)k);
+                CHECK(areas_distinct(st), "%s: areas", fault);
+            }
+            wh_store_destroy(rd);
+            wh_store_destroy(st);
+            rd = st = NULL;
+            clean_store(&c);
+            if (!case_ok) return;
+            if (r == 0) break; /* every step of this call done */
+        }
+        CHECK(step > 1, "%s: no step was ever reached", ops[o].op);
+        fprintf(stderr, "     %s call %d: %d steps\n", ops[o].op, ops[o].nth, step - 1);
+    }
+    fprintf(stderr, "     %d kill runs\n", runs);
+    return;
+out:
+    if (rd) wh_store_destroy(rd);
+    if (st) wh_store_destroy(st);
+    clean_store(&c);
+}
+
+/* BYTE_BUDGET of exactly SWAP_CAP samples: a generator SIGKILLed between
+ * reserving a sample's bytes and recording the reservation loses them; the
+ * generation must still complete (its bytes are found again from the
+ * index), exactly. */
+static void t_spec_killed_put_tight_budget(void) {
+    wh_schema_t s = schema_of(2, NAMES_ID_DATA);
+    const uint32_t cap = 4;
+    wh_store_config_t c = mkcfg(new_uri(), cap, 4096, &s);
+    c.spec = true;
+    c.run_seed = 7;
+    wh_err_t e;
+    wh_store_t *st = NULL;
+    /* data of n int32: the largest n whose cap samples fit 4096 bytes */
+    static int32_t buf[1024];
+    static int64_t idv;
+    int64_t n = 1;
+    wh_array_t a[2];
+    wh_sample_meta_t m;
+    for (;; n++) {
+        a[0] = arr0(WH_DT_I64, &idv);
+        a[1] = arr1(WH_DT_I32, n + 1, 4, buf);
+        REQUIRE(wh_sample_plan(&s, a, 2, &m, &e), "plan: %s", e.message);
+        if (m.total_size * cap > 4096) break;
+    }
+    a[1] = arr1(WH_DT_I32, n, 4, buf);
+    REQUIRE(wh_sample_plan(&s, a, 2, &m, &e) && 4096 - m.total_size * cap < m.total_size,
+            "a sample of %lld int32 leaves room for a fifth", (long long)n);
+    st = wh_store_open(&c, &e);
+    REQUIRE(st, "open: %s", e.message);
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0, "fork");
+    if (pid == 0) {
+        setenv("WIREHEAD_FAULT_SPEC_KILL", "put:2:1", 1);
+        if (freopen("/dev/null", "w", stderr) == NULL) _exit(5);
+        wh_store_t *cs = wh_store_open(&c, &e);
+        wh_claim_t cl;
+        wh_claim_status_t cst;
+        wh_spec_put_t ps;
+        bool sealed;
+        idv = 0;
+        if (!cs || !wh_store_spec_claim(cs, 30.0, 3, &cl, &cst, &e) || cst != WH_CLAIM_OK) _exit(3);
+        wh_store_spec_put(cs, &cl, a, 2, &ps, &sealed, &e);
+        _exit(0);
+    }
+    REQUIRE(kid_fate(pid, "tight-budget child", "put:2:1") == 1, "the child was not killed");
+    bool sealed = false;
+    for (uint32_t i = 0; i < cap; i++) {
+        wh_claim_t cl;
+        wh_claim_status_t cst;
+        wh_spec_put_t ps;
+        REQUIRE(wh_store_spec_claim(st, 30.0, 3, &cl, &cst, &e) && cst == WH_CLAIM_OK,
+                "claim %u: %s", i, e.message);
+        CHECK(cl.index == i && cl.attempt == (i ? 1u : 2u), "claim %u: index %llu attempt %u", i,
+              (unsigned long long)cl.index, cl.attempt);
+        idv = (int64_t)cl.index;
+        for (int64_t k = 0; k < n; k++) buf[k] = data_val(cl.index, k);
+        REQUIRE(wh_store_spec_put(st, &cl, a, 2, &ps, &sealed, &e) && ps == WH_SPEC_PUT_ACCEPTED,
+                "put of index %llu with a lost reservation in the area: %s",
+                (unsigned long long)cl.index, e.message);
+    }
+    CHECK(sealed, "the last put sealed");
+    uint64_t g = 0;
+    REQUIRE(wh_store_spec_locate(st, 0, &g, &e) && g, "locate: %s", e.message);
+    for (uint32_t p = 0; p < cap; p++) {
+        int64_t rid = -1;
+        static int32_t rbuf[1024];
+        dest_t d = {.buf = {&rid, rbuf}, .cap = {8, sizeof rbuf}};
+        wh_sample_meta_t rm;
+        CHECK(wh_store_read(st, g, p, dest_cb, &d, &rm, &e) && rid == p && rm.f[1].shape[0] == n &&
+                  rbuf[n - 1] == data_val(p, n - 1),
+              "position %u: id %lld (%s)", p, (long long)rid, e.message);
+    }
+out:
+    if (st) wh_store_destroy(st);
+    clean_store(&c);
+}
+
 int main(int argc, char **argv) {
     signal(SIGALRM, on_fatal);
     signal(SIGINT, on_fatal);
@@ -3119,6 +3409,10 @@ int main(int argc, char **argv) {
         {"segment of another user or not mode 0600 refused", t_segment_owner_mode, false},
         {"generator SIGKILLed inside a put", t_killed_put, false},
         {"generator SIGKILLed at every step of a seal", t_seal_killed_every_step, false},
+        {"spec generator SIGKILLed at every step of claim/open/put/seal/fail/abandon",
+         t_spec_killed_every_step, false},
+        {"spec put killed with its bytes reserved, unrecorded, in a tight budget",
+         t_spec_killed_put_tight_budget, false},
         {"live paused writer blocks slot recycling", t_live_writer_blocks_recycle, false},
         {"killed put with a tight budget does not wedge", t_killed_put_tight_budget, false},
         {"stale half-created segment is replaced", t_stale_segment, false},

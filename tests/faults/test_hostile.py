@@ -2,7 +2,6 @@
 wrong data or a whole epoch lost: a sample records the generation and
 position it was stored at inside its checksummed header, and a damaged
 header is corruption even where it names the schema."""
-import os
 import struct
 
 import numpy as np
@@ -232,7 +231,6 @@ def test_stopped_lock_holder_delays_but_stops_no_manager(shm_cfg):
     lock word names this live test process) makes the manager wait
     LEASE_SECONDS at most per try and log the pid; it goes on sealing once
     the lock is let go, and the generator beside it keeps running."""
-    from wirehead_torch import _C
     cfg = shm_cfg(swap_cap=SWAP_CAP, LEASE_SECONDS=1)
     procs = [whlib.spawn("gen", cfg, 1), whlib.spawn("manager", cfg)]
     mgr_p = procs[1]
@@ -240,19 +238,10 @@ def test_stopped_lock_holder_delays_but_stops_no_manager(shm_cfg):
         for p in procs:
             whlib.wait_line(p.stderr, "STARTED", 60)
         whlib.until(lambda: wt.status(cfg)["seals"] >= 1, 60, "the first seal")
-        lay = _C.shm_layout()
-        seg = _C.SharedMap(shm_path(cfg), lay["slots"])
-        w, me = lay["hdr_lock"] // 8, os.getpid()
-
-        def take():  # the owner is the word's low half; its high half counts waiters
-            cur = seg.load(w)
-            return (cur & 0xffffffff) == 0 and seg.cas(w, cur, cur | me)
-
-        whlib.until(take, 30, "the header lock")
-        whlib.wait_line(mgr_p.stderr, f"held by pid {me}", 60)
-        seals = wt.status(cfg)["seals"]  # status does not wait for the lock
-        whlib.assert_alive(procs, "while the lock was held")
-        seg.store(w, seg.load(w) & ~0xffffffff)
+        with whlib.header_lock_held(cfg) as me:
+            whlib.wait_line(mgr_p.stderr, f"held by pid {me}", 60)
+            seals = wt.status(cfg)["seals"]  # status does not wait for the lock
+            whlib.assert_alive(procs, "while the lock was held")
         whlib.until(lambda: wt.status(cfg)["seals"] > seals, 60, "a seal after the release")
         whlib.assert_alive(procs, "after the lock was let go")
     finally:

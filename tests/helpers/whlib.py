@@ -3,6 +3,7 @@
 The test sample has two fields: 'id' (int64 [2]: producer tag, counter) and
 'data' (float32 [n], data[k] = tag * 1000 + counter + k / n), so a reader can
 check every sample it gets against its id."""
+import contextlib
 import json
 import os
 import signal
@@ -232,6 +233,27 @@ def until(cond, timeout, what):
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+@contextlib.contextmanager
+def header_lock_held(cfg):
+    """While inside: the shm store's header lock word names this live
+    process, as if a process holding it were stopped (SIGSTOP); let go on
+    exit."""
+    from wirehead_torch import _C
+    lay = _C.shm_layout()
+    seg = _C.SharedMap(f"/dev/shm/wirehead.{cfg['STORE'][len('shm://'):]}", lay["slots"])
+    w, me = lay["hdr_lock"] // 8, os.getpid()
+
+    def take():  # the owner is the word's low half; its high half counts waiters
+        cur = seg.load(w)
+        return (cur & 0xffffffff) == 0 and seg.cas(w, cur, cur | me)
+
+    until(take, 30, "the header lock")
+    try:
+        yield me
+    finally:
+        seg.store(w, seg.load(w) & ~0xffffffff)
 
 
 def open_store(cfg):
