@@ -31,7 +31,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests", "helpers"))
 import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
-from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
+from wirehead_torch._store_args import store_kwargs  # noqa: E402
+from wirehead_torch.config import resolve  # noqa: E402
 
 
 def _cfg(store, cap, spec, **extra):

@@ -247,7 +247,7 @@ class BatchRing:
 
     # --- reading a batch ---------------------------------------------------
     def fill(self, store, gen, positions, worker, skip=True, pads=None, ignore=None,
-             direct_min=0):
+             direct_min=0, spec=None):
         """(Batch, rows): the samples at positions of generation gen, each
         read once through the store's read policy (a reclaimed generation
         moves to the newest; a corrupt sample is skipped and a neighbour
@@ -260,7 +260,11 @@ class BatchRing:
         worker: the DataLoader worker id, None in-process. direct_min > 0 (a
         device iteration, an shm store): rows of at least that many bytes
         stay in the store for the main process's device copy, in a slot
-        only (heap memory gets them copied)."""
+        only (heap memory gets them copied). spec (spec mode): (spec_gen,
+        SWAP_CAP): gen holds spec generation spec_gen, read exactly; the
+        batch's generation column says spec_gen and a spec_index column is
+        added (docs/reproducible.md)."""
+        spec_gen, cap = spec or (None, 0)
         ring = self.worker_ring(worker)
         pos = np.asarray(positions, dtype=np.uint32)
         pad = b"" if pads is None else bytes(bytearray(bool(p) for p in pads))
@@ -274,7 +278,7 @@ class BatchRing:
                            timeout=self.timeout, skip=skip,
                            wait_s=RING_WAIT_S if worker is not None and ring else 0,
                            ignore_fields=in_c if ignore else None, ignore_value=value,
-                           direct_min=direct_min if ring else 0)
+                           direct_min=direct_min if ring else 0, spec_gen=spec_gen)
         if got.mismatch_generation is not None:
             first = [LayoutEntry(i, name, got.layouts[i].dtype, tuple(got.layouts[i].shape), 0,
                                  None) for i, name in zip(self.want, self.names)]
@@ -302,6 +306,10 @@ class BatchRing:
                   ("generation", got.generation_offset, "int64", n),
                   ("position", got.position_offset, "int64", n),
                   ("params_version", got.params_version_offset, "int64", n))
+        if spec_gen is not None:  # columns made from the stored ones: (mul, add)
+            extras = (extras[0], ("generation", got.generation_offset, "int64", n, (0, spec_gen)),
+                      extras[2], ("spec_index", got.position_offset, "int64", n,
+                                  (1, spec_gen * cap)), extras[3])
         slot = got.slot if got.slot >= 0 else None
         batch = Batch(ring=ring if slot is not None else None, slot=slot,
                       stamp=(got.version, got.sequence), mem=got.memory, layout=layout,

@@ -25,7 +25,15 @@ class RankEpoch(ctypes.Structure):
         # in the store for the main process's copy (0: none; docs/gpu.md)
         ("direct_min", ctypes.c_int64),
         ("iterations", ctypes.c_int64 * MAX_WORKERS),  # iterations started, per worker
+        # spec mode: worker 0's waits for a spec generation not sealed yet
+        ("spec_waits", ctypes.c_int64),
+        ("spec_wait_us", ctypes.c_int64),
     ]
+
+    def count_wait(self, seconds):
+        """Worker 0 waited seconds for its epoch's spec generation."""
+        self.spec_waits += 1
+        self.spec_wait_us += int(seconds * 1e6)
 
     def start(self, epoch):
         """The next iteration of every worker runs epoch; no resume."""

@@ -186,6 +186,30 @@ class WorkerShare:
             yield positions[b0:b0 + size], pads[b0:b0 + size]
 
 
+class SpecShare(WorkerShare):
+    """A reader's rows in spec mode (docs/reproducible.md): the rank's plan
+    (no workers) cut into batches of size rows, of which DataLoader worker
+    w of K makes batches skip + w, skip + w + K, ... (skip: the rank's
+    batches taken before a resume). torch hands an iterable dataset's
+    batches out from worker i mod K, so any K gives the same batches in
+    the same order. start: rows of these the worker made already (its own
+    resume state)."""
+
+    def __init__(self, plan, epoch, size, workers, worker, skip=0, start=0):
+        super().__init__(plan, epoch, start)
+        self.size, self.every, self.first = size, max(workers, 1), skip + worker
+
+    def rows(self):
+        from array import array
+        positions, pads = WorkerShare(self.plan, self.epoch).rows()
+        size = self.size or max(len(positions), 1)
+        pos, pad = array("q"), bytearray()
+        for b0 in range(self.first * size, len(positions), size * self.every):
+            pos.extend(positions[b0:b0 + size])
+            pad += pads[b0:b0 + size]
+        return memoryview(pos)[self.start:], bytes(pad[self.start:])
+
+
 # Padding above this share of a rank's items in an epoch is logged (once
 # per epoch): a batch_size close to or above SWAP_CAP / (world x workers)
 # makes most of every batch repeats.

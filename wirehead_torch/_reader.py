@@ -10,6 +10,7 @@ import time
 from . import _C, _uri
 from ._order import warn_skipped
 from ._redact import redact
+from ._spec_read import SpecWait, spec_generation
 from ._store import gen_label
 from ._store_args import database, store_kwargs
 
@@ -253,15 +254,30 @@ class Generations:
     generation a resumed state names, else on the newest sealed one,
     waited for (min_params: made entirely under params >= it); with
     refresh='step' each step moves on to the newest sealed one (the C
-    loader's threads do that step themselves)."""
+    loader's threads do that step themselves).
 
-    def __init__(self, cfg, timeout, min_params=0, refresh="epoch"):
+    In spec mode (RUN_SEED; docs/reproducible.md) epoch e reads spec
+    generation e // REUSE and nothing else: spec_gen(e) names it,
+    for_epoch waits for it (counted in ``spec``, a SpecWait) and every
+    read of it is exact (a lost one is waited for where it is made
+    again, never replaced by the newest)."""
+
+    def __init__(self, cfg, timeout, min_params=0, refresh="epoch", who="wirehead reader"):
         self.cfg, self.timeout = cfg, timeout
         self.min_params, self.refresh = min_params, refresh
+        self.spec = SpecWait(cfg, who) if cfg["RUN_SEED"] is not None else None
 
-    def for_epoch(self, store, resume=0):
+    def spec_gen(self, epoch):
+        """The spec generation epoch reads; None outside spec mode."""
+        return None if self.spec is None else spec_generation(self.cfg, epoch)
+
+    def for_epoch(self, store, resume=0, epoch=0):
         """The generation an epoch starts on; resume: the one a resumed
-        state names (0: none). Waits for a generation either way."""
+        state names (0: none). Waits for a generation either way. In spec
+        mode: the store's id of epoch's spec generation (resume is not
+        asked: the epoch names it)."""
+        if self.spec is not None:
+            return self.spec.generation(store, self.spec_gen(epoch), self.timeout)
         newest = wait_for_generation(store, self.cfg, self.timeout, min_params=self.min_params)
         return resume or newest
 
@@ -277,12 +293,13 @@ class Generations:
             return gen
 
 
-def read_sample(store, gen, pos, want, timeout, skip=True):
+def read_sample(store, gen, pos, want, timeout, skip=True, spec_gen=None):
     """The _C.SampleRead (generation, position, is_pad, arrays, skipped)
     through the one C read policy: a reclaimed generation moves to the
     newest; a corrupt sample is skipped (logged) and its neighbour stands in
-    as padding, or with skip=False raises CorruptSampleError."""
-    got = store.read_sample(gen, pos, want, timeout, skip)
+    as padding, or with skip=False raises CorruptSampleError. spec_gen
+    (spec mode): gen holds that spec generation, read exactly."""
+    got = store.read_sample(gen, pos, want, timeout, skip, spec_gen=spec_gen)
     if got.skipped:
         warn_skipped("wirehead reader", 1, got.skipped)
     return got
@@ -298,13 +315,13 @@ def check_views_store(cfg):
                          f"{b.backend} store's samples are read as copies")
 
 
-def view_sample(store, gen, pos, want, timeout, skip=True):
+def view_sample(store, gen, pos, want, timeout, skip=True, spec_gen=None):
     """As read_sample, but the arrays view the shm store (read-only, the
     generation pinned while any of them lives); None when the pin policy
     refuses (this process still holds views of another generation): the
     caller reads a copy instead."""
     try:
-        got = store.view_sample(gen, pos, want, timeout, skip)
+        got = store.view_sample(gen, pos, want, timeout, skip, spec_gen=spec_gen)
     except _C.PinLimitError:
         return None
     if got.skipped:

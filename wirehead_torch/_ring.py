@@ -200,7 +200,7 @@ class SlotHandle(NamedTuple):
     sequence: int
     worker_pid: int  # the worker that filled it
     fields: tuple  # SlotField per field batched
-    extras: tuple  # (name, offset, dtype, rows) per extra
+    extras: tuple  # (name, offset, dtype, rows[, (mul, add)]) per extra
     form: str  # "dict" or "list"
     seal: int  # XXH3 of the slot's seal
     wire: bytes  # the batch's layout as ring_fill wrote it: read only in C
@@ -302,7 +302,9 @@ def tensors(mem, fields, extras, form="dict", from_dlpack=None):
     """The batch's tensors over mem (a uint8 Array: a claimed slot, heap
     memory when no slot was free, or the batch's copy on a device); a slot
     goes back when the last of them dies. extras: (name, offset, dtype,
-    rows) read from the batch's tail, as small tensors of their own."""
+    rows) read from the batch's tail, as small tensors of their own; a
+    fifth item (mul, add) makes the column stored * mul + add (spec mode's
+    generation and spec_index, docs/reproducible.md)."""
     import torch
     base = (from_dlpack or torch.from_dlpack)(mem)
     out = {}
@@ -314,7 +316,11 @@ def tensors(mem, fields, extras, form="dict", from_dlpack=None):
             value, pad_off = f.ignore
             t[base[pad_off:pad_off + f.shape[0]].view(torch.bool)] = value
         out[f.key] = t
-    for name, off, dtype, n in extras:
+    for name, off, dtype, n, *affine in extras:
         tdt = getattr(torch, dtype)
-        out[name] = base[off:off + n * torch.empty((), dtype=tdt).element_size()].view(tdt).clone()
+        t = base[off:off + n * torch.empty((), dtype=tdt).element_size()].view(tdt).clone()
+        if affine:
+            mul, add = affine[0]
+            t = t * mul + add
+        out[name] = t
     return list(out.values()) if form == "list" else out

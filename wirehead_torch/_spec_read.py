@@ -6,7 +6,7 @@ import os
 import time
 
 from . import _C
-from .config import redact
+from ._redact import redact
 
 log = logging.getLogger("wirehead_torch")
 
@@ -44,13 +44,18 @@ def spec_columns(position, spec_gen, swap_cap):
             "spec_index": position + spec_gen * swap_cap}
 
 
-def worker_batches(nbatches, workers, worker, start=0):
-    """The rank's batches DataLoader worker `worker` of `workers` makes, in
-    order: a DataLoader hands out batch i from worker i mod workers, and a
-    resumed one (start batches consumed) asks worker 0 first, so worker w
-    makes start + w, start + w + workers, ... (any number of workers then
-    gives the same batches)."""
-    return range(start + worker, nbatches, max(workers, 1))
+class EpochIndex(int):
+    """A position a map-style reader is asked for, with the epoch it is
+    read in (spec mode: the epoch names the spec generation; the
+    DataLoader's sampler makes these, its workers read them)."""
+
+    def __new__(cls, position, epoch):
+        self = super().__new__(cls, position)
+        self.epoch = int(epoch)
+        return self
+
+    def __reduce__(self):
+        return EpochIndex, (int(self), self.epoch)
 
 
 class SpecWait:
@@ -65,6 +70,7 @@ class SpecWait:
         self.who = who
         self.waits = 0
         self.wait_s = 0.0
+        self.last_wait_s = 0.0  # the latest call's wait (0: it found the generation sealed)
 
     def _state(self, store, s):
         """What the store says about spec generation s, in words."""
@@ -92,6 +98,7 @@ class SpecWait:
         """The store's id of sealed spec generation s, waiting up to timeout
         seconds (None once stop, a flag, is set). SpecFailedError when an
         index of it failed every attempt."""
+        self.last_wait_s = 0.0
         _C.spec_need(store, s)
         gen = _C.spec_locate(store, s)
         if gen:
@@ -125,4 +132,5 @@ class SpecWait:
                 if gen:
                     return gen
         finally:
-            self.wait_s += time.monotonic() - start
+            self.last_wait_s = time.monotonic() - start
+            self.wait_s += self.last_wait_s

@@ -12,6 +12,7 @@ import torch
 from . import _C, _ring
 from ._order import check_yields, warn_padding
 from ._reader import reader_timeout
+from ._spec_read import SpecWait, spec_generation, spec_state
 from .dataset import MapAdapter
 from .iterable import IterableAdapter
 
@@ -102,6 +103,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._adapter = adapter(dataset, what, ring=self._ring, batch_size=batch_size,
                                 num_workers=num_workers, shuffle=shuffle, drop_last=drop_last,
                                 seed=seed)
+        cfg = self._adapter.dataset.cfg
+        # spec mode (docs/reproducible.md): the main process waits for each
+        # epoch's spec generation before the workers read it (counted: stats())
+        self._spec = SpecWait(cfg, what) if cfg["RUN_SEED"] is not None else None
         super().__init__(self._adapter.dataset, num_workers=num_workers, pin_memory=pin_memory,
                          timeout=timeout, worker_init_fn=worker_init_fn,
                          multiprocessing_context=multiprocessing_context, generator=generator,
@@ -182,6 +187,10 @@ class DataLoader(torch.utils.data.DataLoader):
         info = check_yields(plan, self._what, self._batch, self._drop_last)
         warn_padding(plan, info, self._what, epoch, self._pad_memo, self._batch)
         self._adapter.begin_epoch(epoch, start, resume)
+        if self._spec is not None:
+            ds = self._adapter.dataset
+            self._spec.generation(self._adapter.store(), spec_generation(ds.cfg, epoch),
+                                  ds.timeout)
         self._epoch = epoch + 1
         self._current = [epoch, start]
         self._done = False
@@ -225,6 +234,17 @@ class DataLoader(torch.utils.data.DataLoader):
         if getattr(self, "_iterator", None) is it:
             self._iterator = None
 
+    def stats(self):
+        """What the reads waited for (spec mode; docs/reproducible.md):
+        spec_waits, the epochs that waited for their spec generation to be
+        sealed, and spec_wait_s, the seconds they waited (this process's
+        waits and, for a WireheadIterableDataset, its first worker's)."""
+        if self._spec is None:
+            return {"spec_waits": 0, "spec_wait_s": 0.0}
+        waits, wait_s = self._spec.waits, self._spec.wait_s
+        worker = self._adapter.spec_waits()
+        return {"spec_waits": waits + worker[0], "spec_wait_s": wait_s + worker[1]}
+
     # --- resume ------------------------------------------------------------
     def state_dict(self):
         """Where the training loop is: taken between batches (after the
@@ -240,7 +260,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  "batches_consumed": consumed, "batch_size": self._batch,
                  "num_workers": self._workers, "drop_last": self._drop_last,
                  "world_size": plan["world"], "seed": plan["seed"],
-                 "shuffle": plan["shuffle"]}
+                 "shuffle": plan["shuffle"], **spec_state(self._adapter.dataset.cfg)}
         state.update(self._adapter.resume_state(bool(consumed) and not self._done))
         return state
 
@@ -258,9 +278,14 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError(f"{self._what}: state is of a {state.get('kind')} dataset, this "
                              f"DataLoader reads a {kind} one")
         plan = self._plan()
+        spec = spec_state(self._adapter.dataset.cfg)
+        if spec and "run_seed" not in state:
+            raise ValueError(f"{self._what}: cannot resume: the state was taken outside spec "
+                             f"mode, this DataLoader reads RUN_SEED={spec['run_seed']}")
         for key, have in (("batch_size", self._batch), ("num_workers", self._workers),
                           ("drop_last", self._drop_last), ("world_size", plan["world"]),
-                          ("seed", plan["seed"]), ("shuffle", plan["shuffle"])):
+                          ("seed", plan["seed"]), ("shuffle", plan["shuffle"]),
+                          ("run_seed", spec.get("run_seed")), ("reuse", spec.get("reuse"))):
             if key in state and state[key] != have:
                 raise ValueError(f"{self._what}: cannot resume: state has {key}={state[key]!r}, "
                                  f"this DataLoader has {have!r} (batch size, workers, "

@@ -8,6 +8,7 @@ from ._arrays import to_output
 from ._batch import BatchRing, refuse_in_loader, refuse_with_batches
 from ._order import WorkerShare, plan_sizes, rank_world
 from ._reader import Generations, check_views_store, read_sample, reader_timeout, view_sample
+from ._spec_read import EpochIndex
 from ._store import ProcessStore, check_min_params
 from .config import get_config
 
@@ -94,6 +95,7 @@ class _CurrentGenerationReader(_Base):
         self.normalize = normalize
         self.keeptrying = keeptrying
         self.id = id
+        self._epoch = 0  # spec mode: the epoch a read of an index is in (set_epoch)
         self._fresh_state()
 
     def _fresh_state(self):
@@ -109,7 +111,22 @@ class _CurrentGenerationReader(_Base):
     @property
     def _generations(self):
         """Which generation each read starts on (_reader.Generations)."""
-        return Generations(self.cfg, self.timeout, self.min_params_version)
+        return Generations(self.cfg, self.timeout, self.min_params_version,
+                           who=type(self).__name__)
+
+    def set_epoch(self, epoch):
+        """Spec mode (RUN_SEED): reads of ds[i] read epoch's spec generation
+        (epoch // REUSE; docs/reproducible.md). Without RUN_SEED every read
+        starts on the newest generation and the epoch is not asked."""
+        self._epoch = int(epoch)
+
+    def _read_gen(self, store, index):
+        """(generation id, spec generation or None) a read of index starts
+        on: the newest; in spec mode the spec generation of the epoch the
+        index carries (the DataLoader's sampler), else of set_epoch's."""
+        rule = self._generations
+        epoch = getattr(index, "epoch", self._epoch)
+        return rule.for_epoch(store, epoch=epoch), rule.spec_gen(epoch)
 
     def _private_copy(self):
         """A copy with store handle and ring of its own (what a
@@ -141,13 +158,14 @@ class _CurrentGenerationReader(_Base):
                         "it sampler=BatchSampler(...) and batch_size=None for the ring",
                         type(self).__name__)
         store = self._store.get()
-        gen = self._generations.for_epoch(store)
+        gen, spec_gen = self._read_gen(store, index)
         # an indexed read names its corrupt sample rather than substitute another
-        got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False)
-               if self.views else None)
+        got = (view_sample(store, gen, i, self.fields, self.timeout, skip=False,
+                           spec_gen=spec_gen) if self.views else None)
         viewed = got is not None
         if not viewed:
-            got = read_sample(store, gen, i, self.fields, self.timeout, skip=False)
+            got = read_sample(store, gen, i, self.fields, self.timeout, skip=False,
+                              spec_gen=spec_gen)
         arrs = got.arrays
         x, y = (to_output(a, name, self.output, self.cast)
                 for a, name in zip([arrs[f] for f in self.fields], self.names))
@@ -176,10 +194,12 @@ class _CurrentGenerationReader(_Base):
             raise IndexError(f"{type(self).__name__}(batches=True): an empty list of "
                              f"indices is no batch")
         store = self._store.get()
-        gen = self._generations.for_epoch(store)
+        gen, spec_gen = self._read_gen(store, index[0])
         info = torch.utils.data.get_worker_info()
         worker = None if info is None else info.id
-        batch, _ = self._batch_ring.fill(store, gen, positions, worker, skip=False)
+        batch, _ = self._batch_ring.fill(
+            store, gen, positions, worker, skip=False,
+            spec=None if spec_gen is None else (spec_gen, self.cfg["SWAP_CAP"]))
         return self._batch_ring.deliver(batch, in_worker=worker is not None)
 
 
@@ -223,8 +243,10 @@ class PlanBatchSampler(_Sampler):
     partial last batch. epoch and start (batches to skip) are set by the
     DataLoader before each iteration."""
 
-    def __init__(self, swap_cap, batch_size, drop_last, shuffle, seed, rank, world_size):
+    def __init__(self, swap_cap, batch_size, drop_last, shuffle, seed, rank, world_size,
+                 spec=False):
         self.swap_cap = swap_cap
+        self.spec = spec  # spec mode: each position carries its epoch (EpochIndex)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle = shuffle
@@ -249,7 +271,10 @@ class PlanBatchSampler(_Sampler):
         share = WorkerShare(self.plan(), self.epoch)
         start, self.start = self.start, 0
         for positions, _ in share.batches(self.batch_size, skip=start):
-            yield positions.tolist()
+            if self.spec:
+                yield [EpochIndex(p, self.epoch) for p in positions]
+            else:
+                yield positions.tolist()
 
 
 class MapAdapter:
@@ -284,7 +309,7 @@ class MapAdapter:
         ds.batches = ring
         ds._batch_ring.owned_by_loader(what)
         self.sampler = PlanBatchSampler(len(ds), batch_size, bool(drop_last), bool(shuffle),
-                                        seed, None, None)
+                                        seed, None, None, spec=ds.cfg["RUN_SEED"] is not None)
 
     def torch_args(self, collate_fn):
         """The torch DataLoader's arguments this kind sets: the sampler's
@@ -320,6 +345,11 @@ class MapAdapter:
     def loaded(self, state):
         """A state for load_state_dict: the one to keep."""
         return copy.deepcopy(state)
+
+    def spec_waits(self):
+        """(waits, seconds) its workers waited for a spec generation: their
+        reads find the one the main process waited for."""
+        return 0, 0.0
 
     def set_direct_min(self, nbytes):
         """No rows stay in the store: nothing to set."""

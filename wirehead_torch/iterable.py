@@ -10,6 +10,7 @@ from ._batch import BatchRing, refuse_in_loader, refuse_with_batches
 from ._epochs import MAX_WORKERS, EpochState
 from ._order import (
     Order,
+    SpecShare,
     WorkerShare,
     check_ignore_fits,
     check_yields,
@@ -24,6 +25,7 @@ from ._reader import (
     reader_timeout,
     view_sample,
 )
+from ._spec_read import check_spec_order, spec_state
 from ._store import ProcessStore, check_min_params
 from .config import get_config
 
@@ -74,6 +76,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         self.views = bool(views)
         self.order = Order(self.cfg, fields, shuffle, seed, pad, ignore_index, label_fields,
                            refresh, rank, world_size)
+        check_spec_order(self.cfg, self.order, "WireheadIterableDataset")
         if batch_size is not None:
             check_int("batch_size", batch_size, 1, _C.SWAP_CAP_MAX)
         if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0
@@ -119,7 +122,13 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     @property
     def _generations(self):
         """Which generation each epoch and step reads (_reader.Generations)."""
-        return Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh)
+        return Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh,
+                           "WireheadIterableDataset")
+
+    @property
+    def _spec(self):
+        """Spec mode (RUN_SEED): the rank's batches, whatever the workers."""
+        return self.cfg["RUN_SEED"] is not None
 
     # --- sizes -------------------------------------------------------
     def _private_copy(self):
@@ -130,7 +139,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
 
     def _plan(self, workers, worker=0):
         """The plan of this worker: with a batch size, workers yield whole
-        batches (pad='drop' and drop_last drop the partial one)."""
+        batches (pad='drop' and drop_last drop the partial one). In spec
+        mode the rank's plan whatever the workers (SpecShare splits its
+        batches among them)."""
+        if self._spec:
+            workers = worker = 0
         return self.order.plan(workers, worker, self.batch_size or 0, self.drop_last,
                                whole_batches=True)
 
@@ -141,7 +154,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         """Items this rank yields per epoch: exact when batch_size and
         num_workers were given, else the count for one worker per rank."""
         workers = self.num_workers or 0
-        items = self._steps(workers) * max(workers, 1)
+        items = self._steps(workers) * (1 if self._spec else max(workers, 1))
         return -(-items // self.batch_size) if self.batches else items
 
     # --- epochs and resume --------------------------------------------
@@ -164,7 +177,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         return {"epoch": sh.running_epoch(), "batches_consumed": int(batches_consumed),
                 "generation": sh.generation, "seed": self.order.seed,
                 "world_size": self.order.world_size, "num_workers": self.num_workers,
-                "batch_size": self.batch_size, "drop_last": self.drop_last}
+                "batch_size": self.batch_size, "drop_last": self.drop_last,
+                **spec_state(self.cfg)}
 
     def load_state_dict(self, state):
         if "step" in state:  # one worker's state (StatefulDataLoader)
@@ -173,7 +187,8 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             return
         for key, have in (("world_size", self.order.world_size),
                           ("num_workers", self.num_workers), ("batch_size", self.batch_size),
-                          ("drop_last", self.drop_last), ("seed", self.order.seed)):
+                          ("drop_last", self.drop_last), ("seed", self.order.seed),
+                          *spec_state(self.cfg).items()):
             if key in state and state[key] != have:
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this "
                                  f"dataset has {have!r} (the worker count, batch size, world "
@@ -196,7 +211,9 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
         def plan_of(w):
             return self._plan(workers, w)
 
-        if self._local_resume is not None:
+        if self._spec:
+            share = self._spec_share(sh, workers, worker, epoch, resumed)
+        elif self._local_resume is not None:
             epoch, start, gen = self._local_resume
             self._local_resume = None
             # later iterations of this worker go on from the resumed epoch
@@ -214,28 +231,50 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             return self._batches(share, gen, worker, info is not None)
         return self._items(share, gen, worker, self.views and info is None)
 
-    def _start(self, gen, worker):
+    def _spec_share(self, sh, workers, worker, epoch, resumed):
+        """This worker's SpecShare of epoch (resumed: the rank's batches
+        taken before a resume of it; a StatefulDataLoader's worker state
+        names the rows this worker made)."""
+        if workers and not self.batch_size:
+            raise ValueError(f"WireheadIterableDataset: in spec mode (RUN_SEED) {workers} "
+                             f"DataLoader workers make the rank's batches in turn: give "
+                             f"batch_size (the DataLoader's) to the dataset, or use "
+                             f"wirehead_torch.DataLoader, which passes it")
+        start = 0
+        if self._local_resume is not None:
+            epoch, start, _ = self._local_resume
+            self._local_resume = None
+            sh.continue_from(worker, epoch)
+        return SpecShare(self._plan(0), epoch, self.batch_size, workers, worker,
+                         skip=resumed or 0, start=start)
+
+    def _start(self, gen, worker, epoch):
         """(store, generation, rule) of this worker's epoch (gen: a resumed
         state's; rule: which generation each step reads); worker 0's
-        generation is the rank's generation in use."""
+        generation is the rank's generation in use, and its wait for a
+        spec generation is counted in the rank's shared state."""
         store, rule = self._store.get(), self._generations
-        gen = rule.for_epoch(store, resume=gen)
+        gen = rule.for_epoch(store, resume=gen, epoch=epoch)
         if worker == 0:
             self._shared.generation = gen
+            if rule.spec is not None and rule.spec.last_wait_s:
+                self._shared.count_wait(rule.spec.last_wait_s)
         return store, gen, rule
 
     def _items(self, share, gen, worker, views=False):
         o = self.order
-        store, gen, rule = self._start(gen, worker)
+        store, gen, rule = self._start(gen, worker, share.epoch)
         positions, pads = share.rows()
         epoch, start = share.epoch, share.start
+        spec_gen = rule.spec_gen(epoch)
         for k in range(len(positions)):
             pos, is_pad = positions[k], bool(pads[k])
             gen = rule.for_step(store, gen)
-            got = view_sample(store, gen, pos, o.want, self.timeout) if views else None
+            got = (view_sample(store, gen, pos, o.want, self.timeout, spec_gen=spec_gen)
+                   if views else None)
             viewed = got is not None
             if not viewed:  # a copy, also when the pin policy refuses the view
-                got = read_sample(store, gen, pos, o.want, self.timeout)
+                got = read_sample(store, gen, pos, o.want, self.timeout, spec_gen=spec_gen)
             gen, pos, arrs = got.generation, got.position, got.arrays
             is_pad = is_pad or got.is_pad
             item = {name: to_output(arrs[i], name, "torch", self.cast, numpy_ok=False)
@@ -249,8 +288,11 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
                             item[name] = item[name].clone()
                         item[name].fill_(o.ignore_index)
             item["is_pad"] = torch.tensor(is_pad)
-            item["generation"] = torch.tensor(gen, dtype=torch.int64)
+            item["generation"] = torch.tensor(gen if spec_gen is None else spec_gen,
+                                              dtype=torch.int64)
             item["position"] = torch.tensor(pos, dtype=torch.int64)
+            if spec_gen is not None:
+                item["spec_index"] = torch.tensor(spec_gen * o.swap_cap + pos, dtype=torch.int64)
             item["params_version"] = torch.tensor(store.last_params_version, dtype=torch.int64)
             self._progress = (epoch, start + k + 1, gen)
             if self.transform is not None:
@@ -260,8 +302,10 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
     # --- batches=True: the shared ring (_batch.py) ------------------------
     def _batches(self, share, gen, worker, in_worker):
         o = self.order
-        store, gen, rule = self._start(gen, worker)
+        store, gen, rule = self._start(gen, worker, share.epoch)
         ring, B = self._batch_ring, self.batch_size
+        spec_gen = rule.spec_gen(share.epoch)
+        spec = None if spec_gen is None else (spec_gen, o.swap_cap)
         # a wirehead_torch.DataLoader's device iteration: large rows stay in
         # the store, its main process copies them from there (docs/gpu.md)
         direct_min = self._shared.direct_min
@@ -271,7 +315,7 @@ class WireheadIterableDataset(torch.utils.data.IterableDataset):
             batch, rows = ring.fill(store, gen, positions, worker if in_worker else None,
                                     pads=pads, ignore=((o.label_fields, o.ignore_index)
                                                        if o.pad == "ignore" else None),
-                                    direct_min=direct_min)
+                                    direct_min=direct_min, spec=spec)
             if o.pad == "ignore":
                 try:
                     self._check_ignore(batch)
@@ -385,6 +429,11 @@ class IterableAdapter:
         state = copy.deepcopy(state)
         state.setdefault("dataset", {})
         return state
+
+    def spec_waits(self):
+        """(waits, seconds) of the first worker's waits for a spec generation."""
+        sh = self.dataset._shared
+        return int(sh.spec_waits), sh.spec_wait_us / 1e6
 
     def set_direct_min(self, nbytes):
         """A device iteration's cut-over (0: none): the workers leave rows

@@ -9,6 +9,7 @@ from ._arrays import to_output
 from ._order import Order, check_ignore_fits, check_yields, log_skips, plan_sizes, warn_padding
 from ._reader import Generations, check_int, reader_timeout
 from ._redact import secrets_hidden
+from ._spec_read import check_spec_order, spec_columns, spec_state
 from ._store import PerProcess, ProcessStore, check_min_params
 from ._store_args import store_kwargs
 from .config import get_config
@@ -63,6 +64,10 @@ class WireheadLoader:
         self.transform = transform
         self.cast = cast
         self.timeout = reader_timeout(self.cfg, timeout, zero=False)
+        check_spec_order(self.cfg, self.order, "WireheadLoader")
+        # which generation each epoch reads (spec mode: e // REUSE, its waits counted)
+        self._rule = Generations(self.cfg, self.timeout, self.min_params_version,
+                                 self.order.refresh, "WireheadLoader")
         self._epoch = 0          # the epoch the next iteration runs
         self._resume = None      # (epoch, start_batch, generation)
         self._current = None     # (epoch, generation) of the running iteration
@@ -145,8 +150,13 @@ class WireheadLoader:
         ld = self._loader()
         # wait here, not in C, so Ctrl-C and a server outage are handled;
         # with refresh='step' the C threads move on to newer ones themselves
-        rule = Generations(self.cfg, self.timeout, self.min_params_version, self.order.refresh)
-        ld.start(epoch, start, rule.for_epoch(self._store.get(), resume=gen))
+        rule = self._rule
+        spec_gen = rule.spec_gen(epoch)
+        gen = rule.for_epoch(self._store.get(), resume=gen, epoch=epoch)
+        if spec_gen is None:
+            ld.start(epoch, start, gen)
+        else:
+            ld.start(epoch, start, gen, spec_gen=spec_gen)
         self._resume = None
         self._epoch = epoch + 1
         self._current = (epoch, ld.info()["generation"])
@@ -180,6 +190,8 @@ class WireheadLoader:
             batch["generation"] = torch.from_dlpack(gens)
             batch["position"] = torch.from_dlpack(pos)
             batch["params_version"] = torch.from_dlpack(pvs)
+            if spec_gen is not None:
+                batch.update(spec_columns(batch["position"], spec_gen, self.cfg["SWAP_CAP"]))
             del fields, is_pad, gens, pos, pvs
             info = ld.info()
             self._skips = log_skips(info, self._skips, "WireheadLoader")
@@ -206,12 +218,13 @@ class WireheadLoader:
         return {"epoch": epoch, "batches_consumed": self._consumed, "generation": gen,
                 "seed": self.order.seed, "world_size": self.order.world_size,
                 "batch_size": self.batch_size, "shuffle": self.order.shuffle,
-                "pad": self.order.pad}
+                "pad": self.order.pad, **spec_state(self.cfg)}
 
     def load_state_dict(self, state):
         for key, have in (("world_size", self.order.world_size),
                           ("batch_size", self.batch_size), ("seed", self.order.seed),
-                          ("shuffle", self.order.shuffle), ("pad", self.order.pad)):
+                          ("shuffle", self.order.shuffle), ("pad", self.order.pad),
+                          *spec_state(self.cfg).items()):
             if key in state and state[key] != have:
                 raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this loader "
                                  f"has {have!r}")
@@ -222,7 +235,11 @@ class WireheadLoader:
         self._consumed = self._resume[1]
 
     def stats(self):
-        return self._loader().info()
+        info = self._loader().info()
+        if self._rule.spec is not None:  # waits for a spec generation not sealed yet
+            info["spec_waits"] = self._rule.spec.waits
+            info["spec_wait_s"] = self._rule.spec.wait_s
+        return info
 
     def close(self):
         ld = self._ld.drop()

@@ -309,12 +309,13 @@ static PyObject *wh__fill_wire(const wh__pyfill_t *c, const uint64_t *sums) {
 
 /* ring_fill(*, store, generation, positions, want, timeout, ring=None,
  * pads=b"", skip=True, wait_s=0, ignore_fields=None, ignore_value=None,
- * direct_min=0) */
+ * direct_min=0, spec_gen=None); spec_gen: spec mode's exact read of the
+ * generation holding that spec generation (docs/reproducible.md) */
 static PyObject *wh__ring_fill(PyObject *module, PyObject *args, PyObject *kw) {
     wh_py_state_t *S = wh_py_mstate(module);
     static char *kwlist[] = {"store",        "generation", "positions", "want",   "timeout",
                              "ring",         "pads",       "skip",      "wait_s", "ignore_fields",
-                             "ignore_value", "direct_min", NULL};
+                             "ignore_value", "direct_min", "spec_gen",  NULL};
     PyObject *ring = Py_None, *store, *wantl;
     unsigned long long gen;
     Py_buffer pos, pads = {0};
@@ -322,10 +323,11 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args, PyObject *kw) {
     int skip = 1;
     PyObject *ignl = Py_None, *ignv = Py_None;
     unsigned long long direct_min = 0;
+    PyObject *spec_gen = Py_None;
     if (wh_py_keywords_only("ring_fill", args) < 0 ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "OKy*Od|Oy*pdOOK", kwlist, &store, &gen, &pos,
+        !PyArg_ParseTupleAndKeywords(args, kw, "OKy*Od|Oy*pdOOKO", kwlist, &store, &gen, &pos,
                                      &wantl, &timeout, &ring, &pads, &skip, &wait_s, &ignl, &ignv,
-                                     &direct_min))
+                                     &direct_min, &spec_gen))
         return NULL;
     PyObject *res = NULL, *seq = NULL;
     uint64_t *sums = NULL;
@@ -366,6 +368,11 @@ static PyObject *wh__ring_fill(PyObject *module, PyObject *args, PyObject *kw) {
     c.rq.at_ctx = &c;
     c.rq.sums = sums;
     c.rq.direct_min = direct_min;
+    if (spec_gen != Py_None) {
+        c.rq.exact = true;
+        c.rq.spec_gen = PyLong_AsUnsignedLongLong(spec_gen);
+        if (PyErr_Occurred()) goto out;
+    }
     if (ignl != Py_None && wh__ignore_args(S, &c.rq, ignl, ignv) < 0) goto out;
     c.gen = gen;
     c.wait_s = wait_s;

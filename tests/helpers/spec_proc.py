@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from wirehead_torch import _C  # noqa: E402
-from wirehead_torch.config import resolve, store_kwargs  # noqa: E402
+from wirehead_torch._store_args import store_kwargs  # noqa: E402
+from wirehead_torch.config import resolve  # noqa: E402
 
 import whlib  # noqa: E402
 

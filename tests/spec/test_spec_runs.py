@@ -16,7 +16,8 @@ import numpy as np
 
 import wirehead_torch as wt
 from wirehead_torch import _C
-from wirehead_torch.config import resolve, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import resolve
 
 import whlib
 

@@ -25,7 +25,8 @@ import pytest
 
 import wirehead_torch as wt
 from wirehead_torch import _C
-from wirehead_torch.config import resolve, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import resolve
 
 import whlib
 
@@ -237,7 +238,8 @@ def test_a_longer_lease_of_another_generator_is_respected(shm_cfg):
 CLAIMER = """
 import sys, time
 from wirehead_torch import _C
-from wirehead_torch.config import resolve, store_kwargs
+from wirehead_torch._store_args import store_kwargs
+from wirehead_torch.config import resolve
 import json
 st = _C.Store(**store_kwargs(resolve(json.loads(sys.argv[1]))))
 status, c = _C.spec_claim(st, lease_s=float(sys.argv[2]), max_attempts=3)
