@@ -13,7 +13,7 @@ the same generators:
 
     .venv/bin/python benchmarks/bench_spec.py --out benchmarks/results_spec.json
 
-Nothing is asserted: tests/store/test_spec_*.py and tests/ddp/test_spec_ddp.py
+Nothing is asserted: tests/store/test_spec_*.py and tests/spec/
 hold the guarantees.
 """
 import argparse

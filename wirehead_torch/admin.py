@@ -15,7 +15,11 @@ log = logging.getLogger("wirehead_torch")
 
 def status(config=None, config_path=None):
     """The store's figures as a dict: current (read) and write generation,
-    write fill, totals, the last swaps and the generation rate."""
+    write fill, totals, the last swaps and the generation rate; in spec
+    mode (RUN_SEED) also ``spec``: the run's seed, the last sealed spec
+    generation, the one being made and its fill, the claimed but
+    unfinished indices with their age, the slowest reader's need, the
+    duplicate and nondeterministic puts, a failed index."""
     if isinstance(config, str):
         config, config_path = None, config
     cfg = get_config(config_path, config)
@@ -24,6 +28,8 @@ def status(config=None, config_path=None):
         store = ps.get()
         st = store.status()
         _params_status(store, st)
+        if cfg["RUN_SEED"] is not None:  # spec mode (docs/reproducible.md)
+            st["spec"] = _C.spec_status(store)
     finally:
         ps.close()
     st["store"] = redact(cfg["STORE"])

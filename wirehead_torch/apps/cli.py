@@ -53,6 +53,8 @@ def _fmt_status(st, now=None):
                                if st['samples_per_s'] is not None else "-"),
         "params           " + _fmt_params(st),
     ]
+    if st.get("spec") is not None:
+        lines += _fmt_spec(st["spec"], st["swap_cap"])
     loc = st.get("local_cache")
     if loc:
         lines += _fmt_local(loc, st)
@@ -78,6 +80,28 @@ def _fmt_status(st, now=None):
                          f"generation {gen_label(h['generation'], st)} generated={h['generated']} "
                          f"discarded={h['discarded']} seal={h['seal_s'] * 1e3:.3f}ms")
     return "\n".join(lines)
+
+
+def _fmt_spec(sp, cap):
+    """Spec mode's lines of `status` (docs/reproducible.md, "Status")."""
+    if not sp["spec"]:
+        return ["spec mode        RUN_SEED in the config, but the store is not in spec mode"]
+    lines = [f"spec mode        RUN_SEED {sp['run_seed']}; sealed "
+             + (f"up to spec generation #{sp['last_sealed']}" if sp["any_sealed"]
+                else "none yet")
+             + (f"; making #{sp['open_gen']} ({sp['open_fill']}/{cap})" if sp["open"] else
+                "; none being made"),
+             "  slowest reader " + (f"needs #{sp['slowest']} (pid {sp['slowest_pid']})"
+                                    if sp["reader"] else
+                                    f"none reading (kept from #{sp['floor']})"),
+             f"  puts           {sp['duplicates']} made twice, {sp['nondeterministic']} of "
+             f"them with other bytes (a nondeterministic fn)"]
+    for c in sp["claims"]:
+        lines.append(f"  claimed        index {c['index']} by {c['host'] or '?'}:{c['pid']} "
+                     f"(attempt {c['attempt']}, renewed {c['age_s']:.1f} s ago)")
+    if sp["failed"]:
+        lines.append(f"  FAILED         {sp['failure']}")
+    return lines
 
 
 # Past a minute without a put, status says none is putting (a slow

@@ -25,6 +25,7 @@ first --record-steps steps each step's time, data wait, loss and items
 the training loop instead of reading the cache (the benchmark baseline).
 """
 import argparse
+import functools
 import importlib
 import inspect
 import json
@@ -73,6 +74,20 @@ def _gen_function(spec):
     return func
 
 
+def load_spec_function(spec, size=32, labels=8):
+    """Spec mode (RUN_SEED, docs/reproducible.md): the function of a
+    wt.Spec named by spec: "synth" (a SynthSeg-like sample seeded by the
+    spec's seed) or "module:function", called as function(spec)."""
+    if spec == "synth":
+        from .synth import synth_sample
+        return functools.partial(_synth_of_spec, synth_sample, size, labels)
+    return _gen_function(spec)
+
+
+def _synth_of_spec(make, size, labels, spec):
+    return make(spec.seed, size=size, n_labels=labels)
+
+
 def load_generator(spec, seed=None, size=32, labels=8):
     """The iterable named by spec: "synth" (the SynthSeg-like generator) or
     "module:function"."""
@@ -109,6 +124,7 @@ def _generate_one(a):
 def _run_generator(a, name):
     from ..generator import WireheadGenerator
     seed = None if a.seed is None else a.seed + a.index
+    spec = _check_spec_options(a)
     deadline = None if a.seconds is None else time.monotonic() + a.seconds
     if a.shards:
         from ..shards import expand_urls, from_shards
@@ -119,19 +135,25 @@ def _run_generator(a, name):
                              f"{a.index} of {a.procs_total}; use fewer --procs")
         source = from_shards(mine, shuffle=seed is not None, seed=seed or 0, loop=a.loop,
                              config_path=a.config)
+    elif spec:
+        source = load_spec_function(a.gen_module or "synth", a.size, a.labels)
     else:
         source = load_generator(a.gen_module or "synth", seed, a.size, a.labels)
-    gen = WireheadGenerator(_until(deadline, source), config_path=a.config, quiet=a.quiet,
-                            verbose=a.verbose, name=name)
+    # a spec function is called by the generator (stopped at --seconds below)
+    gen = WireheadGenerator(source if spec else _until(deadline, source), config_path=a.config,
+                            quiet=a.quiet, verbose=a.verbose, name=name)
     if a.seconds is not None:
         # a put waiting for room (no manager left to seal) must not keep the
         # job past its end either
-        t = threading.Timer(a.seconds + _PUT_GRACE_S, gen.stop)
+        t = threading.Timer(a.seconds + (0 if spec else _PUT_GRACE_S), gen.stop)
         t.daemon = True
         t.start()
     if a.shards:
         what = (f"shards {' '.join(a.shards)}, "
                 + (f"shuffled with seed {seed}" if seed is not None else "in order"))
+    elif gen.spec is not None:
+        what = (f"{a.gen_module or 'synth'} of each spec, RUN_SEED "
+                f"{gen.cfg['RUN_SEED']}")
     else:
         what = (f"{a.gen_module or 'synth'}, "
                 + (f"seed {seed}" if seed is not None else "a fresh random seed"))
@@ -143,6 +165,20 @@ def _run_generator(a, name):
     print(f"{name}: pushed {n} samples in {dt:.1f}s ({n / max(dt, 1e-9):.2f}/s), "
           f"{gen.accepted} accepted, {gen.discarded} surplus", flush=True)
     return 0
+
+
+def _check_spec_options(a):
+    """Whether the config puts its store in spec mode (RUN_SEED); there,
+    --seed and --shards are refused, naming the option."""
+    from ..config import get_config
+    if get_config(a.config)["RUN_SEED"] is None:
+        return False
+    bad = "--shards" if a.shards else "--seed" if a.seed is not None else None
+    if bad:
+        raise ValueError(f"{bad}: the config has RUN_SEED (spec mode, docs/reproducible.md): "
+                         f"each sample is made by a function of its wt.Spec (--gen-module "
+                         f"M:F), seeded by the spec's seed; leave {bad} out")
+    return True
 
 
 def _check_shards(patterns, procs):
@@ -447,6 +483,7 @@ def run(args, argv):
             raise ValueError("--loop reads --shards again and again; it needs --shards")
         if args.shards and args.gen_module is not None:
             raise ValueError("--gen-module and --shards are two sources; give one")
+        _check_spec_options(args)  # before any process starts
         if args.gen_module not in (None, "synth") and args.procs_total == 1:
             _gen_function(args.gen_module)  # a module missing is said once, before any process
         if args.shards and args.procs_total == 1:  # checked once, before any process starts
