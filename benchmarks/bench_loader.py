@@ -67,8 +67,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import wirehead_torch as wt  # noqa: E402
 from wirehead_torch import _C  # noqa: E402
-from wirehead_torch._store_args import store_kwargs  # noqa: E402
 from wirehead_torch.config import resolve  # noqa: E402
+
+if os.path.exists(os.path.join(os.path.dirname(wt.__file__), "_store_args.py")):
+    from wirehead_torch._store_args import store_kwargs
+else:  # a tree from before config.py's split, measured by bench_revs.py
+    from wirehead_torch.config import store_kwargs
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
