@@ -101,6 +101,7 @@ class ToDevice:
         # iterations over one stage (a DataLoader's), said once for them all
         self._said = {} if said is None else said
         self._closed = False
+        self._ended = None  # why a newer iteration ended this one (_end)
         self._last = {}
         self._gen = self._run(batches, device, from_dlpack)
 
@@ -108,10 +109,20 @@ class ToDevice:
         return self
 
     def __next__(self):
+        if self._ended:
+            raise RuntimeError(self._ended)
         return next(self._gen)
 
     def close(self):
         self._gen.close()
+
+    def _end(self, why):
+        """A newer iteration of the same DataLoader starts: this one, if
+        not done, ends now (its workers with it) and says why if asked for
+        more."""
+        if self._gen.gi_frame is not None:
+            self._ended = why
+            self._gen.close()
 
     def _run(self, batches, device, from_dlpack):
         from ._ring import SlotBatch, tensors

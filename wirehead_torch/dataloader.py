@@ -18,6 +18,10 @@ from .iterable import IterableAdapter
 
 _STATE_VERSION = 1
 _ADAPTERS = (IterableAdapter, MapAdapter)
+_SUPERSEDED = ("{what}: this iteration was ended by a newer iteration of the same DataLoader "
+               "(its workers stopped, so that the new one's take their ring regions over); "
+               "iterate a DataLoader one iteration at a time, or use one DataLoader per iteration")
+
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -156,6 +160,9 @@ class DataLoader(torch.utils.data.DataLoader):
         stage = self._stages.get(index)
         if stage is None:
             stage = self._stages[index] = _C.CudaStage(device=index)
+        prev = getattr(self, "_last_to_device", None)
+        if prev is not None:  # its iterator, and with it its workers, ends now
+            prev._end(_SUPERSEDED.format(what=self._what))
         self._last_to_device = ToDevice(self, device, None, stage, self._said)
         return self._last_to_device
 
@@ -179,6 +186,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return DeviceFeed(self, stage)
 
     def _host_iter(self):
+        self._end_previous()  # before this epoch's state is set for the new workers
         resume = self._resume
         self._resume = None
         epoch = resume["epoch"] if resume else self._epoch
@@ -204,6 +212,8 @@ class DataLoader(torch.utils.data.DataLoader):
         n = len(self)
         try:
             for batch in it:
+                if getattr(it, "_wh_ended", False):
+                    raise RuntimeError(_SUPERSEDED.format(what=self._what))
                 if current is self._current:
                     current[1] += 1
                     self._done = current[1] >= n
@@ -211,6 +221,18 @@ class DataLoader(torch.utils.data.DataLoader):
         except Exception:
             self._stop_workers(it)
             raise
+
+    def _end_previous(self):
+        """Ends the previous iteration's workers if it still runs: a loop
+        that broke out of its epoch may still hold its iterator (Lightning,
+        a device iteration), and its workers keep the ring regions the new
+        workers take over until the garbage collector frees it. One
+        iteration at a time, as with persistent_workers."""
+        ref, self._torch_it = getattr(self, "_torch_it", None), None
+        it = ref() if ref is not None else None
+        if it is not None and it is not getattr(self, "_iterator", None):
+            it._wh_ended = True
+            self._stop_workers(it)
 
     def _abort(self):
         """The device copy of a batch raised (DeviceFeed.abort): the workers

@@ -1029,6 +1029,29 @@ def test_dataloader_batches_copied_straight_from_their_slots(fake, consumer, shm
     assert fake.lib.fake_registered_bytes() == 0  # every slot unregistered with its stage
 
 
+def test_dataloader_epoch_left_early_hands_its_ring_to_the_next(fake, consumer, shm_cfg):
+    # a loop that breaks out of an epoch (steps per epoch) keeps its iterator
+    # alive; the next epoch's iteration ends its workers first, so its own
+    # take their ring regions over at once: no 10 s wait, no fallback to the
+    # pickled path (said by a marker beside the region), and the epoch after
+    # still copies straight from the slots
+    cfg = fill_big(shm_cfg(swap_cap=N, budget="4MiB"))
+    dl = ring_loader(cfg, workers=2, batch=2, device="cuda")
+    token = dl.dataset._batch_ring.token
+    for _, b in zip(range(2), dl):
+        assert b["data"].shape == (2, BIG)
+    first = dl._last_to_device
+    for epoch in (1, 2):
+        batches = list(dl)
+        assert ring_counters(batches) == list(range(N))
+        st = dl.device_stats()
+        assert st["path"] == "registered" and not st["staged_why"], (epoch, st)
+        assert not glob.glob(f"/dev/shm/wirehead-ring.{os.getpid()}.{token}.w*.said")
+    with pytest.raises(RuntimeError, match="ended by a newer iteration"):
+        next(first)
+    assert fake.violations() == []
+
+
 def turned_over(dl, cfg, gens=4, size=BIG):
     """dl's batches as to_device takes them, the store moving on by gens
     generations (of samples of size floats) after the workers read the
