@@ -19,9 +19,13 @@ Files, per (main process, dataset, worker k), mode 0600:
   wirehead-ring.<main pid>.<token>.w<k>.s<j>.v<v>   slot j's bytes (v grows it)
   wirehead-ring.<main pid>.<token>.w<k>.said        the fallback was said (empty)
 A worker takes its region over from an earlier iteration's worker as that
-one exits (TAKEOVER_S).
+one exits (TAKEOVER_S); a new iteration of a wirehead_torch.DataLoader ends
+the previous one's workers first.
 The main process removes its files when the dataset is collected or at exit;
-files of a main process that died are removed by the next ring made or by
+a wirehead_torch.DataLoader's workers end with it, removing its files as
+they go (WorkerStart), so one killed by a signal leaves none; files of a
+main process that died otherwise (SIGKILL with workers that never started,
+another DataLoader) are removed by the next ring made or by
 `wirehead-torch clean`, whichever comes first.
 """
 import glob
@@ -101,6 +105,32 @@ def _sweep_dead():
     if not _swept:
         _swept = True
         remove_dead()
+
+
+class WorkerStart:
+    """worker_init_fn of a wirehead_torch.DataLoader (wrapping the user's):
+    the worker ends when the process iterating the DataLoader dies, by any
+    signal, SIGKILL included, and the last words of each worker remove
+    that process's ring files (_C.ring_exit_with; Linux)."""
+
+    def __init__(self, fn=None):
+        self.fn = fn
+
+    def __call__(self, worker_id):
+        import multiprocessing
+        parent = multiprocessing.parent_process()
+        if parent is not None and hasattr(_C, "ring_exit_with"):
+            main = parent.pid
+            # a forkserver's child: its parent is the server, which ends
+            # after the main process; else the main process is the parent
+            # (reparented once it died: ended at once)
+            ppid = main if os.getppid() == main or not _alive(main) else 0
+            try:
+                _C.ring_exit_with(main, ppid, DIR, f"{PREFIX}{main}.")
+            except OSError:
+                pass  # not Linux: torch's own check ends workers within 5 s
+        if self.fn is not None:
+            self.fn(worker_id)
 
 
 def hand_over_checks(token, on, rows=False):

@@ -101,7 +101,7 @@ class ToDevice:
         # iterations over one stage (a DataLoader's), said once for them all
         self._said = {} if said is None else said
         self._closed = False
-        self._ended = None  # why a newer iteration ended this one (_end)
+        self._ended = None  # why a newer iteration ended this one (end)
         self._last = {}
         self._gen = self._run(batches, device, from_dlpack)
 
@@ -116,7 +116,7 @@ class ToDevice:
     def close(self):
         self._gen.close()
 
-    def _end(self, why):
+    def end(self, why):
         """A newer iteration of the same DataLoader starts: this one, if
         not done, ends now (its workers with it) and says why if asked for
         more."""

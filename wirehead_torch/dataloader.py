@@ -97,12 +97,15 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError(f"{what}: device= copies each batch straight from its ring slot "
                              f"to the device; pin_memory=True would copy it into page-locked "
                              f"memory first: pass one of them")
+        # each worker ends with the process iterating this DataLoader
+        worker_init_fn = _ring.WorkerStart(worker_init_fn)
         self._ring = bool(ring)
         self._what = what
         self._epoch = 0           # the epoch the next iteration runs
         self._resume = None       # a loaded state, applied by the next iteration
         self._current = None      # (epoch, batches consumed) of the running iteration
         self._done = False        # the running iteration yielded its last batch
+        self._ended = weakref.WeakSet()  # torch iterators a newer iteration ended
         self._pad_memo = {}
         self._adapter = adapter(dataset, what, ring=self._ring, batch_size=batch_size,
                                 num_workers=num_workers, shuffle=shuffle, drop_last=drop_last,
@@ -162,7 +165,7 @@ class DataLoader(torch.utils.data.DataLoader):
             stage = self._stages[index] = _C.CudaStage(device=index)
         prev = getattr(self, "_last_to_device", None)
         if prev is not None:  # its iterator, and with it its workers, ends now
-            prev._end(_SUPERSEDED.format(what=self._what))
+            prev.end(_SUPERSEDED.format(what=self._what))
         self._last_to_device = ToDevice(self, device, None, stage, self._said)
         return self._last_to_device
 
@@ -212,7 +215,7 @@ class DataLoader(torch.utils.data.DataLoader):
         n = len(self)
         try:
             for batch in it:
-                if getattr(it, "_wh_ended", False):
+                if it in self._ended:
                     raise RuntimeError(_SUPERSEDED.format(what=self._what))
                 if current is self._current:
                     current[1] += 1
@@ -231,7 +234,7 @@ class DataLoader(torch.utils.data.DataLoader):
         ref, self._torch_it = getattr(self, "_torch_it", None), None
         it = ref() if ref is not None else None
         if it is not None and it is not getattr(self, "_iterator", None):
-            it._wh_ended = True
+            self._ended.add(it)
             self._stop_workers(it)
 
     def _abort(self):

@@ -475,7 +475,22 @@ static PyType_Spec wh__ring_spec = {
     "wirehead_torch._C.Ring", sizeof(wh__pyring_t), 0, Py_TPFLAGS_DEFAULT, wh__ring_slots,
 };
 
+static PyObject *wh__ring_exit_with(PyObject *unused, PyObject *args) {
+    (void)unused;
+    long long main_pid, parent;
+    const char *dir, *prefix;
+    if (!PyArg_ParseTuple(args, "LLss", &main_pid, &parent, &dir, &prefix)) return NULL;
+    wh_err_t err = {0};
+    if (!wh_ring_exit_with(main_pid, parent, dir, prefix, &err)) return wh__ring_raise(&err, false);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef wh__ring_functions[] = {
+    {"ring_exit_with", (PyCFunction)wh__ring_exit_with, METH_VARARGS,
+     "ring_exit_with(main_pid, parent, dir, prefix): this DataLoader worker ends (SIGTERM) when "
+     "its parent dies, first removing this user's files in dir named prefix* once main_pid is "
+     "gone (parent: the worker's parent while main_pid lives, 0: a forkserver's child); "
+     "Linux only (ext/read/wh_ring.h)"},
     {"ring_fill", (PyCFunction)(void (*)(void))wh__ring_fill, METH_VARARGS | METH_KEYWORDS,
      "ring_fill(*, store, generation, positions, want, timeout, ring=None, pads=b'', "
      "skip=True, wait_s=0, ignore_fields=None, ignore_value=None, direct_min=0) -> RingFill: one "

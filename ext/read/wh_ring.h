@@ -122,6 +122,18 @@ typedef struct {
 wh_ring_t *wh_ring_open(const char *path, const char *label, uint32_t nslots, bool worker,
                         int64_t main_pid, bool *busy, wh_err_t *err);
 void wh_ring_close(wh_ring_t *r);
+/* A DataLoader worker ends with the process iterating its DataLoader
+ * (main_pid): the kernel signals it when its parent dies
+ * (PR_SET_PDEATHSIG, Linux, a real-time signal of its own), and the
+ * handler then removes this user's regular files in dir whose names start
+ * with prefix (the dead main process's ring files) and ends the worker by
+ * SIGTERM. parent: the worker's parent while main_pid lives (fork, spawn;
+ * the signal sent when only a thread of it exits is ignored), 0: a
+ * forkserver's child (its server ends after the main process). A main
+ * process that died before this call ends the worker at once. Once per
+ * process; false on other systems or a failed call. */
+bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const char *prefix,
+                       wh_err_t *err);
 /* Releases the region's lock (a worker's ring stays usable). */
 void wh_ring_unlock(wh_ring_t *r);
 

@@ -1,0 +1,110 @@
+/* A DataLoader worker ends with the process iterating its DataLoader
+ * (wh_ring_exit_with, wh_ring.h): a death signal of its own whose handler
+ * removes the dead main process's ring files first. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include "wh_ring.h"
+
+/* Read by the SIGTERM handler: only async-signal-safe calls there. */
+static struct {
+    pid_t main_pid, parent;
+    int dir;
+    char prefix[96];
+    size_t prefix_len;
+} wh__exit = {.dir = -1};
+
+static bool wh__main_gone(void) {
+    if (wh__exit.parent) return getppid() != wh__exit.parent;
+    return kill(wh__exit.main_pid, 0) != 0 && errno == ESRCH;
+}
+
+#ifdef __linux__
+/* One pass over the directory: the dead main process's ring files removed
+ * (getdents64, fstatat, unlinkat: syscalls, safe in a handler); true when
+ * one was, as removing may skip entries of the listing. */
+static bool wh__remove_pass(void) {
+    static char buf[8192] __attribute__((aligned(8)));
+    bool removed = false;
+    if (lseek(wh__exit.dir, 0, SEEK_SET) < 0) return false;
+    for (;;) {
+        long n = syscall(SYS_getdents64, wh__exit.dir, buf, sizeof buf);
+        if (n <= 0) return removed;
+        for (long at = 0; at < n;) {
+            /* struct linux_dirent64: ino, off (8 bytes each), reclen, type, name */
+            unsigned short reclen;
+            memcpy(&reclen, buf + at + 16, sizeof reclen);
+            const char *name = buf + at + 19;
+            struct stat st;
+            if (strncmp(name, wh__exit.prefix, wh__exit.prefix_len) == 0 &&
+                fstatat(wh__exit.dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+                st.st_uid == geteuid() && unlinkat(wh__exit.dir, name, 0) == 0)
+                removed = true;
+            at += reclen;
+        }
+    }
+}
+#endif
+
+/* The death signal is one of its own, not SIGTERM: torch ends a stuck
+ * worker with SIGTERM, and the kernel also sends it when only the thread
+ * that started the worker exits (the worker then belongs to a sibling
+ * thread of the same main process and keeps running). */
+#define WH__DEATH_SIG (SIGRTMIN + 3)
+
+static void wh__exit_handler(int sig) {
+    int saved = errno;
+    (void)sig;
+    /* a forkserver's child: its server ends only after the main process */
+    if (wh__exit.parent && !wh__main_gone()) {
+        errno = saved;
+        return; /* a thread of the main process ended, not the process */
+    }
+#ifdef __linux__
+    for (int i = 0; i < 8 && wh__remove_pass(); i++) {
+    }
+#endif
+    signal(SIGTERM, SIG_DFL); /* the worker ends as torch's terminate() ends it */
+    raise(SIGTERM);
+    errno = saved;
+}
+
+bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const char *prefix,
+                       wh_err_t *err) {
+#ifdef __linux__
+    if (main_pid <= 0 || parent < 0)
+        return wh_err_set(err, WH_E_INVALID, "exit_with: main pid %lld, parent %lld",
+                          (long long)main_pid, (long long)parent);
+    if (wh__exit.dir >= 0) return true; /* once per process */
+    size_t len = strlen(prefix);
+    if (len == 0 || len >= sizeof wh__exit.prefix)
+        return wh_err_set(err, WH_E_INVALID, "exit_with: prefix of %zu bytes", len);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return wh_err_set(err, WH_E_SYS, "exit_with: %s: %s", dir, strerror(errno));
+    wh__exit.main_pid = (pid_t)main_pid;
+    wh__exit.parent = (pid_t)parent;
+    memcpy(wh__exit.prefix, prefix, len + 1);
+    wh__exit.prefix_len = len;
+    wh__exit.dir = fd;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = wh__exit_handler;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(WH__DEATH_SIG, &sa, NULL) != 0 || prctl(PR_SET_PDEATHSIG, WH__DEATH_SIG) != 0)
+        return wh_err_set(err, WH_E_SYS, "exit_with: %s", strerror(errno));
+    /* the main process may have died before the death signal was asked for */
+    if (wh__main_gone()) raise(WH__DEATH_SIG);
+    return true;
+#else
+    (void)main_pid, (void)parent, (void)dir, (void)prefix;
+    return wh_err_set(err, WH_E_SYS, "exit_with: Linux only");
+#endif
+}
