@@ -1432,3 +1432,52 @@ def test_stats_while_another_thread_closes(fake, consumer, shm_cfg):
         t.join(10)
         assert not t.is_alive() and got and min(got) >= 1
         assert len(errors) == 1 and "closed" in errors[0], errors
+
+
+def test_spec_mode_on_the_device_path_delivers_the_host_paths_batches(fake, consumer, shm_cfg):
+    # spec mode (docs/reproducible.md) through wt.DataLoader(device=): the
+    # rows copied straight from the store and the slots give the host path's
+    # batches, spec_index and generation columns included
+    import threading
+    cfg = shm_cfg(swap_cap=N, budget="8MiB", RUN_SEED=3)
+    g = wt.WireheadGenerator(lambda spec: whlib.sample(5, spec.index, BIG), config=cfg,
+                             quiet=True)
+    t = threading.Thread(target=g.run, daemon=True)
+    t.start()
+
+    def epochs(**kw):
+        ds = wt.WireheadIterableDataset(config=cfg, fields=["id", "data"], seed=2)
+        dl = wt.DataLoader(ds, batch_size=2, num_workers=2, **kw)
+        out = []
+        for e in range(2):
+            dl.set_epoch(e)
+            out.append([(b["spec_index"].numpy().tolist(), b["generation"].numpy().tolist(),
+                         b["id"].numpy().copy(), b["data"].numpy().copy()) for b in dl])
+        return out, dl
+    try:
+        host, _ = epochs()
+        dev, dl = epochs(device="cuda")
+        assert dl.device_stats()["path"] == "registered", dl.device_stats()
+        ld = wt.WireheadLoader(config=cfg, fields=["id", "data"], batch_size=2, seed=2,
+                               device="cuda")
+        try:  # the C loader's threads on the device: the same samples in the same order
+            for e in range(2):
+                ld.set_epoch(e)
+                got = [(b["spec_index"].cpu().numpy().tolist(), b["data"].cpu().numpy().copy())
+                       for b in ld]
+                assert [k for k, _ in got] == [k for k, *_ in host[e]]
+                assert all(np.array_equal(d, h[3]) for (_, d), h in zip(got, host[e]))
+        finally:
+            ld.close()
+    finally:
+        g.stop()
+        t.join(60)
+        g.close()
+    for e, (he, de) in enumerate(zip(host, dev)):
+        assert sorted(k for ks, *_ in he for k in ks) == list(range(e * N, (e + 1) * N))
+        for (hk, hg, hi, hd), (dk, dg, di, dd) in zip(he, de):
+            assert (hk, hg) == (dk, dg) and hg == [e] * len(hg)
+            assert np.array_equal(hi, di) and np.array_equal(hd, dd)
+            for k, i, d in zip(dk, di, dd):  # each row is fn(spec) of its index
+                assert whlib.check_sample(i, d) == (5, k)
+    assert fake.violations() == []
