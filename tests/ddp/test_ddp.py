@@ -112,24 +112,7 @@ def launch(tmp_path, name, rank_env=True, **spec):
                 env.pop(k, None)
             args += [str(rank), str(WORLD)]
         procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    try:
-        for p in procs:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        hung = [r for r, p in enumerate(procs) if p.poll() is None]
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        for log in logs:
-            log.close()
-    tails = {r: (tmp_path / f"{name}.{r}.log").read_text()[-3000:] for r in range(WORLD)}
-    assert not hung, f"{name}: ranks {hung} still running after {LAUNCH_TIMEOUT}s: {tails}"
-    bad = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
-    assert not bad, f"{name}: ranks exited with {bad}: {tails}"
+    whlib.wait_ranks(procs, logs, name, LAUNCH_TIMEOUT)
     out = {}
     for r in range(WORLD):
         with open(spec["out"].replace("{rank}", str(r))) as f:

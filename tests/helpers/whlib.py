@@ -224,6 +224,34 @@ def assert_alive(procs, when):
     assert not dead, f"a process died {when}:\n" + "\n".join(dead)
 
 
+def wait_ranks(procs, logs, name, timeout):
+    """Waits up to timeout seconds for the rank processes procs (rank r's
+    output in logs[r], an open file), kills those still running, and
+    asserts that none hung and every one exited 0, with each rank's log
+    tail in the message."""
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        hung = [r for r, p in enumerate(procs) if p.poll() is None]
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for log in logs:
+            log.close()
+    tails = {}
+    for r, log in enumerate(logs):
+        with open(log.name) as f:
+            tails[r] = f.read()[-3000:]
+    assert not hung, f"{name}: ranks {hung} still running after {timeout}s: {tails}"
+    bad = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
+    assert not bad, f"{name}: ranks exited with {bad}: {tails}"
+
+
 def until(cond, timeout, what):
     """Polls cond() (a real condition) until true; bounded."""
     deadline = time.monotonic() + timeout
