@@ -35,8 +35,9 @@ def torch_dtype(name, asked=False):
     return getattr(import_torch(), name, None)
 
 
-def to_store_arrays(item, names):
-    """One generator item -> [(buffer, dtype_code)] in SAMPLE order.
+def to_store_arrays(item, names, what="generator yielded"):
+    """One generator item -> [(buffer, dtype_code)] in SAMPLE order (what:
+    how errors say it came, e.g. "fn returned" in spec mode).
 
     Accepts numpy arrays, numpy scalars and CPU torch tensors of any numeric
     or bool dtype and any strides. Errors name the field."""
@@ -50,11 +51,11 @@ def to_store_arrays(item, names):
         item = [item[n] for n in names]
     if not isinstance(item, (tuple, list)):
         raise _C.InvalidSampleError(
-            f"generator yielded a {type(item).__name__}; expected a tuple of "
+            f"{what} a {type(item).__name__}; expected a tuple of "
             f"{len(names)} arrays (SAMPLE {names})")
     if len(item) != len(names):
         raise _C.InvalidSampleError(
-            f"generator yielded {len(item)} fields, SAMPLE names {len(names)}: {names}")
+            f"{what} {len(item)} fields, SAMPLE names {len(names)}: {names}")
     out = []
     for name, a in zip(names, item):
         code = None

@@ -73,13 +73,16 @@ class SpecWait:
         self.last_wait_s = 0.0  # the latest call's wait (0: it found the generation sealed)
 
     def _state(self, store, s):
-        """What the store says about spec generation s, in words."""
+        """(what the store says about spec generation s, in words; what
+        would end the wait)."""
+        start = "start generators (WireheadGenerator(fn) with this RUN_SEED)"
         try:
             st = _C.spec_status(store)
         except _C.WireheadError as e:
-            return f"the store did not say more ({e})"
+            return f"the store did not say more ({e})", start
         if not st["spec"]:
-            return "the store does not exist yet: the first generator's first sample creates it"
+            return ("the store does not exist yet: the first generator's first sample creates "
+                    "it", start)
         parts = []
         if st["any_sealed"] and st["last_sealed"] > s:
             parts.append(f"#{s} is no longer stored (a newer one is): generators make it again")
@@ -87,12 +90,12 @@ class SpecWait:
             parts.append(f"sealed up to #{st['last_sealed']}")
         else:
             parts.append("none is sealed yet")
-        if st["open"]:
-            parts.append(f"#{st['open_gen']} is being made ({st['open_fill']} of "
-                         f"SWAP_CAP={self.cfg['SWAP_CAP']}, {len(st['claims'])} claimed now)")
-        else:
+        if not st["open"]:
             parts.append("no generator is making one")
-        return "; ".join(parts)
+            return "; ".join(parts), start
+        parts.append(f"#{st['open_gen']} is being made ({st['open_fill']} of "
+                     f"SWAP_CAP={self.cfg['SWAP_CAP']}, {len(st['claims'])} claimed now)")
+        return "; ".join(parts), "more generators, or a higher REUSE, keep readers from waiting"
 
     def generation(self, store, s, timeout, stop=None):
         """The store's id of sealed spec generation s, waiting up to timeout
@@ -113,18 +116,18 @@ class SpecWait:
                     return None
                 now = time.monotonic()
                 if now - start >= timeout:
+                    state, _ = self._state(store, s)
                     raise TimeoutError(
                         f"{self.who}: spec generation #{s} (sample indices {s * cap}.."
                         f"{s * cap + cap - 1}) of {redact(self.cfg['STORE'])} is not sealed "
-                        f"after {timeout:g}s: {self._state(store, s)}; start generators "
+                        f"after {timeout:g}s: {state}; start generators "
                         f"(WireheadGenerator(fn) with this RUN_SEED), or wait longer "
                         f"(READ_TIMEOUT, or the reader's timeout=)")
                 if now >= note:
                     note = now + NOTE_EVERY
                     log.warning("%s (pid %d): waiting %.0fs for spec generation #%s (sample "
-                                "indices %d..%d): %s; more generators, or a higher REUSE, "
-                                "keep readers from waiting", self.who, os.getpid(), now - start,
-                                s, s * cap, s * cap + cap - 1, self._state(store, s))
+                                "indices %d..%d): %s; %s", self.who, os.getpid(), now - start,
+                                s, s * cap, s * cap + cap - 1, *self._state(store, s))
                 time.sleep(poll)
                 poll = min(poll * 2, _POLL_MAX)
                 _C.spec_need(store, s)  # the reader's beat while it waits

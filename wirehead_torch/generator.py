@@ -14,7 +14,7 @@ from .params import GeneratorParams, clear_current
 log = logging.getLogger("wirehead_torch")
 
 
-def _spec_maker(source, cfg, say):
+def _spec_maker(source, cfg, say, who):
     """The spec-mode loop for a function of a wt.Spec (RUN_SEED set), None
     for an iterable of samples; a mismatch of the two is a TypeError."""
     spec = cfg["RUN_SEED"] is not None
@@ -31,7 +31,7 @@ def _spec_maker(source, cfg, say):
     if not spec:
         return None
     from .spec import SpecMaker
-    return SpecMaker(source, cfg, say)
+    return SpecMaker(source, cfg, say, who)
 
 # seconds between a running generator's summary lines
 SUMMARY_EVERY = 30.0
@@ -73,7 +73,8 @@ class WireheadGenerator:
         self.cfg = get_config(config_path, config)
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples < 0):
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
-        self.spec = _spec_maker(generator, self.cfg, self._say)
+        self.name = str(name)
+        self.spec = _spec_maker(generator, self.cfg, self._say, self.name)
         self.generator = generator
         self.n_samples = n_samples
         self.quiet = quiet
@@ -84,7 +85,6 @@ class WireheadGenerator:
         self.discarded = 0
         self.waits = 0
         self.sealed = 0
-        self.name = str(name)
         self._store = ProcessStore(self.cfg, who=self.name)
         self._stop = StopFlag()
         self._it = None

@@ -48,8 +48,8 @@ class _Renewal:
     """Renews a claim every lease/3 seconds from a thread of its own while
     fn runs (the handle's calls serialise in C), so fn may take any time."""
 
-    def __init__(self, store, claim, lease_s):
-        self._store, self._claim, self._lease = store, claim, lease_s
+    def __init__(self, store, claim, lease_s, who):
+        self._store, self._claim, self._lease, self._who = store, claim, lease_s, who
         self._done = threading.Event()
         self.lost = False
         self._t = threading.Thread(target=self._run, name="wirehead-claim-renewal", daemon=True)
@@ -61,7 +61,7 @@ class _Renewal:
                     self.lost = True  # another put wins; ours is then a counted duplicate
                     return
             except _C.WireheadError as e:  # an outage: the next renewal tries again
-                log.warning("wirehead generator: claim of sample index %d not renewed: %s",
+                log.warning("%s: claim of sample index %d not renewed: %s", self._who,
                             self._claim.index, e)
 
     def __enter__(self):
@@ -78,10 +78,11 @@ class SpecMaker:
     (``made``, ``duplicates``, ``nondeterministic``, ``failures``,
     ``sealed``) and says what it waits for."""
 
-    def __init__(self, fn, cfg, say):
+    def __init__(self, fn, cfg, say, who="wirehead generator"):
         self.fn = fn
         self.cfg = cfg
         self.say = say
+        self.who = who  # how its log lines start (the generator's name)
         self.run_seed = cfg["RUN_SEED"]
         self.lease = float(cfg["CLAIM_LEASE"])
         self.attempts = int(cfg["SPEC_ATTEMPTS"])
@@ -107,7 +108,7 @@ class SpecMaker:
         """The sample fn returned, checked: every field named in SAMPLE, and
         each field's dtype and shape those of the first sample made here."""
         try:
-            arrays = to_store_arrays(item, self.cfg["SAMPLE"])
+            arrays = to_store_arrays(item, self.cfg["SAMPLE"], "fn returned")
         except _C.InvalidSampleError as e:
             raise _C.InvalidSampleError(f"sample index {k}: {e}") from None
         names = {code: name for name, code in _C.DTYPES.items()}
@@ -130,7 +131,7 @@ class SpecMaker:
                 else "the claims of other generators to finish or expire")
         if what != self._waiting:
             self._waiting = what
-            log.info("wirehead generator: waiting for %s", what)
+            log.info("%s: waiting for %s", self.who, what)
         return stop.wait(delay)
 
     def _retried(self, stop, call, *args, **kw):
@@ -143,14 +144,14 @@ class SpecMaker:
                 res = call(*args, **kw)
             except (_C.StoreUnavailableError, _C.StoreTimeoutError) as e:
                 if not warned:
-                    log.warning("wirehead generator: %s; retrying", e)
+                    log.warning("%s: %s; retrying", self.who, e)
                     warned = True
                 if stop.wait(delay):
                     return None
                 delay = min(delay * 2, _IDLE_MAX * 4)
                 continue
             if warned:
-                log.warning("wirehead generator: the store answers again")
+                log.warning("%s: the store answers again", self.who)
             return res
 
     def step(self, store, stop):
@@ -174,12 +175,13 @@ class SpecMaker:
         except _C.GenerationGoneError:
             return True  # its generation (or params version) went away: claim again
         try:
-            with _Renewal(store, claim, self.lease):
+            with _Renewal(store, claim, self.lease, self.who):
                 item = self.fn(spec)
             arrays = self._arrays(item, claim.index)
         except Exception as e:
-            self._failed(store, claim, e)
-            if isinstance(e, _C.InvalidSampleError):
+            invalid = isinstance(e, _C.InvalidSampleError)
+            self._failed(store, claim, e, said=not invalid)
+            if invalid:
                 raise  # fn returns what no store can hold: every retry would too
             return True
         res = self._retried(stop, _C.spec_put, store, claim, arrays)
@@ -188,14 +190,17 @@ class SpecMaker:
         self._count(claim, *res)
         return True
 
-    def _failed(self, store, claim, e):
+    def _failed(self, store, claim, e, said=True):
+        """The claim given back after fn's exception e (said: logged here;
+        an invalid sample is raised to the caller instead)."""
         why = f"{type(e).__name__}: {e}".replace("\n", " ")[:_WHY_MAX]
         self.failures += 1
         gone = _C.spec_fail(store, claim, max_attempts=self.attempts,
                             why=why)
-        log.warning("wirehead generator: fn failed on sample index %d (attempt %d of %d): %s%s",
-                    claim.index, claim.attempt, self.attempts, why,
-                    "; the index has failed for good" if gone else "")
+        if said:
+            log.warning("%s: fn failed on sample index %d (attempt %d of %d): %s%s", self.who,
+                        claim.index, claim.attempt, self.attempts, why,
+                        "; the index has failed for good" if gone else "")
 
     def _count(self, claim, put, sealed):
         if put == _C.SPEC_PUT_ACCEPTED:
@@ -206,10 +211,10 @@ class SpecMaker:
                 self.nondeterministic += 1
                 if not self._warned_nondet:
                     self._warned_nondet = True
-                    log.warning("wirehead generator: sample index %d was made twice with "
+                    log.warning("%s: sample index %d was made twice with "
                                 "different bytes: fn is not a function of its spec alone, "
                                 "so runs are not reproducible (docs/reproducible.md); the "
-                                "first put was kept", claim.index)
+                                "first put was kept", self.who, claim.index)
         if sealed:
             self.sealed += 1
             self.last_sealed = claim.spec_gen

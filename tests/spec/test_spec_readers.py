@@ -148,3 +148,31 @@ def test_refresh_step_and_a_state_of_another_mode_are_refused(spec_store, shm_cf
     dl = wt.DataLoader(wt.WireheadIterableDataset(config=spec_store), batch_size=2)
     with pytest.raises(ValueError, match="outside spec mode.*RUN_SEED=77"):
         dl.load_state_dict(state)
+
+
+def test_a_wait_with_no_generator_says_to_start_generators(shm_cfg, caplog):
+    cfg = shm_cfg(swap_cap=SWAP_CAP, sample=("x", "k"), RUN_SEED=RUN_SEED)
+    ld = wt.WireheadLoader(config=cfg, batch_size=BATCH, timeout=2.5)
+    try:
+        with caplog.at_level("WARNING", logger="wirehead_torch"), \
+                pytest.raises(TimeoutError, match="no generator is making one; start generators"):
+            next(iter(ld))
+    finally:
+        ld.close()
+    said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert said and all("start generators" in m and "REUSE" not in m for m in said), said
+    assert ld.stats()["spec_waits"] == 1 and ld.stats()["spec_wait_s"] >= 2.5
+
+
+def test_fn_of_the_wrong_fields_is_an_error_naming_the_index_not_a_retry(shm_cfg, caplog):
+    cfg = shm_cfg(swap_cap=SWAP_CAP, sample=("x", "k"), RUN_SEED=RUN_SEED)
+    g = wt.WireheadGenerator(lambda spec: make(spec) + (1,), config=cfg, quiet=True,
+                             name="gen 7")
+    try:
+        with caplog.at_level("WARNING", logger="wirehead_torch"), \
+                pytest.raises(wt.InvalidSampleError,
+                              match=r"sample index 0: fn returned 3 fields, SAMPLE names 2"):
+            g.run()
+    finally:
+        g.close()
+    assert not [r for r in caplog.records if "attempt" in r.getMessage()], caplog.text
