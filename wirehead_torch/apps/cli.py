@@ -95,7 +95,9 @@ def _fmt_spec(sp, cap):
                                     if sp["reader"] else
                                     f"none reading (kept from #{sp['floor']})"),
              f"  puts           {sp['duplicates']} made twice, {sp['nondeterministic']} of "
-             f"them with other bytes (a nondeterministic fn)"]
+             f"them with other bytes (a nondeterministic fn)",
+             "  numbering      spec generations count from #0 (sample k is in #k // SWAP_CAP); "
+             "the generation lines above count the store's seals"]
     for c in sp["claims"]:
         lines.append(f"  claimed        index {c['index']} by {c['host'] or '?'}:{c['pid']} "
                      f"(attempt {c['attempt']}, renewed {c['age_s']:.1f} s ago)")
