@@ -111,7 +111,7 @@ fill = lambda: _C.ring_fill(ring=ring, store=st, generation=st.current(), positi
                             want=[0, 1], timeout=10.0, direct_min=1024)
 try:
     first = fill()  # the ring's one slot, kept: the next batch gets none
-    assert first.slot == 0 and first.direct, first
+    assert first.slot == 0 and first.in_store, first
     got = fill()  # outside the ring: its rows gathered out of the store
     ids = np.frombuffer(got.memory, np.int64, 4, got.offsets[0]).reshape(2, 2)
     data = np.frombuffer(got.memory, np.float32, 2 * 256, got.offsets[1]).reshape(2, 256)
