@@ -142,6 +142,7 @@ class BatchRing:
         self._pickled_by = self._unpickled_in = None
         _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
+        _ring.remove_at_exit()  # what a worker made after that clean-up ran
 
     def owned_by_loader(self, what):
         """The ring's errors name what the user passed: a DataLoader (what)
@@ -162,6 +163,7 @@ class BatchRing:
         # a rank process that received the dataset runs DataLoaders of its own
         _ring.hand_over_checks(self.token, self.verify, self.rows)
         weakref.finalize(self, _ring.cleanup, os.getpid(), self.token)
+        _ring.remove_at_exit()  # what a worker made after that clean-up ran
 
     # --- this process's ring region ---------------------------------------
     def _main_pid(self, in_worker):

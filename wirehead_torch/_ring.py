@@ -41,6 +41,7 @@ PREFIX = _uri.RING_PREFIX
 # capacity, version
 _OWNER, _SEQ, _CAP, _VER = range(4)
 _swept = False
+_exit_registered = None  # the pid whose ring files are removed at its exit
 
 
 class SlotField(NamedTuple):
@@ -107,6 +108,31 @@ def _sweep_dead():
         remove_dead()
 
 
+def _remove_mine(pid):
+    """This process's ring files (its exit: every worker has ended)."""
+    if os.getpid() != pid:
+        return
+    for path in glob.glob(f"{DIR}/{PREFIX}{pid}.*"):
+        try:
+            if os.lstat(path).st_uid == os.geteuid():
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def remove_at_exit():
+    """At this process's exit, after multiprocessing has ended its daemonic
+    children (DataLoader workers: a worker started late in an interrupted
+    epoch may make its region after the datasets' own clean-up ran), its
+    ring files go. A priority below 0 runs after the children are joined."""
+    global _exit_registered
+    pid = os.getpid()
+    if _exit_registered != pid:
+        import multiprocessing.util
+        _exit_registered = pid
+        multiprocessing.util.Finalize(None, _remove_mine, args=(pid,), exitpriority=-100)
+
+
 class WorkerStart:
     """worker_init_fn of a wirehead_torch.DataLoader (wrapping the user's):
     the worker ends when the process iterating the DataLoader dies, by any
@@ -115,6 +141,7 @@ class WorkerStart:
 
     def __init__(self, fn=None):
         self.fn = fn
+        remove_at_exit()  # made in the main process, by the DataLoader
 
     def __call__(self, worker_id):
         import multiprocessing
