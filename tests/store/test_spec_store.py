@@ -31,7 +31,12 @@ def _line(proc, timeout):
     """The next stdout line of proc, within timeout seconds."""
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, f"no line from pid {proc.pid} within {timeout} s"
-    return proc.stdout.readline()
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise AssertionError(f"pid {proc.pid} exited {proc.returncode} without a line: "
+                             f"{proc.stderr.read()}")
+    return line
 
 
 def _check_window(store, cap):
@@ -55,10 +60,13 @@ def _claimers_and_a_kill(store_cfg):
     cap = 6
     cfg = store_cfg(swap_cap=cap, RUN_SEED=1234, CLAIM_LEASE=5)
     store = whlib.open_store(cfg)
-    procs = [_spawn(cfg) for _ in range(2)]
+    # The victim claims before the others start: under load they could
+    # otherwise fill the window before it claims anything (CI saw that).
     victim = _spawn(cfg, "hold")
+    procs = []
     try:
         held = json.loads(_line(victim, 60))["held"]
+        procs = [_spawn(cfg) for _ in range(2)]
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         outs = [p.communicate(timeout=120) for p in procs]
