@@ -5,6 +5,8 @@ through one adapter per kind (iterable.IterableAdapter,
 dataset.MapAdapter), and hands its batches to a device through DeviceFeed
 (the protocol to_device of cuda.py takes)."""
 import copy
+import signal
+import threading
 import weakref
 
 import torch
@@ -22,6 +24,39 @@ _SUPERSEDED = ("{what}: this iteration was ended by a newer iteration of the sam
                "(its workers stopped, so that the new one's take their ring regions over); "
                "iterate a DataLoader one iteration at a time, or use one DataLoader per iteration")
 
+
+class _InterruptHeld:
+    """Holds a SIGINT that arrives while an iteration forks its workers and
+    raises it after: Python would run it in the parent's at-fork callbacks,
+    where the KeyboardInterrupt is ignored and the loop runs on (a lost
+    Ctrl-C). Only the main thread, and a handler set from Python, can be
+    held; otherwise the signal goes as before."""
+
+    def __enter__(self):
+        self.got, self.old = None, None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is not None:
+            self.old = signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame):
+        self.got = (signum, frame)
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+    def deliver(self):
+        """Runs the handler a held SIGINT was for, here, where its
+        KeyboardInterrupt reaches the caller."""
+        got, self.got = self.got, None
+        if got is None or self.old is None or self.old == signal.SIG_IGN:
+            return
+        if self.old == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
+        else:
+            self.old(*got)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -205,7 +240,13 @@ class DataLoader(torch.utils.data.DataLoader):
         self._epoch = epoch + 1
         self._current = [epoch, start]
         self._done = False
-        it = super().__iter__()
+        with _InterruptHeld() as held:
+            it = super().__iter__()  # forks the workers
+        try:
+            held.deliver()
+        except BaseException:  # the KeyboardInterrupt: no worker stays behind
+            self._stop_workers(it)
+            raise
         # weak: a loop that breaks early lets torch's iterator (and its
         # workers) go as before
         self._torch_it = weakref.ref(it)

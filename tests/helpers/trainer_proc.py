@@ -1,16 +1,21 @@
 """A trainer for the tests of its workers' end (tests/faults/test_trainer_death.py).
 
-    python tests/helpers/trainer_proc.py CFG_JSON
+    python tests/helpers/trainer_proc.py CFG_JSON [sigint-at-fork]
 
 Iterates two wirehead_torch.DataLoaders with 2 workers each, one over a
-WireheadIterableDataset and one over a MongoheadDataset, epoch after
-epoch; once both have yielded a batch it prints one JSON line: its pid,
-the pids of the four workers and the ring tokens of the two datasets.
-Runs until a signal ends it.
+WireheadIterableDataset and one over a MongoheadDataset, side by side,
+epoch after epoch, each epoch to its end; once both have yielded a batch
+it prints one JSON line: its pid, the pids of the four workers and the
+ring tokens of the two datasets. Runs until a signal ends it.
+
+sigint-at-fork: once that line is out, the trainer sends itself SIGINT
+from inside the next fork of a worker (an at-fork callback), as a Ctrl-C
+that arrives while an epoch starts its workers.
 """
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 
@@ -26,10 +31,24 @@ def main():
                       num_workers=2),
     ]
     said = False
+    if sys.argv[2:] == ["sigint-at-fork"]:
+        sent = []
+
+        def at_fork():
+            if said and not sent:
+                sent.append(True)
+                signal.raise_signal(signal.SIGINT)
+        os.register_at_fork(after_in_parent=at_fork)
     for epoch in itertools.count():
-        for batches in zip(*loaders):
-            assert all(len(b) for b in batches)
-            if not said:
+        its = [iter(dl) for dl in loaders]
+        while its:
+            for it in list(its):
+                batch = next(it, None)
+                if batch is None:  # this epoch's end: torch ends its workers here
+                    its.remove(it)
+                    continue
+                assert len(batch)
+            if not said and len(its) == 2:
                 said = True
                 workers = [w.pid for dl in loaders for w in dl._torch_it()._workers]
                 print(json.dumps({"pid": os.getpid(), "workers": workers,
