@@ -5,6 +5,7 @@ through one adapter per kind (iterable.IterableAdapter,
 dataset.MapAdapter), and hands its batches to a device through DeviceFeed
 (the protocol to_device of cuda.py takes)."""
 import copy
+import os
 import signal
 import threading
 import weakref
@@ -30,14 +31,28 @@ class _InterruptHeld:
     raises it after: Python would run it in the parent's at-fork callbacks,
     where the KeyboardInterrupt is ignored and the loop runs on (a lost
     Ctrl-C). Only the main thread, and a handler set from Python, can be
-    held; otherwise the signal goes as before."""
+    held; otherwise the signal goes as before. A worker forked meanwhile
+    gets the handler back (a Ctrl-C to the terminal reaches it as before)."""
+
+    _now = None  # the one in force in this process
+    _at_fork = False
 
     def __enter__(self):
         self.got, self.old = None, None
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is not None:
+            if not _InterruptHeld._at_fork:
+                os.register_at_fork(after_in_child=_InterruptHeld._in_child)
+                _InterruptHeld._at_fork = True
             self.old = signal.signal(signal.SIGINT, self._hold)
+            _InterruptHeld._now = self
         return self
+
+    @staticmethod
+    def _in_child():
+        held, _InterruptHeld._now = _InterruptHeld._now, None
+        if held is not None:
+            signal.signal(signal.SIGINT, held.old)
 
     def _hold(self, signum, frame):
         self.got = (signum, frame)
@@ -45,6 +60,7 @@ class _InterruptHeld:
     def __exit__(self, *exc):
         if self.old is not None:
             signal.signal(signal.SIGINT, self.old)
+            _InterruptHeld._now = None
         return False
 
     def deliver(self):

@@ -4,6 +4,7 @@ worker runs a second later, and no ring file of its workers stays in
 included; wirehead_torch/_ring.py)."""
 import glob
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -59,16 +60,19 @@ def until(what, within):
 
 
 @pytest.mark.parametrize("sig, how", [(signal.SIGKILL, None), (signal.SIGTERM, None),
-                                      (signal.SIGINT, None), (signal.SIGINT, "sigint-at-fork")],
-                         ids=["SIGKILL", "SIGTERM", "SIGINT", "SIGINT-at-fork"])
+                                      (signal.SIGINT, None), (signal.SIGINT, "group"),
+                                      (signal.SIGINT, "sigint-at-fork")],
+                         ids=["SIGKILL", "SIGTERM", "SIGINT", "SIGINT-group", "SIGINT-at-fork"])
 def test_workers_end_with_their_trainer(shm_cfg, sig, how):
-    """sigint-at-fork: the SIGINT arrives while an epoch forks its workers
+    """group: to the trainer and its workers, as Ctrl-C in a terminal.
+    sigint-at-fork: the SIGINT arrives while an epoch forks its workers
     (from an at-fork callback, where Python ignores a KeyboardInterrupt):
     wt.DataLoader raises it once the workers are started."""
     cfg = shm_cfg(swap_cap=N)
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(N)), config=cfg).run()
     assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
-    p = subprocess.Popen([sys.executable, TRAINER, json.dumps(cfg), *([how] if how else [])],
+    p = subprocess.Popen([sys.executable, TRAINER, json.dumps(cfg),
+                          *([how] if how == "sigint-at-fork" else [])],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=whlib.env_for_child(), start_new_session=True)
     try:
@@ -77,12 +81,15 @@ def test_workers_end_with_their_trainer(shm_cfg, sig, how):
         got = json.loads(line)
         pid, workers = got["pid"], got["workers"]
         assert len(workers) == 4
-        if how is None:  # (sigint-at-fork: these workers end with their epoch)
+        if how != "sigint-at-fork":  # (there these workers end with their epoch)
             assert all(running(w) for w in workers)
             files = glob.glob(f"/dev/shm/wirehead-ring.{pid}.*")
             for token in got["tokens"]:  # both datasets' workers made their regions
                 assert [f for f in files if f".{token}.w" in f], files
-            p.send_signal(sig)
+            if how == "group":
+                os.killpg(pid, sig)
+            else:
+                p.send_signal(sig)
         assert p.wait(timeout=30) != 0
         # the workers of any epoch, those started as the trainer was interrupted too
         assert until(lambda: not in_session(pid), 1.0), in_session(pid)
@@ -94,3 +101,22 @@ def test_workers_end_with_their_trainer(shm_cfg, sig, how):
         p.wait()
         p.stdout.close()
         p.stderr.close()
+
+
+def test_workers_keep_the_sigint_handler(shm_cfg):
+    """Workers forked while the DataLoader holds a SIGINT get the handler
+    the trainer had, not the holding one."""
+    cfg = shm_cfg(swap_cap=N)
+    wt.WireheadGenerator((whlib.sample(1, i) for i in range(N)), config=cfg).run()
+    assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
+    want = signal.getsignal(signal.SIGINT)
+    seen = multiprocessing.Array("i", 2)
+
+    def init(k):
+        seen[k] = 1 if signal.getsignal(signal.SIGINT) is want else 2
+
+    dl = wt.DataLoader(wt.WireheadIterableDataset(config=cfg, fields=["id", "data"]),
+                       batch_size=2, num_workers=2, worker_init_fn=init)
+    assert sum(len(b["id"]) for b in dl) == N
+    assert list(seen) == [1, 1]
+    assert signal.getsignal(signal.SIGINT) is want
