@@ -120,17 +120,31 @@ def _remove_mine(pid):
             pass
 
 
+def _quiet_worker_deaths(pid):
+    """At exit, before multiprocessing ends the workers: torch's SIGCHLD
+    handler would raise for each one it terminates ("killed by signal"),
+    inside multiprocessing's exit function, which then stops before the
+    ring files go. Only torch's handler is taken down, in this process."""
+    import signal
+    handler = signal.getsignal(signal.SIGCHLD)
+    if os.getpid() == pid and getattr(handler, "__module__", "").startswith("torch."):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def remove_at_exit():
     """At this process's exit, after multiprocessing has ended its daemonic
     children (DataLoader workers: a worker started late in an interrupted
     epoch may make its region after the datasets' own clean-up ran), its
-    ring files go. A priority below 0 runs after the children are joined."""
+    ring files go. A priority below 0 runs after the children are joined;
+    an atexit function registered after multiprocessing's runs before it."""
     global _exit_registered
     pid = os.getpid()
     if _exit_registered != pid:
+        import atexit
         import multiprocessing.util
         _exit_registered = pid
         multiprocessing.util.Finalize(None, _remove_mine, args=(pid,), exitpriority=-100)
+        atexit.register(_quiet_worker_deaths, pid)
 
 
 class WorkerStart:

@@ -489,7 +489,8 @@ static PyMethodDef wh__ring_functions[] = {
     {"ring_exit_with", (PyCFunction)wh__ring_exit_with, METH_VARARGS,
      "ring_exit_with(main_pid, parent, dir, prefix): this DataLoader worker ends (SIGTERM) when "
      "its parent dies, first removing this user's files in dir named prefix* once main_pid is "
-     "gone (parent: the worker's parent while main_pid lives, 0: a forkserver's child); "
+     "gone (parent: the worker's parent while main_pid lives, 0: a forkserver's child); a "
+     "SIGTERM from another process while main_pid lives is ignored; "
      "Linux only (ext/read/wh_ring.h)"},
     {"ring_fill", (PyCFunction)(void (*)(void))wh__ring_fill, METH_VARARGS | METH_KEYWORDS,
      "ring_fill(*, store, generation, positions, want, timeout, ring=None, pads=b'', "

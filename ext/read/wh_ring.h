@@ -130,8 +130,11 @@ void wh_ring_close(wh_ring_t *r);
  * SIGTERM. parent: the worker's parent while main_pid lives (fork, spawn;
  * the signal sent when only a thread of it exits is ignored), 0: a
  * forkserver's child (its server ends after the main process). A main
- * process that died before this call ends the worker at once. Once per
- * process; false on other systems or a failed call. */
+ * process that died before this call ends the worker at once. SIGTERM
+ * from another process than main_pid while it lives is ignored (the
+ * worker ends with it, its files removed); from main_pid, or after it
+ * died, SIGTERM ends the worker. Once per process; false on other
+ * systems or a failed call. */
 bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const char *prefix,
                        wh_err_t *err);
 /* Releases the region's lock (a worker's ring stays usable). */

@@ -77,6 +77,24 @@ static void wh__exit_handler(int sig) {
     errno = saved;
 }
 
+/* SIGTERM from the main process (torch's terminate()) or after it died
+ * ends the worker as before. One from another process while the main
+ * process lives (a batch system or `kill -TERM -PGID` signalling every
+ * process) is ignored: the worker ends with the main process, by the death
+ * signal, whose handler removes the ring files that dying here would
+ * leave. */
+static void wh__term_handler(int sig, siginfo_t *info, void *ctx) {
+    int saved = errno;
+    (void)ctx;
+    if (wh__main_gone()) {
+        wh__exit_handler(WH__DEATH_SIG); /* removes the files; SIGTERM ends the worker */
+    } else if (info->si_code != SI_USER || info->si_pid == wh__exit.main_pid) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    errno = saved;
+}
+
 bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const char *prefix,
                        wh_err_t *err) {
 #ifdef __linux__
@@ -98,7 +116,13 @@ bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const 
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = wh__exit_handler;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(WH__DEATH_SIG, &sa, NULL) != 0 || prctl(PR_SET_PDEATHSIG, WH__DEATH_SIG) != 0)
+    struct sigaction term;
+    memset(&term, 0, sizeof term);
+    term.sa_sigaction = wh__term_handler;
+    term.sa_flags = SA_SIGINFO;
+    sigemptyset(&term.sa_mask);
+    if (sigaction(WH__DEATH_SIG, &sa, NULL) != 0 || sigaction(SIGTERM, &term, NULL) != 0 ||
+        prctl(PR_SET_PDEATHSIG, WH__DEATH_SIG) != 0)
         return wh_err_set(err, WH_E_SYS, "exit_with: %s", strerror(errno));
     /* the main process may have died before the death signal was asked for */
     if (wh__main_gone()) raise(WH__DEATH_SIG);

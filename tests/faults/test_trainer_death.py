@@ -51,6 +51,13 @@ def in_session(sid):
     return found
 
 
+def _sigint_as_in_a_terminal():
+    """SIGINT handled by default in the trainer, as in a terminal's
+    foreground job: one run in the background of a non-interactive shell
+    (CI) inherits it ignored, and Python then ignores Ctrl-C too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def until(what, within):
     """Polls what() until true or within seconds passed; what()'s last value."""
     deadline = time.monotonic() + within
@@ -60,28 +67,35 @@ def until(what, within):
 
 
 @pytest.mark.parametrize("sig, how", [(signal.SIGKILL, None), (signal.SIGTERM, None),
-                                      (signal.SIGINT, None), (signal.SIGINT, "group"),
-                                      (signal.SIGINT, "sigint-at-fork")],
-                         ids=["SIGKILL", "SIGTERM", "SIGINT", "SIGINT-group", "SIGINT-at-fork"])
+                                      (signal.SIGTERM, "group"), (signal.SIGINT, None),
+                                      (signal.SIGINT, "group"), (signal.SIGINT, "sigint-at-fork"),
+                                      (None, "exit")],
+                         ids=["SIGKILL", "SIGTERM", "SIGTERM-group", "SIGINT", "SIGINT-group",
+                              "SIGINT-at-fork", "exit"])
 def test_workers_end_with_their_trainer(shm_cfg, sig, how):
-    """group: to the trainer and its workers, as Ctrl-C in a terminal.
+    """group: to the trainer and its workers, as Ctrl-C in a terminal or a
+    batch system that signals every process of a job does.
     sigint-at-fork: the SIGINT arrives while an epoch forks its workers
     (from an at-fork callback, where Python ignores a KeyboardInterrupt):
-    wt.DataLoader raises it once the workers are started."""
+    wt.DataLoader raises it once the workers are started. exit: no signal,
+    the trainer leaves mid-epoch (multiprocessing ends its workers at exit,
+    and torch's SIGCHLD handler must not stop that exit before the files
+    go)."""
     cfg = shm_cfg(swap_cap=N)
     wt.WireheadGenerator((whlib.sample(1, i) for i in range(N)), config=cfg).run()
     assert wt.WireheadManager(config=cfg).run(max_swaps=1) == 1
     p = subprocess.Popen([sys.executable, TRAINER, json.dumps(cfg),
-                          *([how] if how == "sigint-at-fork" else [])],
+                          *([how] if how in ("sigint-at-fork", "exit") else [])],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=whlib.env_for_child(), start_new_session=True)
+                         env=whlib.env_for_child(), start_new_session=True,
+                         preexec_fn=_sigint_as_in_a_terminal)
     try:
         line = p.stdout.readline()
         assert line, p.communicate(timeout=30)[1]
         got = json.loads(line)
         pid, workers = got["pid"], got["workers"]
         assert len(workers) == 4
-        if how != "sigint-at-fork":  # (there these workers end with their epoch)
+        if how in (None, "group"):  # (else these workers may have ended already)
             assert all(running(w) for w in workers)
             files = glob.glob(f"/dev/shm/wirehead-ring.{pid}.*")
             for token in got["tokens"]:  # both datasets' workers made their regions

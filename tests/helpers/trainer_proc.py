@@ -1,6 +1,6 @@
 """A trainer for the tests of its workers' end (tests/faults/test_trainer_death.py).
 
-    python tests/helpers/trainer_proc.py CFG_JSON [sigint-at-fork]
+    python tests/helpers/trainer_proc.py CFG_JSON [sigint-at-fork | exit]
 
 Iterates two wirehead_torch.DataLoaders with 2 workers each, one over a
 WireheadIterableDataset and one over a MongoheadDataset, side by side,
@@ -11,6 +11,8 @@ ring tokens of the two datasets. Runs until a signal ends it.
 sigint-at-fork: once that line is out, the trainer sends itself SIGINT
 from inside the next fork of a worker (an at-fork callback), as a Ctrl-C
 that arrives while an epoch starts its workers.
+exit: once that line is out, the trainer leaves by SystemExit(3) in the
+middle of the epoch, its workers running (multiprocessing ends them).
 """
 import itertools
 import json
@@ -54,6 +56,8 @@ def main():
                 print(json.dumps({"pid": os.getpid(), "workers": workers,
                                   "tokens": [dl.dataset._batch_ring.token for dl in loaders]}),
                       flush=True)
+                if sys.argv[2:] == ["exit"]:
+                    sys.exit(3)
             time.sleep(0.01)  # a training step: the workers read ahead meanwhile
 
 
