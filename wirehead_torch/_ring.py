@@ -134,9 +134,10 @@ def _quiet_worker_deaths(pid):
 def remove_at_exit():
     """At this process's exit, after multiprocessing has ended its daemonic
     children (DataLoader workers: a worker started late in an interrupted
-    epoch may make its region after the datasets' own clean-up ran), its
-    ring files go. A priority below 0 runs after the children are joined;
-    an atexit function registered after multiprocessing's runs before it."""
+    epoch may make its region after the datasets' own clean-up ran), and
+    on a SIGTERM it does not handle, its ring files go. A priority below 0
+    runs after the children are joined; an atexit function registered
+    after multiprocessing's runs before it."""
     global _exit_registered
     pid = os.getpid()
     if _exit_registered != pid:
@@ -145,6 +146,11 @@ def remove_at_exit():
         _exit_registered = pid
         multiprocessing.util.Finalize(None, _remove_mine, args=(pid,), exitpriority=-100)
         atexit.register(_quiet_worker_deaths, pid)
+        try:  # SIGTERM with no handler: its files go too (a SIGTERM to every
+            # process of a job may leave no worker to remove them)
+            _C.ring_term_removes(DIR, f"{PREFIX}{pid}.")
+        except OSError:
+            pass  # not Linux
 
 
 class WorkerStart:

@@ -261,7 +261,10 @@ class DataLoader(torch.utils.data.DataLoader):
         try:
             held.deliver()
         except BaseException:  # the KeyboardInterrupt: no worker stays behind
-            self._stop_workers(it)
+            try:
+                self._stop_workers(it)
+            except Exception:  # torch's word on a worker the same Ctrl-C ended (a
+                pass  # terminal's reaches them all): the interrupt is what was asked
             raise
         # weak: a loop that breaks early lets torch's iterator (and its
         # workers) go as before

@@ -485,7 +485,21 @@ static PyObject *wh__ring_exit_with(PyObject *unused, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *wh__ring_term_removes(PyObject *unused, PyObject *args) {
+    (void)unused;
+    const char *dir, *prefix;
+    if (!PyArg_ParseTuple(args, "ss", &dir, &prefix)) return NULL;
+    wh_err_t err = {0};
+    bool installed = false;
+    if (!wh_ring_term_removes(dir, prefix, &installed, &err)) return wh__ring_raise(&err, false);
+    return PyBool_FromLong(installed);
+}
+
 static PyMethodDef wh__ring_functions[] = {
+    {"ring_term_removes", (PyCFunction)wh__ring_term_removes, METH_VARARGS,
+     "ring_term_removes(dir, prefix) -> bool: SIGTERM of this process removes this user's files "
+     "in dir named prefix* before it ends the process as the default would; only where SIGTERM "
+     "has its default disposition (False otherwise); Linux only (ext/read/wh_ring.h)"},
     {"ring_exit_with", (PyCFunction)wh__ring_exit_with, METH_VARARGS,
      "ring_exit_with(main_pid, parent, dir, prefix): this DataLoader worker ends (SIGTERM) when "
      "its parent dies, first removing this user's files in dir named prefix* once main_pid is "

@@ -137,6 +137,12 @@ void wh_ring_close(wh_ring_t *r);
  * systems or a failed call. */
 bool wh_ring_exit_with(int64_t main_pid, int64_t parent, const char *dir, const char *prefix,
                        wh_err_t *err);
+/* The main process removes its ring files (this user's regular files in
+ * dir named prefix*) when SIGTERM ends it: a handler in place of the
+ * default, then SIGTERM ends the process as the default would. Only where
+ * SIGTERM has its default disposition (*installed false otherwise: a
+ * handler of the program's stays). Once per process; Linux only. */
+bool wh_ring_term_removes(const char *dir, const char *prefix, bool *installed, wh_err_t *err);
 /* Releases the region's lock (a worker's ring stays usable). */
 void wh_ring_unlock(wh_ring_t *r);
 

@@ -1,6 +1,6 @@
 """A trainer for the tests of its workers' end (tests/faults/test_trainer_death.py).
 
-    python tests/helpers/trainer_proc.py CFG_JSON [sigint-at-fork | exit]
+    python tests/helpers/trainer_proc.py CFG_JSON [sigint-at-fork | term-group-at-fork | exit]
 
 Iterates two wirehead_torch.DataLoaders with 2 workers each, one over a
 WireheadIterableDataset and one over a MongoheadDataset, side by side,
@@ -10,7 +10,9 @@ ring tokens of the two datasets. Runs until a signal ends it.
 
 sigint-at-fork: once that line is out, the trainer sends itself SIGINT
 from inside the next fork of a worker (an at-fork callback), as a Ctrl-C
-that arrives while an epoch starts its workers.
+that arrives while an epoch starts its workers. term-group-at-fork: the
+same moment, SIGTERM to its whole process group (its new worker not yet
+set up).
 exit: once that line is out, the trainer leaves by SystemExit(3) in the
 middle of the epoch, its workers running (multiprocessing ends them).
 """
@@ -33,13 +35,16 @@ def main():
                       num_workers=2),
     ]
     said = False
-    if sys.argv[2:] == ["sigint-at-fork"]:
+    if sys.argv[2:] in (["sigint-at-fork"], ["term-group-at-fork"]):
         sent = []
 
         def at_fork():
             if said and not sent:
                 sent.append(True)
-                signal.raise_signal(signal.SIGINT)
+                if sys.argv[2] == "sigint-at-fork":
+                    signal.raise_signal(signal.SIGINT)
+                else:
+                    os.killpg(0, signal.SIGTERM)
         os.register_at_fork(after_in_parent=at_fork)
     for epoch in itertools.count():
         its = [iter(dl) for dl in loaders]
