@@ -18,6 +18,6 @@ def test_demo_runs_and_cleans_up(ddp):
         cmd += ["--ddp", str(ddp)]
     out = subprocess.run(cmd, env=whlib.env_for_child(), capture_output=True, text=True,
                          timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-4000:] + "\n--- stdout:\n" + out.stdout[-1500:]
     assert '"step"' in out.stdout or '"steps"' in out.stdout, out.stdout[-2000:]
     assert not glob.glob(f"/dev/shm/wirehead.{store[6:]}")
